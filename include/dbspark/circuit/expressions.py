@@ -1,0 +1,407 @@
+"""Column expressions: the user's row-level logic, as data.
+
+Expressions are trees that say *what* to compute, never *how*: each engine
+compiles them (the reference engine to Python closures with SQL NULL
+semantics, the Spark engine to native ``Column`` expressions), so that a
+``map`` or ``filter`` runs inside Spark's optimizer with no Python UDF.
+
+Build them with ``col``, ``lit`` and Python operators::
+
+    (col("amount") * 2 > 10) & col("region").is_not_null()
+
+``==`` builds an expression (as in PySpark), so expressions are hashed by
+identity and cannot be used as booleans.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from dbspark.circuit.types import (
+    BIGINT,
+    BOOLEAN,
+    DOUBLE,
+    NUMERIC_TYPES,
+    STRING,
+    Schema,
+    array_of,
+    element_type,
+    is_array,
+)
+
+ARITHMETIC = ("+", "-", "*", "/", "%")
+COMPARISON = ("==", "!=", "<", "<=", ">", ">=")
+LOGICAL = ("and", "or")
+
+
+class Expr:
+    """Base of every expression node."""
+
+    __hash__ = object.__hash__
+
+    def children(self) -> tuple[Expr, ...]:
+        return ()
+
+    # arithmetic
+    def __add__(self, other: Any) -> Expr:
+        return BinaryOp("+", self, wrap(other))
+
+    def __radd__(self, other: Any) -> Expr:
+        return BinaryOp("+", wrap(other), self)
+
+    def __sub__(self, other: Any) -> Expr:
+        return BinaryOp("-", self, wrap(other))
+
+    def __rsub__(self, other: Any) -> Expr:
+        return BinaryOp("-", wrap(other), self)
+
+    def __mul__(self, other: Any) -> Expr:
+        return BinaryOp("*", self, wrap(other))
+
+    def __rmul__(self, other: Any) -> Expr:
+        return BinaryOp("*", wrap(other), self)
+
+    def __truediv__(self, other: Any) -> Expr:
+        return BinaryOp("/", self, wrap(other))
+
+    def __mod__(self, other: Any) -> Expr:
+        return BinaryOp("%", self, wrap(other))
+
+    def __neg__(self) -> Expr:
+        return UnaryOp("neg", self)
+
+    # comparison
+    def __eq__(self, other: Any) -> Expr:  # type: ignore[override]
+        return BinaryOp("==", self, wrap(other))
+
+    def __ne__(self, other: Any) -> Expr:  # type: ignore[override]
+        return BinaryOp("!=", self, wrap(other))
+
+    def __lt__(self, other: Any) -> Expr:
+        return BinaryOp("<", self, wrap(other))
+
+    def __le__(self, other: Any) -> Expr:
+        return BinaryOp("<=", self, wrap(other))
+
+    def __gt__(self, other: Any) -> Expr:
+        return BinaryOp(">", self, wrap(other))
+
+    def __ge__(self, other: Any) -> Expr:
+        return BinaryOp(">=", self, wrap(other))
+
+    # logic (SQL three-valued)
+    def __and__(self, other: Any) -> Expr:
+        return BinaryOp("and", self, wrap(other))
+
+    def __or__(self, other: Any) -> Expr:
+        return BinaryOp("or", self, wrap(other))
+
+    def __invert__(self) -> Expr:
+        return UnaryOp("not", self)
+
+    def __bool__(self) -> bool:
+        raise TypeError("an expression has no truth value; use & | ~ instead of and/or/not")
+
+    def is_null(self) -> Expr:
+        return UnaryOp("is_null", self)
+
+    def is_not_null(self) -> Expr:
+        return UnaryOp("is_not_null", self)
+
+    def cast(self, type_name: str) -> Expr:
+        from dbspark.circuit.types import normalize_type
+
+        return Cast(self, normalize_type(type_name))
+
+
+@dataclass(frozen=True, eq=False)
+class Column(Expr):
+    name: str
+
+    def __repr__(self) -> str:
+        return f"col({self.name!r})"
+
+
+@dataclass(frozen=True, eq=False)
+class Literal(Expr):
+    value: Any
+
+    def __repr__(self) -> str:
+        return f"lit({self.value!r})"
+
+
+@dataclass(frozen=True, eq=False)
+class BinaryOp(Expr):
+    op: str
+    left: Expr
+    right: Expr
+
+    def children(self) -> tuple[Expr, ...]:
+        return (self.left, self.right)
+
+    def __repr__(self) -> str:
+        return f"({self.left!r} {self.op} {self.right!r})"
+
+
+@dataclass(frozen=True, eq=False)
+class UnaryOp(Expr):
+    op: str  # "neg" | "not" | "is_null" | "is_not_null"
+    operand: Expr
+
+    def children(self) -> tuple[Expr, ...]:
+        return (self.operand,)
+
+    def __repr__(self) -> str:
+        return f"{self.op}({self.operand!r})"
+
+
+@dataclass(frozen=True, eq=False)
+class Cast(Expr):
+    operand: Expr
+    to: str
+
+    def children(self) -> tuple[Expr, ...]:
+        return (self.operand,)
+
+
+@dataclass(frozen=True, eq=False)
+class Call(Expr):
+    """A named function from the fixed library below (never arbitrary Python)."""
+
+    function: str
+    args: tuple[Expr, ...]
+
+    def children(self) -> tuple[Expr, ...]:
+        return self.args
+
+    def __repr__(self) -> str:
+        return f"{self.function}({', '.join(map(repr, self.args))})"
+
+
+FUNCTIONS = {
+    # name: (minimum arity, maximum arity or None)
+    "coalesce": (1, None),
+    "if_else": (3, 3),
+    "lower": (1, 1),
+    "upper": (1, 1),
+    "length": (1, 1),
+    "concat": (1, None),
+    "abs": (1, 1),
+    "greatest": (1, None),
+    "least": (1, None),
+    # array producers, for flat_map
+    "array": (1, None),
+    "sequence": (2, 2),
+    "split": (2, 2),
+}
+
+
+def col(name: str) -> Column:
+    """A column of the input row."""
+    return Column(name)
+
+
+def lit(value: Any) -> Literal:
+    """A constant: int (BIGINT), float (DOUBLE), str (STRING), bool (BOOLEAN) or None (NULL)."""
+    if value is not None and not isinstance(value, (bool, int, float, str)):
+        raise TypeError(f"unsupported literal {value!r}")
+    return Literal(value)
+
+
+def wrap(value: Any) -> Expr:
+    return value if isinstance(value, Expr) else lit(value)
+
+
+def call(function: str, *args: Any) -> Call:
+    if function not in FUNCTIONS:
+        raise ValueError(f"unknown function {function!r}; known: {', '.join(sorted(FUNCTIONS))}")
+    low, high = FUNCTIONS[function]
+    if len(args) < low or (high is not None and len(args) > high):
+        raise TypeError(f"{function} takes {low}..{high or 'n'} arguments, got {len(args)}")
+    return Call(function, tuple(wrap(a) for a in args))
+
+
+def coalesce(*args: Any) -> Call:
+    return call("coalesce", *args)
+
+
+def if_else(condition: Any, then: Any, otherwise: Any) -> Call:
+    return call("if_else", condition, then, otherwise)
+
+
+def concat(*args: Any) -> Call:
+    return call("concat", *args)
+
+
+def array(*args: Any) -> Call:
+    return call("array", *args)
+
+
+def sequence(start: Any, stop: Any) -> Call:
+    """The integers from ``start`` to ``stop`` inclusive, downwards if stop < start."""
+    return call("sequence", start, stop)
+
+
+def split(text: Any, separator: str) -> Call:
+    """Split a string on a literal separator."""
+    return call("split", text, lit(separator))
+
+
+def walk(expr: Expr) -> Iterator[Expr]:
+    yield expr
+    for child in expr.children():
+        yield from walk(child)
+
+
+def referenced_columns(expr: Expr) -> set[str]:
+    return {node.name for node in walk(expr) if isinstance(node, Column)}
+
+
+class ExpressionError(TypeError):
+    """An expression does not fit the schema it is applied to."""
+
+
+def infer_type(expr: Expr, schema: Schema, where: str) -> str:
+    """The type of ``expr`` over rows of ``schema``; ``where`` names the operator in errors."""
+
+    def fail(message: str) -> ExpressionError:
+        return ExpressionError(f"{where}: {message} in {expr!r}")
+
+    def visit(node: Expr) -> str:
+        if isinstance(node, Column):
+            if node.name not in schema:
+                raise fail(f"unknown column {node.name!r} (columns: {', '.join(schema.names)})")
+            return schema.type_of(node.name)
+        if isinstance(node, Literal):
+            return _literal_type(node.value)
+        if isinstance(node, Cast):
+            visit(node.operand)
+            return node.to
+        if isinstance(node, UnaryOp):
+            inner = visit(node.operand)
+            if node.op == "neg":
+                if inner not in NUMERIC_TYPES:
+                    raise fail(f"cannot negate a {inner}")
+                return inner
+            if node.op == "not":
+                _expect_boolean(inner, fail)
+                return BOOLEAN
+            return BOOLEAN
+        if isinstance(node, BinaryOp):
+            left, right = visit(node.left), visit(node.right)
+            return _binary_type(node.op, left, right, fail)
+        if isinstance(node, Call):
+            return _call_type(node, [visit(a) for a in node.args], fail)
+        raise fail(f"unknown expression node {type(node).__name__}")
+
+    return visit(expr)
+
+
+NULL_TYPE = "null"
+
+
+def _literal_type(value: Any) -> str:
+    if value is None:
+        return NULL_TYPE
+    if isinstance(value, bool):
+        return BOOLEAN
+    if isinstance(value, int):
+        return BIGINT
+    if isinstance(value, float):
+        return DOUBLE
+    return STRING
+
+
+def _expect_boolean(type_name: str, fail: Any) -> None:
+    if type_name not in (BOOLEAN, NULL_TYPE):
+        raise fail(f"expected a boolean, got {type_name}")
+
+
+def unify(a: str, b: str) -> str | None:
+    """The common type of two operands, or None if they do not mix."""
+    if a == NULL_TYPE:
+        return b
+    if b == NULL_TYPE or a == b:
+        return a
+    if a in NUMERIC_TYPES and b in NUMERIC_TYPES:
+        return DOUBLE
+    return None
+
+
+def _binary_type(op: str, left: str, right: str, fail: Any) -> str:
+    if op in LOGICAL:
+        _expect_boolean(left, fail)
+        _expect_boolean(right, fail)
+        return BOOLEAN
+    common = unify(left, right)
+    if common is None:
+        raise fail(f"cannot apply {op} to {left} and {right}")
+    if op in COMPARISON:
+        return BOOLEAN
+    if op == "+" and common == STRING:
+        raise fail("use concat() to join strings")
+    if common not in NUMERIC_TYPES and common != NULL_TYPE:
+        raise fail(f"cannot apply {op} to {common}")
+    if op == "/":
+        return DOUBLE
+    return BIGINT if common == NULL_TYPE else common
+
+
+def _call_type(node: Call, args: list[str], fail: Any) -> str:
+    name = node.function
+    if name in ("coalesce", "greatest", "least"):
+        result = NULL_TYPE
+        for a in args:
+            unified = unify(result, a)
+            if unified is None:
+                raise fail(f"{name} mixes {result} and {a}")
+            result = unified
+        return result
+    if name == "if_else":
+        _expect_boolean(args[0], fail)
+        unified = unify(args[1], args[2])
+        if unified is None:
+            raise fail(f"if_else branches have types {args[1]} and {args[2]}")
+        return unified
+    if name in ("lower", "upper"):
+        if args[0] not in (STRING, NULL_TYPE):
+            raise fail(f"{name} needs a string")
+        return STRING
+    if name == "length":
+        if args[0] not in (STRING, NULL_TYPE):
+            raise fail("length needs a string")
+        return BIGINT
+    if name == "concat":
+        return STRING
+    if name == "abs":
+        if args[0] not in NUMERIC_TYPES:
+            raise fail("abs needs a number")
+        return args[0]
+    if name == "array":
+        result = NULL_TYPE
+        for a in args:
+            unified = unify(result, a)
+            if unified is None or is_array(a):
+                raise fail(f"array elements mix {result} and {a}")
+            result = unified
+        return array_of(BIGINT if result == NULL_TYPE else result)
+    if name == "sequence":
+        if any(a not in (BIGINT, NULL_TYPE) for a in args):
+            raise fail("sequence needs bigint bounds")
+        return array_of(BIGINT)
+    if name == "split":
+        if args[0] not in (STRING, NULL_TYPE):
+            raise fail("split needs a string")
+        return array_of(STRING)
+    raise fail(f"unknown function {name}")
+
+
+def output_type(type_name: str) -> str:
+    """The type a column gets when an expression of this type is stored (NULL literal -> bigint)."""
+    return BIGINT if type_name == NULL_TYPE else type_name
+
+
+def array_element(type_name: str) -> str:
+    return element_type(type_name)

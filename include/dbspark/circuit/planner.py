@@ -1,0 +1,165 @@
+"""The planner: from a circuit graph to stages.
+
+A *stage* is the unit of execution: one Spark step, one Airflow task. Each
+stage has an *anchor* (a source, a stateful operator, a multi-input operator,
+or a loop boundary) followed by the chain of linear operators that only it
+feeds. Fusing that chain means one projection over the anchor's output instead
+of one materialized collection per operator, which is the point of the
+general-linear-operator view of map/filter/flat_map.
+
+Stages inside a loop are grouped per loop; an iteration of the loop runs them
+in order, and the loop repeats until it converges.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dbspark.circuit.builder import LINEAR_OPS, Circuit, Node
+
+#: Linear operators that may be fused onto the stage of their (single) input.
+FUSABLE_OPS = LINEAR_OPS - {"plus", "minus", "delay"}
+
+
+@dataclass
+class Stage:
+    """A fused group of operators run as one step."""
+
+    id: int
+    name: str
+    scope: int
+    nodes: tuple[int, ...]
+    inputs: tuple[int, ...]  # nodes of other stages that this stage reads
+    outputs: tuple[int, ...]  # nodes of this stage read by other stages or published as views
+
+    @property
+    def anchor(self) -> int:
+        return self.nodes[0]
+
+
+@dataclass
+class LoopPlan:
+    """The stages of one fixed-point loop, in the order an iteration runs them."""
+
+    scope: int
+    name: str
+    depth: int
+    stages: tuple[
+        int, ...
+    ]  # stage ids whose scope is this loop (nested loops appear via their leave)
+    variable: int
+    result: int
+    output: int
+    max_iterations: int
+    nested: tuple[int, ...] = ()  # scopes of loops directly inside this one
+
+
+@dataclass
+class Plan:
+    circuit: Circuit
+    stages: list[Stage]
+    loops: dict[int, LoopPlan]
+    node_stage: dict[int, int] = field(default_factory=dict)
+
+    def stages_in_scope(self, scope: int) -> list[Stage]:
+        return [s for s in self.stages if s.scope == scope]
+
+    def stage_of(self, node_id: int) -> Stage:
+        return self.stages[self.node_stage[node_id]]
+
+    def describe(self) -> str:
+        lines = [f"plan for circuit {self.circuit.name}: {len(self.stages)} stages"]
+        for stage in self.stages:
+            depth = self.circuit.scope(stage.scope).depth
+            ops = " > ".join(self.circuit.node(n).op for n in stage.nodes)
+            lines.append(f"{'  ' * depth}stage {stage.id} {stage.name}: {ops}")
+        return "\n".join(lines)
+
+
+def plan(circuit: Circuit) -> Plan:
+    """Validate ``circuit`` and cut it into fused stages."""
+    circuit.validate()
+    readers = circuit.consumers()
+    published = set(circuit.views.values())
+    stage_nodes: list[list[int]] = []
+    node_stage: dict[int, int] = {}
+
+    for node in circuit.nodes:
+        host = _fusion_host(circuit, node, readers)
+        if host is None:
+            node_stage[node.id] = len(stage_nodes)
+            stage_nodes.append([node.id])
+        else:
+            node_stage[node.id] = node_stage[host]
+            stage_nodes[node_stage[host]].append(node.id)
+
+    stages = []
+    for stage_id, members in enumerate(stage_nodes):
+        member_set = set(members)
+        inputs = sorted(
+            {i for n in members for i in circuit.node(n).inputs if i not in member_set}
+            | {
+                circuit.node(n).params["feedback"]
+                for n in members
+                if circuit.node(n).op == "variable"
+            }
+        )
+        outputs = sorted(
+            n
+            for n in members
+            if n in published
+            or any(node_stage[r] != stage_id for r in readers[n])
+            or _is_feedback(circuit, n)
+        )
+        anchor = circuit.node(members[0])
+        stages.append(
+            Stage(
+                id=stage_id,
+                name=_stage_name(anchor),
+                scope=anchor.scope,
+                nodes=tuple(members),
+                inputs=tuple(inputs),
+                outputs=tuple(outputs),
+            )
+        )
+
+    loops = {}
+    for scope in circuit.scopes[1:]:
+        assert scope.variable is not None and scope.result is not None and scope.output is not None
+        loops[scope.id] = LoopPlan(
+            scope=scope.id,
+            name=scope.name,
+            depth=scope.depth,
+            stages=tuple(s.id for s in stages if s.scope == scope.id),
+            variable=scope.variable,
+            result=scope.result,
+            output=scope.output,
+            max_iterations=scope.max_iterations,
+            nested=tuple(s.id for s in circuit.scopes if s.parent == scope.id),
+        )
+    return Plan(circuit, stages, loops, node_stage)
+
+
+def _fusion_host(circuit: Circuit, node: Node, readers: dict[int, list[int]]) -> int | None:
+    """The node whose stage ``node`` joins, or None if it anchors a stage of its own."""
+    if node.op not in FUSABLE_OPS or len(node.inputs) != 1:
+        return None
+    (source,) = node.inputs
+    producer = circuit.node(source)
+    if producer.scope != node.scope or len(readers[source]) != 1:
+        return None
+    if _is_feedback(circuit, source):
+        return None
+    return source
+
+
+def _is_feedback(circuit: Circuit, node_id: int) -> bool:
+    return any(s.result == node_id for s in circuit.scopes[1:])
+
+
+def _stage_name(anchor: Node) -> str:
+    label = (
+        anchor.label.split(" ")[-1] if anchor.op in ("zset_source", "upsert_source") else anchor.op
+    )
+    base = f"{anchor.op}_{anchor.id}" if anchor.op not in ("zset_source", "upsert_source") else None
+    return base or f"ingest_{label}"

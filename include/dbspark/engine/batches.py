@@ -1,0 +1,87 @@
+"""Input batches: checking what a user hands to a source before anything runs.
+
+Every engine accepts the same input for one epoch: for a Z-set source, rows
+with integer weights; for an upsert source, upsert rows (tuples in schema
+order, or mappings by column name where a missing column is NULL). Bad input
+is rejected here with an error that names the source, the file (when known)
+and the offending row, before any state changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from dbspark.circuit.types import Schema, python_value_fits
+from dbspark.core.zset import ZSet
+
+
+class InputError(ValueError):
+    """A batch does not fit its source; nothing of the epoch was committed."""
+
+    def __init__(self, source: str, message: str, file: str | None = None) -> None:
+        where = f"source {source!r}" + (f", file {file}" if file else "")
+        super().__init__(f"{where}: {message}")
+        self.source = source
+        self.file = file
+
+
+def check_row(
+    source: str, schema: Schema, row: Any, position: int, file: str | None = None
+) -> tuple:
+    """Return ``row`` as a tuple if it fits ``schema``; otherwise raise ``InputError``."""
+    if isinstance(row, Mapping):
+        unknown = set(row) - set(schema.names)
+        if unknown:
+            raise InputError(source, f"row {position} has unknown columns {sorted(unknown)}", file)
+        row = tuple(row.get(name) for name in schema.names)
+    elif isinstance(row, (list, tuple)):
+        row = tuple(row)
+    else:
+        raise InputError(source, f"row {position} must be a list or an object, got {row!r}", file)
+    if len(row) != len(schema):
+        raise InputError(
+            source,
+            f"row {position} {list(row)!r} has {len(row)} values, "
+            f"schema {schema} has {len(schema)}",
+            file,
+        )
+    for (name, type_name), value in zip(schema.fields, row, strict=True):
+        if not python_value_fits(value, type_name):
+            raise InputError(
+                source,
+                f"row {position} {list(row)!r}: column {name!r} is {type_name.upper()}, "
+                f"got {value!r}",
+                file,
+            )
+    return row
+
+
+def zset_batch(
+    source: str, schema: Schema, batch: ZSet | Iterable[Any], file: str | None = None
+) -> ZSet:
+    """Check a Z-set batch: a ZSet, or ``[row, weight]`` pairs."""
+    if isinstance(batch, ZSet):
+        pairs: Iterable[Any] = batch.items()
+    else:
+        pairs = batch
+    checked = []
+    for position, item in enumerate(pairs):
+        if not isinstance(item, (list, tuple)) or len(item) != 2:
+            raise InputError(source, f"entry {position} must be [row, weight], got {item!r}", file)
+        row, weight = item
+        if not isinstance(weight, int) or isinstance(weight, bool):
+            raise InputError(
+                source, f"entry {position}: weight must be an integer, got {weight!r}", file
+            )
+        checked.append((check_row(source, schema, row, position, file), weight))
+    return ZSet(checked)
+
+
+def upsert_batch(
+    source: str, schema: Schema, batch: Iterable[Any], file: str | None = None
+) -> list[tuple]:
+    """Check an upsert batch: rows as tuples or mappings (missing columns are NULL)."""
+    if isinstance(batch, (str, bytes, Mapping)):
+        raise InputError(source, "an upsert batch must be a list of rows", file)
+    return [check_row(source, schema, row, position, file) for position, row in enumerate(batch)]

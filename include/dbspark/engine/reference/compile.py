@@ -1,0 +1,222 @@
+"""Compile circuit expressions to Python closures over row tuples.
+
+The closures follow SQL (and Spark) semantics, so that the reference engine
+and the Spark engine agree on every row: NULL (``None``) propagates through
+arithmetic and comparisons, ``AND``/``OR`` are three-valued, a filter keeps a
+row only when its predicate is true, division and remainder by zero give
+NULL (Spark's ``try_divide``/``try_mod``), and ``%`` takes the sign of the
+dividend.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Callable
+from typing import Any
+
+from dbspark.circuit.expressions import (
+    BinaryOp,
+    Call,
+    Cast,
+    Column,
+    Expr,
+    Literal,
+    UnaryOp,
+)
+from dbspark.circuit.types import BIGINT, BOOLEAN, DOUBLE, STRING, Schema
+
+RowFunction = Callable[[tuple], Any]
+
+_COMPARE = {
+    "==": operator.eq,
+    "!=": operator.ne,
+    "<": operator.lt,
+    "<=": operator.le,
+    ">": operator.gt,
+    ">=": operator.ge,
+}
+
+
+def compile_expr(expr: Expr, schema: Schema) -> RowFunction:
+    """A function from a row of ``schema`` to the expression's value."""
+    if isinstance(expr, Column):
+        index = schema.index_of(expr.name)
+        return lambda row: row[index]
+    if isinstance(expr, Literal):
+        value = expr.value
+        return lambda row: value
+    if isinstance(expr, UnaryOp):
+        return _compile_unary(expr, compile_expr(expr.operand, schema))
+    if isinstance(expr, BinaryOp):
+        left, right = compile_expr(expr.left, schema), compile_expr(expr.right, schema)
+        return _compile_binary(expr.op, left, right)
+    if isinstance(expr, Cast):
+        inner = compile_expr(expr.operand, schema)
+        target = expr.to
+        return lambda row: cast_value(inner(row), target)
+    if isinstance(expr, Call):
+        args = [compile_expr(a, schema) for a in expr.args]
+        return _compile_call(expr.function, args)
+    raise TypeError(f"cannot compile {expr!r}")
+
+
+def compile_predicate(expr: Expr, schema: Schema) -> Callable[[tuple], bool]:
+    """A filter: true only when the predicate is true (NULL drops the row)."""
+    fn = compile_expr(expr, schema)
+    return lambda row: fn(row) is True
+
+
+def compile_projection(columns: dict[str, Expr], schema: Schema) -> Callable[[tuple], tuple]:
+    fns = [compile_expr(e, schema) for e in columns.values()]
+    return lambda row: tuple(fn(row) for fn in fns)
+
+
+def _compile_unary(expr: UnaryOp, inner: RowFunction) -> RowFunction:
+    if expr.op == "neg":
+        return lambda row: None if (v := inner(row)) is None else -v
+    if expr.op == "not":
+        return lambda row: None if (v := inner(row)) is None else not v
+    if expr.op == "is_null":
+        return lambda row: inner(row) is None
+    if expr.op == "is_not_null":
+        return lambda row: inner(row) is not None
+    raise TypeError(f"unknown unary operator {expr.op}")
+
+
+def _sql_and(a: Any, b: Any) -> Any:
+    if a is False or b is False:
+        return False
+    if a is None or b is None:
+        return None
+    return True
+
+
+def _sql_or(a: Any, b: Any) -> Any:
+    if a is True or b is True:
+        return True
+    if a is None or b is None:
+        return None
+    return False
+
+
+def _divide(a: Any, b: Any) -> Any:
+    return None if b == 0 else a / b
+
+
+def _remainder(a: Any, b: Any) -> Any:
+    if b == 0:
+        return None
+    if isinstance(a, float) or isinstance(b, float):
+        return math.fmod(a, b)
+    result = abs(a) % abs(b)
+    return -result if a < 0 else result
+
+
+_ARITHMETIC = {
+    "+": operator.add,
+    "-": operator.sub,
+    "*": operator.mul,
+    "/": _divide,
+    "%": _remainder,
+}
+
+
+def _compile_binary(op: str, left: RowFunction, right: RowFunction) -> RowFunction:
+    if op == "and":
+        return lambda row: _sql_and(left(row), right(row))
+    if op == "or":
+        return lambda row: _sql_or(left(row), right(row))
+    fn = _COMPARE.get(op) or _ARITHMETIC.get(op)
+    if fn is None:
+        raise TypeError(f"unknown binary operator {op}")
+
+    def apply(row: tuple) -> Any:
+        a, b = left(row), right(row)
+        if a is None or b is None:
+            return None
+        return fn(a, b)
+
+    return apply
+
+
+def _sequence(start: Any, stop: Any) -> list[int] | None:
+    if start is None or stop is None:
+        return None
+    step = 1 if stop >= start else -1
+    return list(range(start, stop + step, step))
+
+
+def _greatest(values: list[Any]) -> Any:
+    present = [v for v in values if v is not None]
+    return max(present) if present else None
+
+
+def _least(values: list[Any]) -> Any:
+    present = [v for v in values if v is not None]
+    return min(present) if present else None
+
+
+def _concat(values: list[Any]) -> Any:
+    if any(v is None for v in values):
+        return None
+    return "".join(cast_value(v, STRING) for v in values)
+
+
+def _compile_call(name: str, args: list[RowFunction]) -> RowFunction:
+    def values(row: tuple) -> list[Any]:
+        return [a(row) for a in args]
+
+    if name == "coalesce":
+        return lambda row: next((v for v in values(row) if v is not None), None)
+    if name == "if_else":
+        cond, then, otherwise = args
+        return lambda row: then(row) if cond(row) is True else otherwise(row)
+    if name in ("lower", "upper", "length", "abs"):
+        unary = {"lower": str.lower, "upper": str.upper, "length": len, "abs": abs}[name]
+        (arg,) = args
+        return lambda row: None if (v := arg(row)) is None else unary(v)
+    if name == "concat":
+        return lambda row: _concat(values(row))
+    if name == "greatest":
+        return lambda row: _greatest(values(row))
+    if name == "least":
+        return lambda row: _least(values(row))
+    if name == "array":
+        return lambda row: tuple(values(row))
+    if name == "sequence":
+        start, stop = args
+        return lambda row: _sequence(start(row), stop(row))
+    if name == "split":
+        text, separator = args
+        return lambda row: None if (v := text(row)) is None else v.split(separator(row))
+    raise TypeError(f"unknown function {name}")
+
+
+def cast_value(value: Any, target: str) -> Any:
+    """Spark's (non-ANSI, NULL on failure) casts between the four scalar types."""
+    if value is None:
+        return None
+    try:
+        if target == STRING:
+            if isinstance(value, bool):
+                return "true" if value else "false"
+            return str(value)
+        if target == BIGINT:
+            if isinstance(value, str):
+                return int(value.strip())
+            return int(value)
+        if target == DOUBLE:
+            return float(value)
+        if target == BOOLEAN:
+            if isinstance(value, str):
+                lowered = value.strip().lower()
+                if lowered in ("true", "t", "yes", "y", "1"):
+                    return True
+                if lowered in ("false", "f", "no", "n", "0"):
+                    return False
+                return None
+            return bool(value)
+    except (ValueError, OverflowError):
+        return None
+    raise TypeError(f"cannot cast to {target}")

@@ -1,0 +1,516 @@
+"""The reference engine: incremental evaluation in pure Python, the oracle.
+
+It runs a planned circuit one epoch at a time with exactly the semantics the
+Spark engine must reproduce, written for clarity rather than speed.
+
+**Linear operators** act on the delta at a time ``t`` and nothing else. The
+general linear operator may schedule output at a later epoch (the join of the
+input time with the time its logic emits); such output waits in the node's
+stream until that epoch runs.
+
+**Stateful operators** (join, distinct, aggregate) are defined by a function
+``f`` of their accumulated inputs. Their output at time ``t`` is whatever makes
+the accumulated output equal ``f`` of the accumulated input at every time. In
+the product order of integer tuples that is the finite difference of
+``g(x) = f(inputs accumulated at or before x)`` over the corners of the unit
+box below ``t``::
+
+    out(t) = sum over subsets S of the coordinates: (-1)^|S| * g(t - 1_S)
+
+For one coordinate this is ``g(e) - g(e - 1)``; for ``(epoch, iteration)`` it is
+the four-corner rule of the DBSP ``distinct_trace`` operator. A key can only
+have output at ``t`` if, for every coordinate, it has an update at or before
+``t`` that sits exactly on ``t``'s value of that coordinate. That is the set of
+keys the engine recomputes, and it includes keys with no input at ``t`` at
+all (the first trap of DESIGN section 3).
+
+**Loops** run iterations ``(epoch, 0), (epoch, 1), ...`` of every operator in the
+loop. A loop has converged at iteration ``i`` only when every operator's delta
+at ``i`` is empty *and* no key touched in this epoch has history from earlier
+epochs at a deeper iteration (where a correction may still be due; the
+second trap). The loop's output at the epoch is the sum of its result's
+deltas over the iterations.
+
+**Compaction**: after an epoch completes, every trace advances its times by the
+frontier ``(epoch, 0, ...)``: earlier epochs collapse into one per iteration,
+which is all later epochs ever ask about.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections import defaultdict
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from dbspark.circuit.aggregations import Aggregation
+from dbspark.circuit.builder import STATEFUL_OPS, Circuit, Node
+from dbspark.circuit.planner import LoopPlan, Plan, plan
+from dbspark.core import aggregates as agg_impl
+from dbspark.core import timestamps
+from dbspark.core.antichain import Antichain
+from dbspark.core.timestamps import Time
+from dbspark.core.trace import Trace
+from dbspark.core.upsert import (
+    UpsertSpec,
+    current_state,
+    live_rows,
+    state_trace,
+    upserts_to_updates,
+)
+from dbspark.core.zset import ZSet
+from dbspark.engine.batches import upsert_batch, zset_batch
+from dbspark.engine.reference.compile import (
+    compile_expr,
+    compile_predicate,
+    compile_projection,
+)
+
+log = logging.getLogger(__name__)
+
+EMPTY = ZSet()
+
+
+class LoopDidNotConverge(RuntimeError):
+    """A loop hit its iteration bound with work still pending."""
+
+
+@dataclass
+class LoopReport:
+    """What one run of a loop did: per-iteration delta sizes and why it stopped."""
+
+    loop: str
+    time: Time
+    delta_sizes: list[int] = field(default_factory=list)
+    stop_reason: str = ""
+
+    @property
+    def iterations(self) -> int:
+        return len(self.delta_sizes)
+
+
+@dataclass
+class EpochResult:
+    epoch: int
+    view_deltas: dict[str, ZSet]
+    views: dict[str, ZSet]
+    loops: list[LoopReport]
+
+
+@dataclass
+class _Keyed:
+    """A stateful operator: per-port key functions and the per-key function ``f``."""
+
+    key_of: list[Callable[[tuple], Hashable]]
+    function: Callable[[Hashable, list[ZSet]], ZSet]
+
+
+class ReferenceEngine:
+    """Runs a circuit incrementally, epoch by epoch, entirely in memory."""
+
+    def __init__(self, circuit: Circuit, *, compact: bool = True) -> None:
+        self.circuit = circuit
+        self.plan: Plan = plan(circuit)
+        self.compact = compact
+        self.epoch = -1
+        # Each node's output stream: time -> delta (future times possible).
+        self._streams: dict[int, dict[Time, ZSet]] = defaultdict(dict)
+        # Each stateful node's arranged inputs, one trace per port.
+        self._arranged: dict[int, list[Trace]] = {}
+        self._keyed: dict[int, _Keyed] = {}
+        self._linear: dict[int, Callable[[ZSet, Time], None]] = {}
+        self._upsert_specs: dict[int, UpsertSpec] = {}
+        self._upsert_state: dict[int, Trace] = {}
+        self._views: dict[str, ZSet] = {name: EMPTY for name in circuit.views}
+        self._loop_reports: list[LoopReport] = []
+        for node in circuit.nodes:
+            self._prepare(node)
+
+    # --- public API -------------------------------------------------------------------
+    def step(self, inputs: Mapping[str, Any] | None = None) -> EpochResult:
+        """Run the next epoch with ``inputs`` (source name -> batch); absent sources are empty."""
+        inputs = dict(inputs or {})
+        unknown = set(inputs) - set(self.circuit.sources)
+        if unknown:
+            raise KeyError(f"circuit {self.circuit.name!r} has no source {sorted(unknown)}")
+        epoch = self.epoch + 1
+        # Check every batch before touching any state, so bad input commits nothing.
+        checked = {name: self._check_batch(name, batch) for name, batch in inputs.items()}
+        ingested = self._ingest_all(checked, epoch)
+        self.epoch = epoch
+        self._loop_reports = []
+        t: Time = (epoch,)
+        for stage in self.plan.stages_in_scope(0):
+            for node_id in stage.nodes:
+                node = self.circuit.node(node_id)
+                if node.op in ("zset_source", "upsert_source"):
+                    self._emit(node_id, t, ingested.get(node_id, EMPTY))
+                else:
+                    self._evaluate(node, t)
+        view_deltas = {}
+        for name, node_id in self.circuit.views.items():
+            delta = self.delta(node_id, t)
+            view_deltas[name] = delta
+            self._views[name] = self._views[name] + delta
+        if self.compact:
+            self._compact(epoch)
+        return EpochResult(epoch, view_deltas, dict(self._views), list(self._loop_reports))
+
+    def view(self, name: str) -> ZSet:
+        return self._views[name]
+
+    def delta(self, node_id: int, t: Time) -> ZSet:
+        return self._streams[node_id].get(t, EMPTY)
+
+    # --- ingestion ----------------------------------------------------------------------
+    def _check_batch(self, name: str, batch: Any) -> Any:
+        node = self.circuit.node(self.circuit.sources[name])
+        if node.op == "zset_source":
+            return zset_batch(name, node.schema, batch)
+        return upsert_batch(name, node.params["user_schema"], batch)
+
+    def _ingest_all(self, checked: Mapping[str, Any], epoch: int) -> dict[int, ZSet]:
+        deltas: dict[int, ZSet] = {}
+        for name, batch in checked.items():
+            node_id = self.circuit.sources[name]
+            if self.circuit.node(node_id).op == "zset_source":
+                deltas[node_id] = batch
+            else:
+                spec = self._upsert_specs[node_id]
+                state = self._upsert_state[node_id]
+                deltas[node_id] = upserts_to_updates(
+                    spec, batch, lambda key, s=state: current_state(s, key)
+                )
+        # Only now, with every batch accepted, does any state change.
+        for node_id, delta in deltas.items():
+            if node_id in self._upsert_state:
+                self._upsert_state[node_id].insert(delta, (epoch,))
+        return deltas
+
+    # --- operator set-up ---------------------------------------------------------------------
+    def _prepare(self, node: Node) -> None:
+        op, params = node.op, node.params
+        if op == "upsert_source":
+            user = params["user_schema"]
+            spec = UpsertSpec(
+                source=node.label,
+                columns=user.names,
+                types=user.types,
+                key=params["key"],
+                watermark=params["watermark"],
+                tombstone=params["tombstone"],
+                tombstone_value=params["tombstone_value"],
+            )
+            self._upsert_specs[node.id] = spec
+            self._upsert_state[node.id] = state_trace(spec)
+            return
+        if op in STATEFUL_OPS:
+            self._keyed[node.id] = self._stateful_function(node)
+            self._arranged[node.id] = [Trace(key_of) for key_of in self._keyed[node.id].key_of]
+            return
+        input_schema = self.circuit.node(node.inputs[0]).schema if node.inputs else None
+        if op == "select":
+            project = compile_projection(params["columns"], input_schema)
+            self._linear[node.id] = self._mapper(node.id, lambda z: z.map(project))
+        elif op == "filter":
+            keep = compile_predicate(params["predicate"], input_schema)
+            self._linear[node.id] = self._mapper(node.id, lambda z: z.filter(keep))
+        elif op == "flat_map":
+            produce = compile_expr(params["array"], input_schema)
+            self._linear[node.id] = self._mapper(
+                node.id, lambda z: z.flat_map(lambda r: [(*r, v) for v in (produce(r) or ())])
+            )
+        elif op == "join_function":
+            self._linear[node.id] = self._general_linear(node, input_schema)
+        elif op == "negate":
+            self._linear[node.id] = self._mapper(node.id, lambda z: -z)
+        elif op == "upsert_live":
+            self._linear[node.id] = self._mapper(node.id, live_rows)
+        elif op in ("index_by", "consolidate"):
+            self._linear[node.id] = self._mapper(node.id, lambda z: z)
+        elif op == "inspect":
+            callback = params["callback"]
+            label = params["label"]
+
+            def show(z: ZSet, t: Time, node_id: int = node.id) -> None:
+                if callback is not None:
+                    callback(t, z)
+                else:
+                    log.info("inspect %s at %s: %s", label, t, z)
+                self._emit(node_id, t, z)
+
+            self._linear[node.id] = show
+
+    def _mapper(self, node_id: int, fn: Callable[[ZSet], ZSet]) -> Callable[[ZSet, Time], None]:
+        return lambda z, t: self._emit(node_id, t, fn(z))
+
+    def _general_linear(self, node: Node, schema: Any) -> Callable[[ZSet, Time], None]:
+        emits = []
+        for item in node.params["emits"]:
+            emits.append(
+                (
+                    compile_projection(item["columns"], schema),
+                    compile_expr(item["weight"], schema),
+                    None if item["epoch"] is None else compile_expr(item["epoch"], schema),
+                    None if item["when"] is None else compile_predicate(item["when"], schema),
+                )
+            )
+
+        def run(z: ZSet, t: Time) -> None:
+            out: dict[Time, list[tuple[tuple, int]]] = defaultdict(list)
+            for row, weight in z.items():
+                for project, weight_of, epoch_of, when in emits:
+                    if when is not None and not when(row):
+                        continue
+                    factor = weight_of(row)
+                    if not factor:
+                        continue
+                    at = t
+                    if epoch_of is not None:
+                        emitted = epoch_of(row)
+                        if emitted is None:
+                            continue  # a NULL time never arrives
+                        at = (max(t[0], emitted), *t[1:])
+                    out[at].append((project(row), weight * factor))
+            for at, pairs in out.items():
+                self._emit(node.id, at, ZSet(pairs))
+
+        return run
+
+    def _stateful_function(self, node: Node) -> _Keyed:
+        circuit = self.circuit
+        if node.op == "distinct":
+            return _Keyed(
+                [lambda row: row],
+                lambda key, accs: ZSet([(key, 1)]) if accs[0].weight(key) > 0 else EMPTY,
+            )
+        if node.op == "aggregate":
+            schema = circuit.node(node.inputs[0]).schema
+            key_idx = [schema.index_of(k) for k in node.params["keys"]]
+            aggs = [_aggregate_impl(a, schema) for a in node.params["aggregations"].values()]
+
+            def aggregate(key: Hashable, accs: list[ZSet]) -> ZSet:
+                (group,) = accs
+                if not group:
+                    return EMPTY
+                rows = list(group.items())
+                values = tuple(fn([(value_of(r), w) for r, w in rows]) for value_of, fn in aggs)
+                return ZSet([((*key, *values), 1)])  # type: ignore[misc]
+
+            return _Keyed([lambda row: tuple(row[i] for i in key_idx)], aggregate)
+        if node.op == "join":
+            left_schema = circuit.node(node.inputs[0]).schema
+            right_schema = circuit.node(node.inputs[1]).schema
+            left_idx = [left_schema.index_of(k) for k in node.params["left_keys"]]
+            right_idx = [right_schema.index_of(k) for k in node.params["right_keys"]]
+            value_idx = [right_schema.index_of(v) for v in node.params["right_values"]]
+
+            def join(key: Hashable, accs: list[ZSet]) -> ZSet:
+                left, right = accs
+                return ZSet(
+                    ((*lrow, *(rrow[i] for i in value_idx)), lw * rw)
+                    for lrow, lw in left.items()
+                    for rrow, rw in right.items()
+                )
+
+            return _Keyed(
+                [
+                    lambda row: tuple(row[i] for i in left_idx),
+                    lambda row: tuple(row[i] for i in right_idx),
+                ],
+                join,
+            )
+        raise AssertionError(node.op)
+
+    # --- evaluation ---------------------------------------------------------------------------
+    def _emit(self, node_id: int, t: Time, z: ZSet) -> None:
+        if not z:
+            return
+        stream = self._streams[node_id]
+        stream[t] = stream.get(t, EMPTY) + z
+
+    def _input(self, node: Node, port: int, t: Time) -> ZSet:
+        return self.delta(node.inputs[port], t)
+
+    def _evaluate(self, node: Node, t: Time) -> None:
+        op = node.op
+        if node.id in self._linear:
+            self._linear[node.id](self._input(node, 0, t), t)
+        elif op == "plus":
+            self._emit(node.id, t, self._input(node, 0, t) + self._input(node, 1, t))
+        elif op == "minus":
+            self._emit(node.id, t, self._input(node, 0, t) - self._input(node, 1, t))
+        elif op == "delay":
+            if t[-1] > 0:
+                self._emit(node.id, t, self._input(node, 0, (*t[:-1], t[-1] - 1)))
+        elif op == "enter":
+            if t[-1] == 0:
+                self._emit(node.id, t, self._input(node, 0, t[:-1]))
+        elif op == "variable":
+            self._evaluate_variable(node, t)
+        elif op == "leave":
+            self._evaluate_leave(node, t)
+        elif op in STATEFUL_OPS:
+            self._evaluate_stateful(node, t)
+        else:
+            raise AssertionError(f"no evaluation for {op}")
+
+    def _evaluate_variable(self, node: Node, t: Time) -> None:
+        initial = self._input(node, 0, t)
+        if t[-1] == 0:
+            self._emit(node.id, t, initial)
+            return
+        previous = (*t[:-1], t[-1] - 1)
+        fed_back = self.delta(node.params["feedback"], previous) - self._input(node, 0, previous)
+        self._emit(node.id, t, fed_back)
+
+    def _evaluate_stateful(self, node: Node, t: Time) -> None:
+        keyed = self._keyed[node.id]
+        arranged = self._arranged[node.id]
+        for port, trace in enumerate(arranged):
+            trace.insert(self._input(node, port, t), t)
+        out: list[tuple[Any, int]] = []
+        corners = _corners(t)
+        for key in _candidate_keys(arranged, t):
+            for sign, corner in corners:
+                accs = [trace.accumulate(corner, keys=[key]) for trace in arranged]
+                for row, weight in keyed.function(key, accs).items():
+                    out.append((row, sign * weight))
+        self._emit(node.id, t, ZSet(out))
+
+    def _evaluate_leave(self, node: Node, t: Time) -> None:
+        loop = self.plan.loops[node.params["loop"]]
+        self._run_loop(loop, t)
+        result = self._streams[loop.result]
+        total = EMPTY
+        for time, delta in result.items():
+            if time[:-1] == t:
+                total = total + delta
+        self._emit(node.id, t, total)
+
+    def _run_loop(self, loop: LoopPlan, prefix: Time) -> None:
+        report = LoopReport(loop.name, prefix)
+        stages = [self.plan.stages[s] for s in loop.stages]
+        members = [n for stage in stages for n in stage.nodes]
+        iteration = 0
+        while True:
+            if iteration >= loop.max_iterations:
+                report.stop_reason = f"hit max_iterations={loop.max_iterations} with work pending"
+                self._loop_reports.append(report)
+                raise LoopDidNotConverge(
+                    f"loop {loop.name!r} did not converge at time {prefix} within "
+                    f"{loop.max_iterations} iterations"
+                )
+            t = (*prefix, iteration)
+            for node_id in members:
+                self._evaluate(self.circuit.node(node_id), t)
+            changed = sum(len(self.delta(n, t)) for n in members)
+            report.delta_sizes.append(len(self.delta(loop.result, t)))
+            pending = self._pending_depth(loop, prefix)
+            if changed == 0 and pending <= iteration:
+                report.stop_reason = (
+                    f"converged: iteration {iteration} changed nothing and no correction is "
+                    f"pending (history reaches iteration {pending})"
+                )
+                break
+            iteration += 1
+        self._loop_reports.append(report)
+
+    def _pending_depth(self, loop: LoopPlan, prefix: Time) -> int:
+        """The deepest iteration at which this epoch may still owe output (-1 if none)."""
+        level = len(prefix)
+        deepest = -1
+        inside = self._nodes_within(loop.scope)
+        for node_id in inside:
+            for time in self._streams[node_id]:
+                if time[:level] == prefix:
+                    deepest = max(deepest, time[level])
+            for trace in self._arranged.get(node_id, ()):
+                for key in trace.keys():  # noqa: SIM118 (a Trace, not a dict)
+                    updates = list(trace.updates_for_key(key))
+                    if not any(u_time[:level] == prefix for _, u_time, _ in updates):
+                        continue
+                    for _, u_time, _ in updates:
+                        if timestamps.less_equal(u_time[:level], prefix):
+                            deepest = max(deepest, u_time[level])
+        return deepest
+
+    def _nodes_within(self, scope_id: int) -> list[int]:
+        scopes = {scope_id}
+        changed = True
+        while changed:
+            changed = False
+            for scope in self.circuit.scopes:
+                if scope.parent in scopes and scope.id not in scopes:
+                    scopes.add(scope.id)
+                    changed = True
+        return [n.id for n in self.circuit.nodes if n.scope in scopes]
+
+    # --- compaction ------------------------------------------------------------------------------
+    def _compact(self, epoch: int) -> None:
+        for stream in self._streams.values():
+            for time in [time for time in stream if time[0] < epoch]:
+                del stream[time]
+        for node_id, traces in self._arranged.items():
+            depth = self.circuit.scope(self.circuit.node(node_id).scope).depth
+            frontier = Antichain([(epoch, *([0] * (depth - 1)))])
+            for trace in traces:
+                trace.compact(frontier)
+        for trace in self._upsert_state.values():
+            trace.compact(Antichain([(epoch,)]))
+
+
+def _corners(t: Time) -> list[tuple[int, Time]]:
+    """The corners ``t - 1_S`` with sign ``(-1)^|S|``, skipping those below zero."""
+    result = []
+    for subset in itertools.product((0, 1), repeat=len(t)):
+        corner = tuple(c - d for c, d in zip(t, subset, strict=True))
+        if min(corner) < 0:
+            continue
+        result.append((-1 if sum(subset) % 2 else 1, corner))
+    return result
+
+
+def _candidate_keys(arranged: Iterable[Trace], t: Time) -> set[Hashable]:
+    """Keys that may have output at ``t``: for every coordinate, an update at or before
+    ``t`` lying exactly on ``t``'s value of that coordinate."""
+    candidates: set[Hashable] = set()
+    traces = list(arranged)
+    for trace in traces:
+        for key in trace.keys():  # noqa: SIM118 (a Trace, not a dict)
+            if key in candidates:
+                continue
+            times = [
+                u
+                for tr in traces
+                for _, u, _ in tr.updates_for_key(key)
+                if timestamps.less_equal(u, t)
+            ]
+            if all(any(u[d] == t[d] for u in times) for d in range(len(t))):
+                candidates.add(key)
+    return candidates
+
+
+def _aggregate_impl(
+    aggregation: Aggregation, schema: Any
+) -> tuple[Callable[[tuple], Any], agg_impl.Aggregate]:
+    if aggregation.expr is None:
+        return (lambda row: 1), agg_impl.count_rows()
+    value_of = compile_expr(aggregation.expr, schema)
+    kind = aggregation.kind
+    if kind == "count":
+        return value_of, agg_impl.count_values()
+    if kind == "sum":
+        return value_of, agg_impl.sum_values()
+    if kind == "min":
+        return value_of, agg_impl.min_value()
+    if kind == "max":
+        return value_of, agg_impl.max_value()
+    if kind == "avg":
+        return value_of, agg_impl.avg_value()
+    if kind == "udf":
+        assert aggregation.function is not None and aggregation.declared_type is not None
+        return value_of, agg_impl.user_defined(aggregation.function, aggregation.declared_type)
+    raise AssertionError(kind)
