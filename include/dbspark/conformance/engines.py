@@ -1,0 +1,110 @@
+"""Engines the conformance command can run, picked by name.
+
+An engine here is anything built from a circuit that offers
+``step(inputs) -> result``, where ``inputs`` maps source names to one epoch's
+batches (Z-set sources: ``[(row_tuple, weight), ...]``; upsert sources: row
+tuples in schema order) and ``result.views`` maps every view name to the
+view's accumulated contents as a ``ZSet``. Bad input is reported by raising
+``dbspark.engine.batches.InputError`` or ``dbspark.core.upsert.UpsertError``
+before the epoch commits anything.
+
+Backends register a factory under a name. The Spark engine does not exist yet:
+its name is registered as *unavailable*, so asking for it fails loudly instead
+of quietly running something else. When it lands, it replaces that entry::
+
+    register_engine("spark", make_spark_engine, uses_warehouse=True, replace=True)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from dbspark.circuit.builder import Circuit
+from dbspark.core.zset import ZSet
+
+
+class EpochResultLike(Protocol):
+    views: Mapping[str, ZSet]
+
+
+class Engine(Protocol):
+    def step(self, inputs: Mapping[str, Any]) -> EpochResultLike: ...
+
+
+EngineFactory = Callable[..., Engine]
+"""``factory(circuit, *, warehouse: Path | None) -> Engine``."""
+
+
+class EngineUnavailable(RuntimeError):
+    """The engine is known by name but cannot run in this version or setup."""
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    name: str
+    factory: EngineFactory | None
+    uses_warehouse: bool = False
+    unavailable: str | None = None  # why it cannot run; None when it can
+    description: str = ""
+
+    def create(self, circuit: Circuit, *, warehouse: Path | None = None) -> Engine:
+        if self.unavailable is not None or self.factory is None:
+            raise EngineUnavailable(self.unavailable or f"engine {self.name!r} has no factory")
+        return self.factory(circuit, warehouse=warehouse)
+
+
+_REGISTRY: dict[str, EngineSpec] = {}
+
+
+def register_engine(
+    name: str,
+    factory: EngineFactory | None,
+    *,
+    uses_warehouse: bool = False,
+    unavailable: str | None = None,
+    description: str = "",
+    replace: bool = False,
+) -> EngineSpec:
+    """Make an engine selectable by ``name`` (``replace=True`` to override an entry)."""
+    if name in _REGISTRY and not replace:
+        raise ValueError(f"engine {name!r} is already registered")
+    spec = EngineSpec(name, factory, uses_warehouse, unavailable, description)
+    _REGISTRY[name] = spec
+    return spec
+
+
+def engine_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def get_engine(name: str) -> EngineSpec:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"unknown engine {name!r} (known: {', '.join(engine_names())})") from None
+
+
+def _reference_engine(circuit: Circuit, *, warehouse: Path | None = None) -> Engine:
+    from dbspark.engine.reference.engine import ReferenceEngine
+
+    del warehouse  # the reference engine keeps everything in memory
+    return ReferenceEngine(circuit)
+
+
+register_engine(
+    "reference",
+    _reference_engine,
+    description="the pure-Python reference engine (in memory; --warehouse is not used)",
+)
+register_engine(
+    "spark",
+    None,
+    uses_warehouse=True,
+    unavailable=(
+        "the Spark engine is not implemented yet in this version of dbspark; use --engine reference"
+    ),
+    description="Spark operators over traces in a warehouse (not implemented yet)",
+)
