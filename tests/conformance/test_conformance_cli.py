@@ -195,22 +195,11 @@ TRANSITIVE_CLOSURE = {
     ],
 }
 
-ENGINE_BUG_LOOP_STOPS_EARLY = (
-    "reference engine bug: ReferenceEngine._pending_depth looks at each input trace of a "
-    "stateful operator separately, so a join key touched this epoch on one side (the new "
-    "edge c->d at (1, 0)) does not count the other side's history at a deeper iteration "
-    "(c in reach at (0, 2)); the loop stops at iteration 1 and never emits d at (1, 3)"
-)
-
 
 @pytest.mark.parametrize(
     "vector",
     [
-        pytest.param(
-            EXTEND_DEEP_REACH,
-            id="reach-extends-from-a-deep-node",
-            marks=pytest.mark.xfail(strict=True, reason=ENGINE_BUG_LOOP_STOPS_EARLY),
-        ),
+        pytest.param(EXTEND_DEEP_REACH, id="reach-extends-from-a-deep-node"),
         pytest.param(EXTEND_SHALLOW_REACH, id="reach-extends-from-a-shallow-node"),
         pytest.param(CYCLE_DELETION, id="cycle-deletion"),
         pytest.param(TRANSITIVE_CLOSURE, id="transitive-closure-multiplicities"),

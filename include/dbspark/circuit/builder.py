@@ -144,7 +144,7 @@ class Circuit:
     def zset_source(self, name: str, schema: Mapping[str, str]) -> Stream:
         """A source whose batches are Z-sets: rows with explicit weights."""
         self._check_source_name(name)
-        node = self._add("zset_source", (), Schema.of(schema, what=f"source {name!r}"), 0, name)
+        node = self._add("zset_source", (), _source_schema(schema, f"source {name!r}"), 0, name)
         self.sources[name] = node.id
         return Stream(self, node.id)
 
@@ -168,7 +168,7 @@ class Circuit:
         """
         self._check_source_name(name)
         what = f"upsert source {name!r}"
-        user_schema = Schema.of(schema, what=what)
+        user_schema = _source_schema(schema, what)
         keys = _as_names(key)
         watermarks = _as_names(watermark)
         if not keys:
@@ -688,6 +688,13 @@ def wrap_column(name: str) -> Expr:
     from dbspark.circuit.expressions import col
 
     return col(name)
+
+
+def _source_schema(schema: Mapping[str, str], what: str) -> Schema:
+    try:
+        return Schema.of(schema, what=what)
+    except (TypeError, ValueError) as exc:
+        raise CircuitError(str(exc)) from None
 
 
 def _as_names(value: str | Sequence[str] | None) -> tuple[str, ...]:

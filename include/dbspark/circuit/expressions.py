@@ -245,7 +245,9 @@ def sequence(start: Any, stop: Any) -> Call:
 
 
 def split(text: Any, separator: str) -> Call:
-    """Split a string on a literal separator."""
+    """Split a string on a literal, non-empty separator."""
+    if not isinstance(separator, str) or not separator:
+        raise ValueError(f"split needs a non-empty string separator, got {separator!r}")
     return call("split", text, lit(separator))
 
 
@@ -278,6 +280,8 @@ def infer_type(expr: Expr, schema: Schema, where: str) -> str:
             return _literal_type(node.value)
         if isinstance(node, Cast):
             visit(node.operand)
+            if is_array(node.to):
+                raise fail(f"cannot cast to {node.to}; casts are between scalar types")
             return node.to
         if isinstance(node, UnaryOp):
             inner = visit(node.operand)
@@ -394,6 +398,11 @@ def _call_type(node: Call, args: list[str], fail: Any) -> str:
     if name == "split":
         if args[0] not in (STRING, NULL_TYPE):
             raise fail("split needs a string")
+        separator = node.args[1]
+        if not (
+            isinstance(separator, Literal) and isinstance(separator.value, str) and separator.value
+        ):
+            raise fail("split needs a non-empty literal string separator")
         return array_of(STRING)
     raise fail(f"unknown function {name}")
 

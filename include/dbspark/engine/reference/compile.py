@@ -23,23 +23,47 @@ from dbspark.circuit.expressions import (
     Expr,
     Literal,
     UnaryOp,
+    infer_type,
 )
 from dbspark.circuit.types import BIGINT, BOOLEAN, DOUBLE, STRING, Schema
 
 RowFunction = Callable[[tuple], Any]
 
+
+def _order_key(value: Any) -> tuple[int, Any]:
+    """Spark orders NaN above every other double and treats NaN = NaN as true."""
+    if isinstance(value, float) and math.isnan(value):
+        return (1, 0.0)
+    return (0, value)
+
+
+def _comparison(test: Callable[[Any, Any], bool]) -> Callable[[Any, Any], bool]:
+    return lambda a, b: test(_order_key(a), _order_key(b))
+
+
 _COMPARE = {
-    "==": operator.eq,
-    "!=": operator.ne,
-    "<": operator.lt,
-    "<=": operator.le,
-    ">": operator.gt,
-    ">=": operator.ge,
+    "==": _comparison(operator.eq),
+    "!=": _comparison(operator.ne),
+    "<": _comparison(operator.lt),
+    "<=": _comparison(operator.le),
+    ">": _comparison(operator.gt),
+    ">=": _comparison(operator.ge),
 }
 
 
 def compile_expr(expr: Expr, schema: Schema) -> RowFunction:
-    """A function from a row of ``schema`` to the expression's value."""
+    """A function from a row of ``schema`` to the expression's value.
+
+    A value of a DOUBLE-typed expression is always a float, even when it came
+    from a BIGINT branch (as in Spark, where the branch is widened).
+    """
+    fn = _compile_node(expr, schema)
+    if infer_type(expr, schema, "compile") == DOUBLE:
+        return lambda row: None if (v := fn(row)) is None else float(v)
+    return fn
+
+
+def _compile_node(expr: Expr, schema: Schema) -> RowFunction:
     if isinstance(expr, Column):
         index = schema.index_of(expr.name)
         return lambda row: row[index]

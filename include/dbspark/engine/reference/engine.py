@@ -427,12 +427,17 @@ class ReferenceEngine:
             for time in self._streams[node_id]:
                 if time[:level] == prefix:
                     deepest = max(deepest, time[level])
-            for trace in self._arranged.get(node_id, ()):
-                for key in trace.keys():  # noqa: SIM118 (a Trace, not a dict)
-                    updates = list(trace.updates_for_key(key))
-                    if not any(u_time[:level] == prefix for _, u_time, _ in updates):
-                        continue
-                    for _, u_time, _ in updates:
+            traces = self._arranged.get(node_id, ())
+            # A key touched on one port can meet another port's deeper history (a join).
+            touched = {
+                key
+                for trace in traces
+                for key in trace.keys()  # noqa: SIM118 (a Trace, not a dict)
+                if any(u_time[:level] == prefix for _, u_time, _ in trace.updates_for_key(key))
+            }
+            for trace in traces:
+                for key in touched:
+                    for _, u_time, _ in trace.updates_for_key(key):
                         if timestamps.less_equal(u_time[:level], prefix):
                             deepest = max(deepest, u_time[level])
         return deepest
