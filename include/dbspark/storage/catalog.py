@@ -1,0 +1,799 @@
+"""The catalog: which batches exist, which stages have committed, where loops stand.
+
+A SQL database reached through SQLAlchemy Core (a SQLite file in the warehouse by
+default, PostgreSQL when deployed; any SQLAlchemy URL works). It is the single source of
+truth for what is visible: a Parquet batch exists when, and only when, its row here is
+committed.
+
+Commit protocol (DESIGN 5): a stage writes its output files first, each to a fresh unique
+path, then calls :meth:`Catalog.commit`, which in ONE transaction inserts the stage's
+``stage_runs`` row, registers the new batches and marks the batches they replace as
+superseded. The ``stage_runs`` row is unique per (circuit, stage, time), so
+
+- a crash before the commit leaves only unregistered files: garbage that
+  :func:`garbage_collect` removes, never half-visible state;
+- a retried task whose work was already committed finds its ``stage_runs`` row and
+  does nothing (``commit`` returns ``False``; check :meth:`Catalog.stage_done` first to
+  skip the work itself);
+- two concurrent attempts of one stage cannot both commit: the unique constraint lets
+  exactly one through.
+
+Times are stored as canonical JSON arrays (``[3]``, ``[3,2]``) so that equality on the
+text is equality of times; batches and stage runs also carry ``epoch`` (= ``time[0]``)
+as an integer column for range filters.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import time as _time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.engine import Connection, Engine
+
+Time = tuple[int, ...]
+
+KINDS = ("delta", "trace", "view", "changes")
+EPOCH_STATES = ("open", "committed")
+
+
+class CatalogError(RuntimeError):
+    """The catalog refuses an operation that would leave it inconsistent."""
+
+
+# --- schema ------------------------------------------------------------------------------
+
+metadata = sa.MetaData()
+
+# SQLite only auto-increments an INTEGER PRIMARY KEY; elsewhere ids are 64-bit.
+_Id = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+_Timestamp = sa.DateTime(timezone=True)
+
+circuits_table = sa.Table(
+    "circuits",
+    metadata,
+    sa.Column("name", sa.String(200), primary_key=True),
+    sa.Column("fingerprint", sa.String(200), nullable=False),
+    sa.Column("created_at", _Timestamp, nullable=False),
+)
+
+epochs_table = sa.Table(
+    "epochs",
+    metadata,
+    sa.Column("circuit", sa.String(200), sa.ForeignKey("circuits.name"), primary_key=True),
+    sa.Column("epoch", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("opened_at", _Timestamp, nullable=False),
+    sa.Column("committed_at", _Timestamp, nullable=True),
+    sa.CheckConstraint("state IN ('open', 'committed')", name="ck_epochs_state"),
+)
+
+stage_runs_table = sa.Table(
+    "stage_runs",
+    metadata,
+    sa.Column("id", _Id, primary_key=True, autoincrement=True),
+    sa.Column("circuit", sa.String(200), sa.ForeignKey("circuits.name"), nullable=False),
+    sa.Column("stage", sa.String(500), nullable=False),
+    sa.Column("time", sa.String(200), nullable=False),
+    sa.Column("epoch", sa.BigInteger, nullable=False),
+    sa.Column("finished_at", _Timestamp, nullable=False),
+    sa.UniqueConstraint("circuit", "stage", "time", name="uq_stage_runs_circuit_stage_time"),
+    sa.Index("ix_stage_runs_circuit_epoch", "circuit", "epoch"),
+)
+
+batches_table = sa.Table(
+    "batches",
+    metadata,
+    sa.Column("id", _Id, primary_key=True, autoincrement=True),
+    sa.Column("circuit", sa.String(200), sa.ForeignKey("circuits.name"), nullable=False),
+    sa.Column("collection", sa.String(500), nullable=False),
+    sa.Column("kind", sa.String(16), nullable=False),
+    sa.Column("time", sa.String(200), nullable=False),
+    sa.Column("epoch", sa.BigInteger, nullable=False),
+    sa.Column("path", sa.String(1000), nullable=False),
+    sa.Column("rows", sa.BigInteger, nullable=False),
+    sa.Column("bytes", sa.BigInteger, nullable=False),
+    sa.Column("buckets", sa.Integer, nullable=False, server_default="0"),
+    # The stage run (commit) that replaced this batch, e.g. a compaction; NULL = live.
+    # It points at the commit rather than at a new batch because a compaction whose
+    # updates all cancel out supersedes its inputs with no new batch at all.
+    sa.Column("superseded_by", _Id, sa.ForeignKey("stage_runs.id"), nullable=True),
+    sa.Column("created_at", _Timestamp, nullable=False),
+    sa.CheckConstraint("kind IN ('delta', 'trace', 'view', 'changes')", name="ck_batches_kind"),
+    sa.UniqueConstraint("path", name="uq_batches_path"),
+    sa.Index("ix_batches_lookup", "circuit", "collection", "epoch"),
+    sa.Index("ix_batches_superseded_by", "superseded_by"),
+)
+
+frontiers_table = sa.Table(
+    "frontiers",
+    metadata,
+    sa.Column("circuit", sa.String(200), sa.ForeignKey("circuits.name"), primary_key=True),
+    sa.Column("collection", sa.String(500), primary_key=True),
+    sa.Column("frontier", sa.Text, nullable=False),
+    sa.Column("updated_at", _Timestamp, nullable=False),
+)
+
+loop_iterations_table = sa.Table(
+    "loop_iterations",
+    metadata,
+    sa.Column("id", _Id, primary_key=True, autoincrement=True),
+    sa.Column("circuit", sa.String(200), sa.ForeignKey("circuits.name"), nullable=False),
+    sa.Column("loop", sa.String(500), nullable=False),
+    sa.Column("prefix", sa.String(200), nullable=False),
+    sa.Column("iteration", sa.Integer, nullable=False),
+    sa.Column("delta_rows", sa.BigInteger, nullable=False),
+    sa.Column("pending_depth", sa.Integer, nullable=True),
+    sa.Column("converged", sa.Boolean, nullable=False),
+    sa.Column("reason", sa.Text, nullable=False, server_default=""),
+    sa.Column("recorded_at", _Timestamp, nullable=False),
+    sa.UniqueConstraint(
+        "circuit", "loop", "prefix", "iteration", name="uq_loop_iterations_iteration"
+    ),
+)
+
+
+# --- records -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BatchRecord:
+    """One immutable Parquet batch (a directory) and its catalog row.
+
+    ``id`` is ``None`` until the batch is committed. ``path`` is relative to the
+    warehouse root. ``time`` is the time of the stage that wrote it; every row in the
+    batch is at that time or later (in the product order), which lets readers skip
+    batches by their time alone.
+    """
+
+    circuit: str
+    collection: str
+    kind: str
+    time: Time
+    path: str
+    rows: int
+    bytes: int
+    buckets: int = 0
+    id: int | None = None
+    superseded_by: int | None = None
+    created_at: datetime | None = None
+
+    @property
+    def epoch(self) -> int:
+        return self.time[0]
+
+    @property
+    def live(self) -> bool:
+        return self.superseded_by is None
+
+    def with_id(self, id: int) -> BatchRecord:
+        return replace(self, id=id)
+
+
+@dataclass(frozen=True)
+class LoopIteration:
+    """What one iteration of a recursive subcircuit did, for convergence and for people."""
+
+    loop: str
+    prefix: Time
+    iteration: int
+    delta_rows: int
+    converged: bool
+    pending_depth: int | None = None
+    reason: str = ""
+    recorded_at: datetime | None = field(default=None, compare=False)
+
+
+# --- time encoding -----------------------------------------------------------------------
+
+
+def encode_time(time: Sequence[int]) -> str:
+    t = tuple(int(x) for x in time)
+    if not t:
+        raise ValueError("a time needs at least one coordinate (the epoch)")
+    if any(x < 0 for x in t):
+        raise ValueError(f"time coordinates are non-negative, got {list(t)}")
+    return json.dumps(list(t), separators=(",", ":"))
+
+
+def decode_time(text: str) -> Time:
+    return tuple(int(x) for x in json.loads(text))
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+# --- the catalog -------------------------------------------------------------------------
+
+
+class Catalog:
+    """The trace catalog over any SQLAlchemy URL (tables are created if missing)."""
+
+    def __init__(self, url: str, *, engine_options: Mapping[str, Any] | None = None) -> None:
+        self.url = url
+        options = dict(engine_options or {})
+        self.engine: Engine = sa.create_engine(url, **options)
+        if self.engine.dialect.name == "sqlite":
+            _configure_sqlite(self.engine)
+        self._create_tables()
+
+    def _create_tables(self) -> None:
+        # Several tasks may open a fresh catalog at once; on PostgreSQL concurrent
+        # CREATE TABLEs of one name make all but one fail. Checking again settles it.
+        for attempt in range(3):
+            try:
+                metadata.create_all(self.engine)
+                return
+            except sa.exc.DBAPIError:
+                if attempt == 2:
+                    raise
+                _time.sleep(0.1 * (attempt + 1))
+
+    @classmethod
+    def for_warehouse(cls, path: str | os.PathLike[str]) -> Catalog:
+        """The default catalog: a SQLite file ``<warehouse>/catalog.db`` (WAL mode)."""
+        root = Path(path).resolve()
+        root.mkdir(parents=True, exist_ok=True)
+        return cls(f"sqlite:///{root / 'catalog.db'}")
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def __enter__(self) -> Catalog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Catalog({self.engine.url.render_as_string(hide_password=True)!r})"
+
+    # --- circuits ------------------------------------------------------------------------
+    def register_circuit(self, name: str, fingerprint: str) -> None:
+        """Record a circuit, or check that the stored one has the same definition."""
+        _check_name(name, "circuit")
+        try:
+            with self.engine.begin() as conn:
+                stored = self._fingerprint(conn, name)
+                if stored is None:
+                    conn.execute(
+                        circuits_table.insert().values(
+                            name=name, fingerprint=fingerprint, created_at=_now()
+                        )
+                    )
+                    return
+        except sa.exc.IntegrityError:
+            # Registered concurrently by someone else: compare with theirs.
+            with self.engine.connect() as conn:
+                stored = self._fingerprint(conn, name)
+        if stored != fingerprint:
+            raise CatalogError(
+                f"the definition of circuit {name!r} changed (fingerprint {fingerprint}, "
+                f"stored {stored}): the warehouse holds state of the old definition. "
+                "Use a new circuit name or a new warehouse, or rebuild with a full refresh."
+            )
+
+    def circuit_fingerprint(self, name: str) -> str | None:
+        with self.engine.connect() as conn:
+            return self._fingerprint(conn, name)
+
+    def circuits(self) -> list[str]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.select(circuits_table.c.name).order_by(circuits_table.c.name))
+            return [r.name for r in rows]
+
+    @staticmethod
+    def _fingerprint(conn: Connection, name: str) -> str | None:
+        return conn.execute(
+            sa.select(circuits_table.c.fingerprint).where(circuits_table.c.name == name)
+        ).scalar_one_or_none()
+
+    # --- epochs --------------------------------------------------------------------------
+    def open_epoch(self, circuit: str, epoch: int) -> str:
+        """Open ``epoch`` (idempotent). Returns its state: ``'open'``, or ``'committed'``
+        when it already ran (re-running a committed epoch is a no-op for the caller)."""
+        if epoch < 0:
+            raise ValueError(f"epochs are non-negative, got {epoch}")
+        t = epochs_table
+        try:
+            with self.engine.begin() as conn:
+                state = conn.execute(
+                    sa.select(t.c.state).where(t.c.circuit == circuit, t.c.epoch == epoch)
+                ).scalar_one_or_none()
+                if state is not None:
+                    return state
+                conn.execute(
+                    t.insert().values(circuit=circuit, epoch=epoch, state="open", opened_at=_now())
+                )
+                return "open"
+        except sa.exc.IntegrityError:
+            state = self.epoch_state(circuit, epoch)
+            if state is None:
+                raise CatalogError(
+                    f"cannot open epoch {epoch}: circuit {circuit!r} is not registered"
+                ) from None
+            return state
+
+    def commit_epoch(self, circuit: str, epoch: int) -> bool:
+        """Mark an open epoch committed. Returns False if it already was (a no-op)."""
+        t = epochs_table
+        with self.engine.begin() as conn:
+            state = conn.execute(
+                sa.select(t.c.state).where(t.c.circuit == circuit, t.c.epoch == epoch)
+            ).scalar_one_or_none()
+            if state is None:
+                raise CatalogError(f"epoch {epoch} of circuit {circuit!r} was never opened")
+            if state == "committed":
+                return False
+            conn.execute(
+                t.update()
+                .where(t.c.circuit == circuit, t.c.epoch == epoch, t.c.state == "open")
+                .values(state="committed", committed_at=_now())
+            )
+            return True
+
+    def epoch_state(self, circuit: str, epoch: int) -> str | None:
+        t = epochs_table
+        with self.engine.connect() as conn:
+            return conn.execute(
+                sa.select(t.c.state).where(t.c.circuit == circuit, t.c.epoch == epoch)
+            ).scalar_one_or_none()
+
+    def last_committed_epoch(self, circuit: str) -> int:
+        """The greatest committed epoch, or -1 when none is."""
+        t = epochs_table
+        with self.engine.connect() as conn:
+            value = conn.execute(
+                sa.select(sa.func.max(t.c.epoch)).where(
+                    t.c.circuit == circuit, t.c.state == "committed"
+                )
+            ).scalar_one_or_none()
+        return -1 if value is None else int(value)
+
+    # --- the commit protocol -------------------------------------------------------------
+    def commit(
+        self,
+        circuit: str,
+        stage: str,
+        time: Sequence[int],
+        new_batches: Iterable[BatchRecord] = (),
+        supersede: Iterable[int] = (),
+        loop_iteration: LoopIteration | None = None,
+        frontiers: Mapping[str, Iterable[Sequence[int]]] | None = None,
+    ) -> bool:
+        """Commit one stage's work at ``time`` in one transaction.
+
+        Registers ``new_batches`` (files already written), marks the batches whose ids are
+        in ``supersede`` as replaced by this commit, records ``loop_iteration`` and
+        ``frontiers`` (collection -> times) if given, and inserts the ``stage_runs`` row.
+        Returns False, changing nothing, when this stage already committed at ``time``.
+        Anything invalid (a superseded batch that is missing, already superseded or of
+        another circuit; a batch of another circuit) raises and rolls everything back.
+        """
+        time_text = encode_time(time)
+        epoch = int(next(iter(time)))
+        batches = list(new_batches)
+        supersede_ids = list(dict.fromkeys(int(i) for i in supersede))
+        for b in batches:
+            if b.id is not None:
+                raise CatalogError(f"batch {b.path} is already registered (id {b.id})")
+            if b.circuit != circuit:
+                raise CatalogError(
+                    f"batch {b.path} belongs to circuit {b.circuit!r}, not {circuit!r}"
+                )
+            if b.kind not in KINDS:
+                raise CatalogError(f"batch kind must be one of {KINDS}, got {b.kind!r}")
+        now = _now()
+        try:
+            with self.engine.begin() as conn:
+                if self._stage_run_id(conn, circuit, stage, time_text) is not None:
+                    return False
+                # The stage run goes first: a concurrent duplicate blocks on (or fails at)
+                # its unique key before doing anything else.
+                run_id = conn.execute(
+                    stage_runs_table.insert().values(
+                        circuit=circuit, stage=stage, time=time_text, epoch=epoch, finished_at=now
+                    )
+                ).inserted_primary_key[0]
+                for b in batches:
+                    conn.execute(batches_table.insert().values(**_batch_values(b, now)))
+                if supersede_ids:
+                    bt = batches_table
+                    done = conn.execute(
+                        bt.update()
+                        .where(
+                            bt.c.id.in_(supersede_ids),
+                            bt.c.circuit == circuit,
+                            bt.c.superseded_by.is_(None),
+                        )
+                        .values(superseded_by=run_id)
+                    ).rowcount
+                    if done != len(supersede_ids):
+                        raise CatalogError(
+                            f"stage {stage!r} at {time_text} supersedes batches {supersede_ids}"
+                            f" of circuit {circuit!r}, but only {done} of them exist and are live"
+                        )
+                if loop_iteration is not None:
+                    self._insert_loop_iteration(conn, circuit, loop_iteration, now)
+                for collection, times in (frontiers or {}).items():
+                    self._set_frontier(conn, circuit, collection, times, now)
+                return True
+        except sa.exc.IntegrityError as err:
+            if self.stage_done(circuit, stage, time):
+                return False  # lost a race against another attempt of the same stage
+            raise CatalogError(f"commit of stage {stage!r} at {time_text} failed: {err}") from err
+
+    def stage_done(self, circuit: str, stage: str, time: Sequence[int]) -> bool:
+        with self.engine.connect() as conn:
+            return self._stage_run_id(conn, circuit, stage, encode_time(time)) is not None
+
+    def stage_runs(self, circuit: str, *, epoch: int | None = None) -> list[tuple[str, Time]]:
+        """(stage, time) of every committed stage run, in commit order."""
+        t = stage_runs_table
+        q = sa.select(t.c.stage, t.c.time).where(t.c.circuit == circuit).order_by(t.c.id)
+        if epoch is not None:
+            q = q.where(t.c.epoch == epoch)
+        with self.engine.connect() as conn:
+            return [(r.stage, decode_time(r.time)) for r in conn.execute(q)]
+
+    @staticmethod
+    def _stage_run_id(conn: Connection, circuit: str, stage: str, time_text: str) -> int | None:
+        t = stage_runs_table
+        return conn.execute(
+            sa.select(t.c.id).where(
+                t.c.circuit == circuit, t.c.stage == stage, t.c.time == time_text
+            )
+        ).scalar_one_or_none()
+
+    # --- batches -------------------------------------------------------------------------
+    def batches(
+        self,
+        circuit: str,
+        collection: str,
+        *,
+        epoch: int | None = None,
+        max_epoch: int | None = None,
+        time: Sequence[int] | None = None,
+        kind: str | None = None,
+        live_only: bool = True,
+    ) -> list[BatchRecord]:
+        """The batches of a collection, oldest first (by epoch, then commit order)."""
+        t = batches_table
+        q = sa.select(t).where(t.c.circuit == circuit, t.c.collection == collection)
+        if epoch is not None:
+            q = q.where(t.c.epoch == epoch)
+        if max_epoch is not None:
+            q = q.where(t.c.epoch <= max_epoch)
+        if time is not None:
+            q = q.where(t.c.time == encode_time(time))
+        if kind is not None:
+            q = q.where(t.c.kind == kind)
+        if live_only:
+            q = q.where(t.c.superseded_by.is_(None))
+        q = q.order_by(t.c.epoch, t.c.id)
+        with self.engine.connect() as conn:
+            return [_batch_record(r) for r in conn.execute(q)]
+
+    def batch(self, id: int) -> BatchRecord | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.select(batches_table).where(batches_table.c.id == id)).first()
+        return None if row is None else _batch_record(row)
+
+    def collections(self, circuit: str) -> list[str]:
+        t = batches_table
+        q = sa.select(t.c.collection).where(t.c.circuit == circuit).distinct()
+        with self.engine.connect() as conn:
+            return sorted(r.collection for r in conn.execute(q))
+
+    def all_batches(self, circuit: str | None = None) -> list[BatchRecord]:
+        q = sa.select(batches_table).order_by(batches_table.c.id)
+        if circuit is not None:
+            q = q.where(batches_table.c.circuit == circuit)
+        with self.engine.connect() as conn:
+            return [_batch_record(r) for r in conn.execute(q)]
+
+    # --- frontiers -----------------------------------------------------------------------
+    def set_frontier(
+        self, circuit: str, collection: str, frontier: Iterable[Sequence[int]]
+    ) -> None:
+        with self.engine.begin() as conn:
+            self._set_frontier(conn, circuit, collection, frontier, _now())
+
+    def frontier(self, circuit: str, collection: str) -> list[Time] | None:
+        """The stored frontier's times, or None if none was ever recorded."""
+        t = frontiers_table
+        with self.engine.connect() as conn:
+            text = conn.execute(
+                sa.select(t.c.frontier).where(t.c.circuit == circuit, t.c.collection == collection)
+            ).scalar_one_or_none()
+        return None if text is None else [tuple(int(x) for x in e) for e in json.loads(text)]
+
+    @staticmethod
+    def _set_frontier(
+        conn: Connection,
+        circuit: str,
+        collection: str,
+        frontier: Iterable[Sequence[int]],
+        now: datetime,
+    ) -> None:
+        times = sorted(tuple(int(x) for x in e) for e in frontier)
+        text = json.dumps([list(e) for e in times], separators=(",", ":"))
+        t = frontiers_table
+        updated = conn.execute(
+            t.update()
+            .where(t.c.circuit == circuit, t.c.collection == collection)
+            .values(frontier=text, updated_at=now)
+        ).rowcount
+        if not updated:
+            conn.execute(
+                t.insert().values(
+                    circuit=circuit, collection=collection, frontier=text, updated_at=now
+                )
+            )
+
+    # --- loops ---------------------------------------------------------------------------
+    def record_loop_iteration(self, circuit: str, it: LoopIteration) -> None:
+        with self.engine.begin() as conn:
+            self._insert_loop_iteration(conn, circuit, it, _now())
+
+    def loop_iterations(
+        self, circuit: str, loop: str, prefix: Sequence[int]
+    ) -> list[LoopIteration]:
+        t = loop_iterations_table
+        q = (
+            sa.select(t)
+            .where(t.c.circuit == circuit, t.c.loop == loop, t.c.prefix == encode_time(prefix))
+            .order_by(t.c.iteration)
+        )
+        with self.engine.connect() as conn:
+            return [
+                LoopIteration(
+                    loop=r.loop,
+                    prefix=decode_time(r.prefix),
+                    iteration=r.iteration,
+                    delta_rows=r.delta_rows,
+                    converged=bool(r.converged),
+                    pending_depth=r.pending_depth,
+                    reason=r.reason,
+                    recorded_at=r.recorded_at,
+                )
+                for r in conn.execute(q)
+            ]
+
+    def loop_converged(self, circuit: str, loop: str, prefix: Sequence[int]) -> bool:
+        t = loop_iterations_table
+        q = sa.select(sa.func.count()).where(
+            t.c.circuit == circuit,
+            t.c.loop == loop,
+            t.c.prefix == encode_time(prefix),
+            t.c.converged.is_(True),
+        )
+        with self.engine.connect() as conn:
+            return bool(conn.execute(q).scalar_one())
+
+    @staticmethod
+    def _insert_loop_iteration(
+        conn: Connection, circuit: str, it: LoopIteration, now: datetime
+    ) -> None:
+        conn.execute(
+            loop_iterations_table.insert().values(
+                circuit=circuit,
+                loop=it.loop,
+                prefix=encode_time(it.prefix),
+                iteration=it.iteration,
+                delta_rows=it.delta_rows,
+                pending_depth=it.pending_depth,
+                converged=it.converged,
+                reason=it.reason,
+                recorded_at=now,
+            )
+        )
+
+    # --- garbage collection support ------------------------------------------------------
+    def _purge_superseded(self, before: datetime, circuit: str | None) -> list[BatchRecord]:
+        """Superseded batches whose superseding commit finished before ``before``."""
+        bt, rt = batches_table, stage_runs_table
+        q = (
+            sa.select(bt)
+            .join(rt, bt.c.superseded_by == rt.c.id)
+            .where(rt.c.finished_at < before)
+            .order_by(bt.c.id)
+        )
+        if circuit is not None:
+            q = q.where(bt.c.circuit == circuit)
+        with self.engine.connect() as conn:
+            return [_batch_record(r) for r in conn.execute(q)]
+
+    def _forget_batches(self, ids: Sequence[int]) -> None:
+        if not ids:
+            return
+        with self.engine.begin() as conn:
+            bt = batches_table
+            for start in range(0, len(ids), 500):
+                chunk = list(ids[start : start + 500])
+                conn.execute(bt.delete().where(bt.c.id.in_(chunk), bt.c.superseded_by.is_not(None)))
+
+
+def _batch_values(b: BatchRecord, now: datetime) -> dict[str, Any]:
+    return {
+        "circuit": b.circuit,
+        "collection": b.collection,
+        "kind": b.kind,
+        "time": encode_time(b.time),
+        "epoch": int(b.time[0]),
+        "path": b.path,
+        "rows": int(b.rows),
+        "bytes": int(b.bytes),
+        "buckets": int(b.buckets),
+        "created_at": now,
+    }
+
+
+def _batch_record(r: Any) -> BatchRecord:
+    return BatchRecord(
+        id=r.id,
+        circuit=r.circuit,
+        collection=r.collection,
+        kind=r.kind,
+        time=decode_time(r.time),
+        path=r.path,
+        rows=r.rows,
+        bytes=r.bytes,
+        buckets=r.buckets,
+        superseded_by=r.superseded_by,
+        created_at=r.created_at,
+    )
+
+
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+
+
+def _check_name(name: str, what: str) -> None:
+    """Circuit and collection names become directory names in the warehouse.
+
+    Letters, digits, ``_``, ``.`` and ``-`` only: nothing that Hadoop paths treat
+    specially (``:``, glob characters such as ``*{[``) and no ``/``.
+    """
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or len(name) > 200:
+        raise ValueError(
+            f"invalid {what} name {name!r}: use letters, digits, '_', '.' and '-' "
+            "(it becomes a directory name in the warehouse)"
+        )
+
+
+def _configure_sqlite(engine: Engine) -> None:
+    """Foreign keys on, a busy timeout, WAL for files, and real transactions.
+
+    pysqlite's own transaction handling begins transactions lazily (and not before
+    SELECTs), so the read-check-write of ``commit`` would not be atomic across
+    processes. We turn it off and emit ``BEGIN IMMEDIATE`` ourselves: a transaction
+    takes the write lock up front and waits (busy timeout) for other writers.
+    """
+    in_memory = engine.url.database in (None, "", ":memory:")
+
+    @event.listens_for(engine, "connect")
+    def _connect(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        try:
+            cur.execute("PRAGMA foreign_keys = ON")
+            cur.execute("PRAGMA busy_timeout = 30000")
+            if not in_memory:
+                cur.execute("PRAGMA journal_mode = WAL")
+                cur.execute("PRAGMA synchronous = NORMAL")
+        finally:
+            cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _begin(conn: Connection) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+# --- garbage collection ------------------------------------------------------------------
+
+
+@dataclass
+class GCReport:
+    """What :func:`garbage_collect` removed."""
+
+    unregistered_dirs: list[str] = field(default_factory=list)
+    superseded_batches: list[int] = field(default_factory=list)
+    bytes_freed: int = 0
+
+
+def garbage_collect(
+    warehouse: Any,
+    catalog: Catalog,
+    *,
+    min_age_seconds: float = 0.0,
+    circuit: str | None = None,
+) -> GCReport:
+    """Delete what no reader can see: unregistered batch directories and superseded batches.
+
+    ``warehouse`` is a :class:`~dbspark.storage.warehouse.Warehouse` or its root path.
+    Only directories at batch depth under the folders of registered circuits are
+    considered (``<circuit>/<collection>/<kind>/t=<time>/<uuid>``), never ``catalog.db``
+    or anything else under the root.
+
+    Unregistered directories are those of crashed or abandoned writes. A write in flight
+    is also unregistered until its commit: run with ``min_age_seconds`` larger than any
+    task's duration unless no task is running (e.g. between epochs). Superseded batches
+    are deleted (files, then their catalog rows) once the commit that replaced them is
+    at least ``min_age_seconds`` old, so that readers that planned against them are done.
+    """
+    root = Path(getattr(warehouse, "root", warehouse)).resolve()
+    report = GCReport()
+    cutoff_epoch_s = _time.time() - min_age_seconds
+    cutoff = _now() - timedelta(seconds=min_age_seconds)
+
+    # 1. superseded batches: delete their files, then forget them.
+    purged = catalog._purge_superseded(cutoff, circuit)
+    for b in purged:
+        report.bytes_freed += _remove_tree(root / b.path)
+        report.superseded_batches.append(int(b.id or 0))
+    catalog._forget_batches([int(b.id) for b in purged if b.id is not None])
+
+    # 2. unregistered batch directories (after 1, so purged paths are not re-listed).
+    registered = {b.path for b in catalog.all_batches(circuit)}
+    names = [circuit] if circuit is not None else catalog.circuits()
+    for name in names:
+        base = root / name
+        if not base.is_dir():
+            continue
+        for batch_dir in sorted(base.glob("*/*/t=*/*")):
+            if not batch_dir.is_dir():
+                continue
+            rel = batch_dir.relative_to(root).as_posix()
+            if rel in registered:
+                continue
+            if _newest_mtime(batch_dir) > cutoff_epoch_s:
+                continue
+            report.bytes_freed += _remove_tree(batch_dir)
+            report.unregistered_dirs.append(rel)
+        _remove_empty_dirs(base, cutoff_epoch_s)
+    return report
+
+
+def _newest_mtime(path: Path) -> float:
+    newest = path.stat().st_mtime
+    for dirpath, _dirs, files in os.walk(path):
+        for f in files:
+            with contextlib.suppress(FileNotFoundError):
+                newest = max(newest, os.stat(os.path.join(dirpath, f)).st_mtime)
+    return newest
+
+
+def _remove_tree(path: Path) -> int:
+    size = 0
+    if not path.exists():
+        return 0
+    for dirpath, _dirs, files in os.walk(path):
+        for f in files:
+            with contextlib.suppress(FileNotFoundError):
+                size += os.stat(os.path.join(dirpath, f)).st_size
+    shutil.rmtree(path, ignore_errors=True)
+    return size
+
+
+def _remove_empty_dirs(base: Path, cutoff_epoch_s: float) -> None:
+    """Remove old empty collection/kind/time folders (never ``base`` itself)."""
+    for dirpath, _dirs, _files in sorted(os.walk(base), key=lambda x: -len(x[0])):
+        p = Path(dirpath)
+        if p == base:
+            continue
+        try:
+            if p.stat().st_mtime <= cutoff_epoch_s:
+                p.rmdir()
+        except OSError:
+            pass

