@@ -1,0 +1,553 @@
+"""Compile circuit expressions to native Spark ``Column``s.
+
+The Spark backend must compute exactly what the reference engine
+(``dbspark.engine.reference.compile``) computes, row for row, with no Python
+UDF. Most of SQL lines up directly; where Spark's built-ins differ from the
+reference, this module spells out the reference's behaviour with native
+functions:
+
+* ``/`` is ``try_divide`` (always DOUBLE, NULL on a zero divisor) and ``%`` is
+  ``try_mod`` (NULL on zero, sign of the dividend), whatever ``spark.sql.ansi``
+  says.
+* Comparisons involving a DOUBLE follow the reference (Python) on NaN: ``NaN``
+  is equal to nothing, ``!=`` everything, and neither smaller nor larger than
+  anything. Spark's own order puts NaN above every number and equal to itself.
+* ``greatest``/``least`` over DOUBLEs fold left to right like Python's
+  ``max``/``min`` (the first of equal values wins; NaN is only picked when it
+  comes first), via the native ``aggregate`` higher-order function.
+* Casts use ``try_cast`` (NULL on failure) behind the reference's parsing rules:
+  strings are stripped of Unicode whitespace, integers and floats accept
+  Python's syntax (``1_000``, ``inf``, ``nan``; not Java's ``1.5d``), booleans
+  accept ``true/t/yes/y/1`` and ``false/f/no/n/0``, a DOUBLE outside the BIGINT
+  range casts to NULL, and a DOUBLE cast to STRING is written as Python writes
+  it (``1e+16``, ``1.5e-05``, ``12345678.0``, ``nan``, ``inf``), not as Java
+  does (``1.0E16``). ``concat`` casts its arguments the same way.
+* ``split`` takes a literal separator (quoted for Java's regex engine, keeping
+  trailing empty strings as Python does); a NULL separator splits on runs of
+  whitespace like ``str.split()``; an empty separator is an error.
+* Literals: ``int`` is BIGINT, ``float`` DOUBLE; NULL literals take the type
+  their context gives them (BIGINT when nothing does, as ``output_type``).
+
+Known differences that remain are reference quirks, documented in
+``ARCHITECTURE.md``'s Spark notes (BIGINT overflow raises in Spark where Python
+grows without bound; Python-int values in DOUBLE-typed results of
+``coalesce``/``if_else``/``greatest``/``least`` print as integers when cast to
+STRING in the reference).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from pyspark.sql import Column
+from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    ArrayType,
+    BooleanType,
+    DataType,
+    DoubleType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+)
+
+from dbspark.circuit.expressions import (
+    ARITHMETIC,
+    COMPARISON,
+    LOGICAL,
+    NULL_TYPE,
+    BinaryOp,
+    Call,
+    Cast,
+    Expr,
+    Literal,
+    UnaryOp,
+    infer_type,
+    output_type,
+    unify,
+)
+from dbspark.circuit.expressions import Column as ColumnRef
+from dbspark.circuit.types import (
+    BIGINT,
+    BOOLEAN,
+    DOUBLE,
+    STRING,
+    Schema,
+    array_of,
+    element_type,
+    is_array,
+)
+
+BIGINT_MIN = -(2**63)
+BIGINT_MAX = 2**63 - 1
+
+#: Python's ``str.isspace`` characters as a Java regex class (Unicode White_Space plus the
+#: information separators U+001C..U+001F that Python also strips).
+_WS = r"[\p{IsWhite_Space}\x{1c}-\x{1f}]"
+_INT_SYNTAX = r"^[+-]?[0-9](_?[0-9])*$"
+_FLOAT_SYNTAX = (
+    r"^[+-]?(([0-9](_?[0-9])*)(\.([0-9](_?[0-9])*)?)?|\.[0-9](_?[0-9])*)"
+    r"([eE][+-]?[0-9](_?[0-9])*)?$"
+)
+_TRUE_WORDS = ("true", "t", "yes", "y", "1")
+_FALSE_WORDS = ("false", "f", "no", "n", "0")
+_FLOAT_DIGITS = 17  # enough significant digits to round-trip every double
+
+
+# --- types -------------------------------------------------------------------------------
+
+
+def spark_type(type_name: str) -> DataType:
+    """The Spark type of a dbspark column type (also ``int`` for the reserved ``__iter``)."""
+    name = str(type_name).strip().lower()
+    if name in (BIGINT, "long"):
+        return LongType()
+    if name in ("int", "integer"):
+        return IntegerType()
+    if name == DOUBLE:
+        return DoubleType()
+    if name == STRING:
+        return StringType()
+    if name == BOOLEAN:
+        return BooleanType()
+    if name == NULL_TYPE:
+        return LongType()
+    if is_array(name):
+        return ArrayType(spark_type(element_type(name)), containsNull=True)
+    raise TypeError(f"no Spark type for column type {type_name!r}")
+
+
+def struct_type(schema: Schema, extra: Iterable[tuple[str, str]] = ()) -> StructType:
+    """The Spark schema of a collection: the user's columns, then ``extra`` (name, type) pairs."""
+    fields = [StructField(name, spark_type(type_name), True) for name, type_name in schema]
+    fields += [StructField(name, spark_type(type_name), False) for name, type_name in extra]
+    return StructType(fields)
+
+
+# --- entry points ------------------------------------------------------------------------
+
+
+def compile_expr(expr: Expr, schema: Schema) -> Column:
+    """A Spark ``Column`` computing ``expr`` over rows of ``schema``."""
+    infer_type(expr, schema, "spark compile")  # reject ill-typed expressions up front
+    column, _ = _Compiler(schema).compile(expr)
+    return column
+
+
+def compile_typed(expr: Expr, schema: Schema) -> tuple[Column, str]:
+    """``expr`` as a ``Column`` cast to its stored type, and that type (``output_type``)."""
+    target = output_type(infer_type(expr, schema, "spark compile"))
+    column, kind = _Compiler(schema).compile(expr)
+    return _coerce(column, kind, target), target
+
+
+def compile_projection(columns: Mapping[str, Expr], schema: Schema) -> list[Column]:
+    """One aliased ``Column`` per output column, each cast to the type the builder declared."""
+    return [compile_typed(expr, schema)[0].alias(name) for name, expr in columns.items()]
+
+
+def compile_predicate(expr: Expr, schema: Schema) -> Column:
+    """A filter condition that is true only where ``expr`` is true (NULL counts as false)."""
+    column, kind = _Compiler(schema).compile(expr)
+    if kind == NULL_TYPE:
+        return F.lit(False)
+    return F.coalesce(column, F.lit(False))
+
+
+# --- the compiler ------------------------------------------------------------------------
+
+
+class _Compiler:
+    def __init__(self, schema: Schema) -> None:
+        self.schema = schema
+
+    def compile(self, expr: Expr) -> tuple[Column, str]:
+        """``(column, type)`` where type is the reference's inferred type (``null`` possible)."""
+        if isinstance(expr, ColumnRef):
+            return F.col(expr.name), self.schema.type_of(expr.name)
+        if isinstance(expr, Literal):
+            return _literal(expr.value)
+        if isinstance(expr, UnaryOp):
+            return self._unary(expr)
+        if isinstance(expr, BinaryOp):
+            return self._binary(expr)
+        if isinstance(expr, Cast):
+            inner, kind = self.compile(expr.operand)
+            return cast_column(inner, kind, expr.to), expr.to
+        if isinstance(expr, Call):
+            return self._call(expr)
+        raise TypeError(f"cannot compile {expr!r} for Spark")
+
+    # unary ------------------------------------------------------------------------------
+    def _unary(self, expr: UnaryOp) -> tuple[Column, str]:
+        inner, kind = self.compile(expr.operand)
+        if expr.op == "neg":
+            if kind == NULL_TYPE:
+                return _null(BIGINT), BIGINT
+            return -inner, kind
+        if expr.op == "not":
+            return ~_coerce(inner, kind, BOOLEAN), BOOLEAN
+        if expr.op == "is_null":
+            return (F.lit(True) if kind == NULL_TYPE else inner.isNull()), BOOLEAN
+        if expr.op == "is_not_null":
+            return (F.lit(False) if kind == NULL_TYPE else inner.isNotNull()), BOOLEAN
+        raise TypeError(f"unknown unary operator {expr.op}")
+
+    # binary -----------------------------------------------------------------------------
+    def _binary(self, expr: BinaryOp) -> tuple[Column, str]:
+        left, left_type = self.compile(expr.left)
+        right, right_type = self.compile(expr.right)
+        op = expr.op
+        if op in LOGICAL:
+            a, b = _coerce(left, left_type, BOOLEAN), _coerce(right, right_type, BOOLEAN)
+            return (a & b if op == "and" else a | b), BOOLEAN
+        common = unify(left_type, right_type)
+        if common is None:
+            raise TypeError(f"cannot apply {op} to {left_type} and {right_type}")
+        if op in COMPARISON:
+            if common == NULL_TYPE:
+                return _null(BOOLEAN), BOOLEAN
+            a, b = _coerce(left, left_type, common), _coerce(right, right_type, common)
+            return _compare(op, a, b, common == DOUBLE), BOOLEAN
+        if op not in ARITHMETIC:
+            raise TypeError(f"unknown binary operator {op}")
+        result_type = DOUBLE if op == "/" else (BIGINT if common == NULL_TYPE else common)
+        if common == NULL_TYPE:
+            return _null(result_type), result_type
+        a, b = _coerce(left, left_type, common), _coerce(right, right_type, common)
+        if op == "+":
+            return a + b, result_type
+        if op == "-":
+            return a - b, result_type
+        if op == "*":
+            return a * b, result_type
+        if op == "/":
+            return F.try_divide(a.cast("double"), b.cast("double")), DOUBLE
+        return F.try_mod(a, b), result_type
+
+    # calls ------------------------------------------------------------------------------
+    def _call(self, expr: Call) -> tuple[Column, str]:
+        name = expr.function
+        compiled = [self.compile(a) for a in expr.args]
+        if name in ("coalesce", "greatest", "least", "array"):
+            common = NULL_TYPE
+            for _, kind in compiled:
+                merged = unify(common, kind)
+                if merged is None:
+                    raise TypeError(f"{name} mixes {common} and {kind}")
+                common = merged
+            if name == "array":
+                element = BIGINT if common == NULL_TYPE else common
+                items = [_coerce(c, k, element) for c, k in compiled]
+                return F.array(*items), array_of(element)
+            if common == NULL_TYPE:
+                return _null(BIGINT), NULL_TYPE
+            present = [_coerce(c, k, common) for c, k in compiled if k != NULL_TYPE]
+            if name == "coalesce":
+                return (present[0] if len(present) == 1 else F.coalesce(*present)), common
+            return _extremum(name, present, common), common
+        if name == "if_else":
+            (cond, cond_type), (then, then_type), (other, other_type) = compiled
+            common = unify(then_type, other_type)
+            if common is None:
+                raise TypeError(f"if_else branches have types {then_type} and {other_type}")
+            target = BIGINT if common == NULL_TYPE else common
+            then_c, other_c = _coerce(then, then_type, target), _coerce(other, other_type, target)
+            if cond_type == NULL_TYPE:
+                return other_c, common
+            return F.when(cond, then_c).otherwise(other_c), common
+        if name in ("lower", "upper", "length"):
+            ((arg, kind),) = compiled
+            result = BIGINT if name == "length" else STRING
+            if kind == NULL_TYPE:
+                return _null(result), result
+            if name == "lower":
+                return F.lower(arg), STRING
+            if name == "upper":
+                return F.upper(arg), STRING
+            return F.length(arg).cast("bigint"), BIGINT
+        if name == "abs":
+            ((arg, kind),) = compiled
+            return F.abs(arg), kind
+        if name == "concat":
+            if any(kind == NULL_TYPE for _, kind in compiled):
+                return _null(STRING), STRING
+            parts = [cast_column(c, kind, STRING) for c, kind in compiled]
+            return (parts[0] if len(parts) == 1 else F.concat(*parts)), STRING
+        if name == "sequence":
+            (start, start_type), (stop, stop_type) = compiled
+            if NULL_TYPE in (start_type, stop_type):
+                return _null(array_of(BIGINT)), array_of(BIGINT)
+            return F.sequence(start.cast("bigint"), stop.cast("bigint")), array_of(BIGINT)
+        if name == "split":
+            (text, text_type), (separator, separator_type) = compiled
+            if text_type == NULL_TYPE:
+                return _null(array_of(STRING)), array_of(STRING)
+            return _split(text, expr.args[1], separator, separator_type), array_of(STRING)
+        raise TypeError(f"unknown function {name}")
+
+
+# --- pieces ------------------------------------------------------------------------------
+
+
+def _null(type_name: str) -> Column:
+    return F.lit(None).cast(spark_type(type_name))
+
+
+def _literal(value: Any) -> tuple[Column, str]:
+    if value is None:
+        return F.lit(None), NULL_TYPE
+    if isinstance(value, bool):
+        return F.lit(value), BOOLEAN
+    if isinstance(value, int):
+        if not BIGINT_MIN <= value <= BIGINT_MAX:
+            raise ValueError(f"literal {value} does not fit in a BIGINT")
+        return F.lit(value).cast("bigint"), BIGINT
+    if isinstance(value, float):
+        return F.lit(value).cast("double"), DOUBLE
+    if isinstance(value, str):
+        return F.lit(value), STRING
+    raise TypeError(f"unsupported literal {value!r}")
+
+
+def _coerce(column: Column, kind: str, target: str) -> Column:
+    """``column`` (of type ``kind``) as ``target``: NULL literals typed, BIGINT widened."""
+    if kind == target or target == NULL_TYPE:
+        return column
+    if kind == NULL_TYPE:
+        return _null(target)
+    if kind == BIGINT and target == DOUBLE:
+        return column.cast("double")
+    if is_array(kind) and is_array(target):
+        return column.cast(spark_type(target))
+    return column
+
+
+_SPARK_COMPARE = {
+    "==": lambda a, b: a == b,
+    "!=": lambda a, b: a != b,
+    "<": lambda a, b: a < b,
+    "<=": lambda a, b: a <= b,
+    ">": lambda a, b: a > b,
+    ">=": lambda a, b: a >= b,
+}
+
+
+def _compare(op: str, a: Column, b: Column, doubles: bool) -> Column:
+    result = _SPARK_COMPARE[op](a, b)
+    if not doubles:
+        return result
+    # Python: NaN equals nothing, differs from everything, orders with nothing.
+    nan = a.isNotNull() & b.isNotNull() & (F.isnan(a) | F.isnan(b))
+    return F.when(nan, F.lit(op == "!=")).otherwise(result)
+
+
+def _extremum(name: str, values: Sequence[Column], kind: str) -> Column:
+    """greatest/least skipping NULLs; over DOUBLEs a left fold with Python's comparisons."""
+    if len(values) == 1:
+        return values[0]
+    if kind != DOUBLE:
+        return F.greatest(*values) if name == "greatest" else F.least(*values)
+
+    def better(x: Column, best: Column) -> Column:
+        beats = x > best if name == "greatest" else x < best
+        return beats & ~F.isnan(x) & ~F.isnan(best)
+
+    def step(best: Column, x: Column) -> Column:
+        return F.when(x.isNull(), best).when(best.isNull() | better(x, best), x).otherwise(best)
+
+    return F.aggregate(F.array(*values), _null(DOUBLE), step)
+
+
+# --- casts -------------------------------------------------------------------------------
+
+
+def cast_column(column: Column, kind: str, target: str) -> Column:
+    """The reference's ``cast_value`` (NULL on failure) from ``kind`` to ``target``."""
+    if kind == NULL_TYPE:
+        return _null(target)
+    if is_array(kind) or is_array(target):
+        if kind == target:
+            return column
+        raise TypeError(f"the Spark engine cannot cast {kind} to {target}")
+    if kind == target:
+        return column
+    if target == STRING:
+        if kind == DOUBLE:
+            return python_float_repr(column)
+        return column.cast("string")  # BIGINT digits; BOOLEAN true/false
+    if target == BIGINT:
+        if kind == STRING:
+            return let(
+                python_strip(column),
+                lambda text: F.when(
+                    text.rlike(_INT_SYNTAX), F.regexp_replace(text, "_", "").try_cast("bigint")
+                ),
+            )
+        if kind == DOUBLE:
+            # Python's int() truncates; beyond the BIGINT range Spark saturates, we say NULL.
+            in_range = (column >= F.lit(float(BIGINT_MIN))) & (column < F.lit(2.0**63))
+            return F.when(in_range, column.try_cast("bigint"))
+        return column.cast("bigint")  # BOOLEAN -> 0/1
+    if target == DOUBLE:
+        if kind == STRING:
+            return _parse_python_float(column)
+        return column.cast("double")
+    if target == BOOLEAN:
+        if kind == STRING:
+            return let(
+                F.lower(python_strip(column)),
+                lambda word: F.when(word.isin(*_TRUE_WORDS), F.lit(True)).when(
+                    word.isin(*_FALSE_WORDS), F.lit(False)
+                ),
+            )
+        return column != F.lit(0).cast(spark_type(kind))  # bool(x): NaN is true
+    raise TypeError(f"cannot cast to {target}")
+
+
+def python_strip(column: Column) -> Column:
+    """``str.strip()``: remove leading and trailing Unicode whitespace."""
+    return F.regexp_replace(column, f"^{_WS}+|{_WS}+$", "")
+
+
+def _parse_python_float(column: Column) -> Column:
+    return let(python_strip(column), _parse_stripped_float)
+
+
+def _parse_stripped_float(text: Column) -> Column:
+    word = F.lower(text)
+    unsigned = F.regexp_replace(word, "^[+-]", "")
+    negative = word.startswith("-")
+    special = (
+        F.when(unsigned == "nan", F.lit(float("nan")))
+        .when(unsigned.isin("inf", "infinity") & negative, F.lit(float("-inf")))
+        .when(unsigned.isin("inf", "infinity"), F.lit(float("inf")))
+    )
+    number = F.when(text.rlike(_FLOAT_SYNTAX), F.regexp_replace(text, "_", "").try_cast("double"))
+    return F.coalesce(special, number)
+
+
+def python_float_repr(column: Column) -> Column:
+    """A DOUBLE as Python's ``repr`` writes it: the shortest round-tripping digits, fixed
+    notation for exponents -4..15, else ``d.ddde+XX``; ``nan``, ``inf``, ``-inf``.
+
+    The shortest digits are found by formatting with 1, 2, ... 17 significant digits
+    (``%.Ne``) until the text reads back as the same double; ``let`` keeps every
+    intermediate value computed once, so the expression stays small.
+    """
+    return let(column, _float_repr)
+
+
+def _float_repr(value: Column) -> Column:
+    tries = [
+        let(F.format_string(f"%.{p}e", value), lambda text: F.when(_reads_back(text, value), text))
+        for p in range(_FLOAT_DIGITS - 1)
+    ]
+    scientific = F.coalesce(*tries, F.format_string(f"%.{_FLOAT_DIGITS - 1}e", value))
+    return (
+        F.when(value.isNull(), F.lit(None).cast("string"))
+        .when(F.isnan(value), F.lit("nan"))
+        .when(value == F.lit(float("inf")), F.lit("inf"))
+        .when(value == F.lit(float("-inf")), F.lit("-inf"))
+        .otherwise(let(scientific, _layout))
+    )
+
+
+def _reads_back(text: Column, value: Column) -> Column:
+    return text.try_cast("double") == value
+
+
+def _layout(scientific: Column) -> Column:
+    pattern = r"^(-?)([0-9])(?:\.([0-9]+))?e([+-][0-9]+)$"
+    mantissa = F.concat(
+        F.regexp_extract(scientific, pattern, 2), F.regexp_extract(scientific, pattern, 3)
+    )
+    stripped = F.regexp_replace(mantissa, "0+$", "")
+    parts = F.struct(
+        F.regexp_extract(scientific, pattern, 1).alias("sign"),
+        stripped.alias("digits"),
+        F.regexp_extract(scientific, pattern, 4).cast("int").alias("exponent"),
+    )
+    return let(parts, lambda p: _python_notation(p["sign"], p["digits"], p["exponent"]))
+
+
+def _python_notation(sign: Column, stripped: Column, exponent: Column) -> Column:
+    digits = F.when(stripped == "", F.lit("0")).otherwise(stripped)
+    # Fixed notation, exponent >= 0: digits padded to exponent + 1 integer digits.
+    integer_part = F.rpad(digits, exponent + 1, "0")
+    rest = F.substring(digits, exponent + 2, _FLOAT_DIGITS + 1)
+    fixed_large = F.concat(
+        sign, integer_part, F.lit("."), F.when(rest == "", F.lit("0")).otherwise(rest)
+    )
+    # Fixed notation, exponent < 0: 0.000ddd
+    fixed_small = F.concat(sign, F.lit("0."), F.repeat(F.lit("0"), -exponent - 1), digits)
+    # Scientific: d[.ddd]e+XX with at least two exponent digits.
+    tail = F.substring(digits, 2, _FLOAT_DIGITS + 1)
+    magnitude = F.abs(exponent).cast("string")
+    science = F.concat(
+        sign,
+        F.substring(digits, 1, 1),
+        F.when(tail == "", F.lit("")).otherwise(F.concat(F.lit("."), tail)),
+        F.lit("e"),
+        F.when(exponent < 0, F.lit("-")).otherwise(F.lit("+")),
+        F.when(F.abs(exponent) < 10, F.concat(F.lit("0"), magnitude)).otherwise(magnitude),
+    )
+    return (
+        F.when((exponent >= 0) & (exponent < 16), fixed_large)
+        .when((exponent >= -4) & (exponent < 0), fixed_small)
+        .otherwise(science)
+    )
+
+
+def let(value: Column, body: Callable[[Column], Column]) -> Column:
+    """``body(value)`` with ``value`` computed once: a one-element ``transform``.
+
+    Catalyst does not share repeated subexpressions between branches of the plan
+    tree; binding a lambda variable keeps expressions that use a value many times
+    (number formatting, parsing) linear in size.
+    """
+    return F.transform(F.array(value), body).getItem(0)
+
+
+# --- split -------------------------------------------------------------------------------
+
+
+def java_regex_quote(text: str) -> str:
+    """``java.util.regex.Pattern.quote``: a regex matching ``text`` literally."""
+    if "\\E" not in text:
+        return f"\\Q{text}\\E"
+    return "\\Q" + text.replace("\\E", "\\E\\\\E\\Q") + "\\E"
+
+
+def _whitespace_split(text: Column) -> Column:
+    """``str.split()`` with no separator: runs of whitespace, no empty strings."""
+    return F.when(text.isNull(), _null(array_of(STRING))).otherwise(
+        let(
+            python_strip(text),
+            lambda trimmed: F.when(trimmed == "", F.array().cast("array<string>")).otherwise(
+                F.split(trimmed, f"{_WS}+", -1)
+            ),
+        )
+    )
+
+
+def _split(text: Column, separator_expr: Expr, separator: Column, separator_type: str) -> Column:
+    empty_error = F.raise_error(F.lit("split: empty separator")).cast("array<string>")
+    if separator_type == NULL_TYPE:
+        return _whitespace_split(text)
+    if isinstance(separator_expr, Literal):
+        value = separator_expr.value
+        if value == "":
+            return F.when(text.isNotNull(), empty_error)
+        return F.split(text, java_regex_quote(value), -1)
+    quoted = F.concat(
+        F.lit("\\Q"), F.regexp_replace(separator, r"\\E", r"\\E\\\\E\\Q"), F.lit("\\E")
+    )
+    return (
+        F.when(separator.isNull(), _whitespace_split(text))
+        .when(text.isNotNull() & (separator == ""), empty_error)
+        .otherwise(F.split(text, quoted, -1))
+    )

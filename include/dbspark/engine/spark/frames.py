@@ -1,0 +1,134 @@
+"""Z-sets as Spark DataFrames: the reserved columns and the conversions.
+
+A Z-set in Spark is a DataFrame with the user's columns (in schema order) plus
+reserved columns, whose names start with ``__`` (users may not use them):
+
+* ``__w`` BIGINT: the row's weight (never zero after consolidation);
+* ``__epoch`` BIGINT: the root time coordinate, when a frame carries times;
+* ``__iter``, ``__iter_2``, ... INT: the iteration of each nested loop level.
+
+``zset_to_frame`` and ``frame_to_zset`` move small collections between the
+driver and Spark (tests, inputs handed over in Python, results for checking);
+everything else stays in Spark.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from dbspark.circuit.types import DOUBLE, Schema, element_type, is_array
+from dbspark.core.zset import ZSet
+from dbspark.engine.spark.compile import struct_type
+
+WEIGHT = "__w"
+EPOCH = "__epoch"
+ITER = "__iter"
+WEIGHT_TYPE = "bigint"
+EPOCH_TYPE = "bigint"
+ITER_TYPE = "int"
+
+
+def iter_column(level: int) -> str:
+    """The iteration column of loop nesting level ``level`` (1: ``__iter``, 2: ``__iter_2``)."""
+    if level < 1:
+        raise ValueError(f"loop levels start at 1, got {level}")
+    return ITER if level == 1 else f"{ITER}_{level}"
+
+
+def time_columns(depth: int) -> list[str]:
+    """The time columns of a scope of ``depth`` (1: root): ``__epoch``, ``__iter``, ..."""
+    if depth < 1:
+        raise ValueError(f"a time has at least one coordinate, got depth {depth}")
+    return [EPOCH, *(iter_column(level) for level in range(1, depth))]
+
+
+def time_fields(depth: int) -> list[tuple[str, str]]:
+    """``(name, type)`` of the time columns of a scope of ``depth``."""
+    return [(name, EPOCH_TYPE if name == EPOCH else ITER_TYPE) for name in time_columns(depth)]
+
+
+def is_reserved(name: str) -> bool:
+    return name.startswith("__")
+
+
+def zset_to_frame(
+    spark: SparkSession,
+    zset: ZSet | Iterable[tuple[Sequence[Any], int]],
+    schema: Schema,
+    time: Sequence[int] | None = None,
+) -> DataFrame:
+    """A DataFrame of ``zset`` (or ``(row, weight)`` pairs): user columns, ``__w``, and the
+    time columns when ``time`` is given (``(epoch,)``, ``(epoch, iteration)``, ...)."""
+    pairs = zset.items() if isinstance(zset, ZSet) else zset
+    extra: list[tuple[str, str]] = [(WEIGHT, WEIGHT_TYPE)]
+    coordinates: tuple[int, ...] = ()
+    if time is not None:
+        coordinates = tuple(int(t) for t in time)
+        extra += time_fields(len(coordinates))
+    types = schema.types
+    data = [
+        (*(to_spark_value(v, t) for v, t in zip(row, types, strict=True)), int(w), *coordinates)
+        for row, w in pairs
+    ]
+    return spark.createDataFrame(data, struct_type(schema, extra))
+
+
+def frame_to_zset(df: DataFrame, schema: Schema) -> ZSet:
+    """Collect a Z-set frame: rows as tuples in schema order, weights summed (``__w``; a frame
+    without it counts each row once). Time columns are ignored: every time is summed."""
+    names = list(schema.names)
+    has_weight = WEIGHT in df.columns
+    selected = df.select(*names, *([WEIGHT] if has_weight else []))
+    types = schema.types
+    pairs = []
+    for record in selected.collect():
+        values = tuple(from_spark_value(record[i], t) for i, t in enumerate(types))
+        pairs.append((values, int(record[len(names)]) if has_weight else 1))
+    return ZSet(pairs)
+
+
+def consolidate(df: DataFrame, columns: Sequence[str]) -> DataFrame:
+    """Group by ``columns``, sum ``__w``, drop zero weights (``columns`` + ``__w`` remain)."""
+    return (
+        df.groupBy(*columns)
+        .agg(F.sum(WEIGHT).cast(WEIGHT_TYPE).alias(WEIGHT))
+        .where(F.col(WEIGHT) != 0)
+    )
+
+
+def empty_frame(
+    spark: SparkSession, schema: Schema, extra: Iterable[tuple[str, str]] = ((WEIGHT, WEIGHT_TYPE),)
+) -> DataFrame:
+    return spark.createDataFrame([], struct_type(schema, extra))
+
+
+def to_spark_value(value: Any, type_name: str) -> Any:
+    """A Python value as Spark's converter expects it for a column of ``type_name``."""
+    if value is None:
+        return None
+    if type_name == DOUBLE:
+        return float(value)  # Python ints are valid DOUBLE values in dbspark
+    if is_array(type_name):
+        inner = element_type(type_name)
+        return [to_spark_value(v, inner) for v in value]
+    return value
+
+
+def from_spark_value(value: Any, type_name: str) -> Any:
+    """A collected value as the reference engine holds it (arrays as tuples, one NaN)."""
+    if value is None:
+        return None
+    if type_name == DOUBLE and math.isnan(value):
+        return _NAN
+    if is_array(type_name):
+        inner = element_type(type_name)
+        return tuple(from_spark_value(v, inner) for v in value)
+    return value
+
+
+_NAN = float("nan")
