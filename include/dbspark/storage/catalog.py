@@ -761,7 +761,7 @@ def garbage_collect(
                 continue
             report.bytes_freed += _remove_tree(batch_dir)
             report.unregistered_dirs.append(rel)
-        _remove_empty_dirs(base, cutoff_epoch_s)
+        _remove_empty_dirs(base, min_age_seconds)
     return report
 
 
@@ -786,14 +786,14 @@ def _remove_tree(path: Path) -> int:
     return size
 
 
-def _remove_empty_dirs(base: Path, cutoff_epoch_s: float) -> None:
-    """Remove old empty collection/kind/time folders (never ``base`` itself)."""
+def _remove_empty_dirs(base: Path, min_age_seconds: float) -> None:
+    """Remove empty collection/kind/time folders not touched for ``min_age_seconds``
+    (a writer may just have created one); never ``base`` itself."""
+    cutoff = _time.time() - min_age_seconds
     for dirpath, _dirs, _files in sorted(os.walk(base), key=lambda x: -len(x[0])):
         p = Path(dirpath)
         if p == base:
             continue
-        try:
-            if p.stat().st_mtime <= cutoff_epoch_s:
+        with contextlib.suppress(OSError):
+            if min_age_seconds <= 0 or p.stat().st_mtime <= cutoff:
                 p.rmdir()
-        except OSError:
-            pass

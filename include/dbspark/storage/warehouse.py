@@ -53,6 +53,17 @@ def bucket_expr(columns: Sequence[str], buckets: int) -> Column:
     return F.pmod(F.xxhash64(*[F.col(c) for c in columns]), F.lit(buckets)).cast("int")
 
 
+def bucketed(df: DataFrame, bucket_by: Sequence[str], buckets: int) -> DataFrame:
+    """``df`` with ``__bucket`` added and hash-partitioned by it into ``buckets`` partitions:
+    every bucket in exactly one partition, so one file per bucket folder on write."""
+    missing = [c for c in bucket_by if c not in df.columns]
+    if missing:
+        raise ValueError(f"bucket columns {missing} are not in {df.columns}")
+    return df.withColumn(BUCKET_COLUMN, bucket_expr(bucket_by, buckets)).repartition(
+        buckets, BUCKET_COLUMN
+    )
+
+
 def time_dir(time: Sequence[int]) -> str:
     if not time:
         raise ValueError("a time needs at least one coordinate (the epoch)")
@@ -95,25 +106,23 @@ class Warehouse:
         *,
         bucket_by: Sequence[str] | None = None,
         buckets: int = DEFAULT_BUCKETS,
+        prebucketed: bool = False,
     ) -> BatchRecord | None:
         """Write ``df`` as a new batch; the record to commit, or None if ``df`` is empty.
 
         With ``bucket_by``, rows are hash-partitioned into ``buckets`` folders by their
-        key columns, one file per folder, sorted by the key within it.
+        key columns, one file per folder, sorted by the key within it. ``prebucketed``
+        says ``df`` already went through :func:`bucketed` with the same ``bucket_by`` and
+        ``buckets`` (so work done on it per bucket, e.g. an aggregation by key, needed
+        no shuffle of its own).
         """
         rel = self.new_path(circuit, collection, kind, time)
         target = self.abspath(rel)
-        if BUCKET_COLUMN in df.columns:
+        if BUCKET_COLUMN in df.columns and not (bucket_by and prebucketed):
             raise ValueError(f"{BUCKET_COLUMN} is reserved for the warehouse's bucketing")
         if bucket_by:
-            missing = [c for c in bucket_by if c not in df.columns]
-            if missing:
-                raise ValueError(f"bucket columns {missing} are not in {df.columns}")
-            out = (
-                df.withColumn(BUCKET_COLUMN, bucket_expr(bucket_by, buckets))
-                .repartition(buckets, BUCKET_COLUMN)
-                .sortWithinPartitions(BUCKET_COLUMN, *bucket_by)
-            )
+            out = df if prebucketed else bucketed(df, bucket_by, buckets)
+            out = out.sortWithinPartitions(BUCKET_COLUMN, *bucket_by)
             out.write.mode("errorifexists").partitionBy(BUCKET_COLUMN).parquet(spark_path(target))
         else:
             df.write.mode("errorifexists").parquet(spark_path(target))

@@ -1,0 +1,294 @@
+"""Durable traces: log-structured collections of timed updates, kept by compaction.
+
+A trace is stored as batches (see ``warehouse``) of rows with the user's columns, the
+time columns ``__epoch`` (BIGINT), ``__iter``, ``__iter_2``, ... (INT, one per nested
+loop) and the weight ``__w`` (BIGINT). Appending adds a small batch per time;
+:meth:`TraceStore.compact` advances the times of the batches below a frontier to that
+frontier (``Antichain.advance``), consolidates, and replaces them by one batch in one
+catalog commit. So the number of live batches and their rows track the size of the
+collection, not the number of epochs.
+
+Invariant used by readers: every row of a batch is at the batch's time or later in the
+product order (a stage writes at its own time or, for general-linear operators, later;
+a compaction's batch time is the meet of its rows' advanced times). A read up to
+``max_time`` therefore skips batches whose time is not at or below ``max_time``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from dbspark.core import timestamps
+from dbspark.core.antichain import Antichain
+from dbspark.storage.catalog import BatchRecord, Catalog, encode_time
+from dbspark.storage.warehouse import BUCKET_COLUMN, DEFAULT_BUCKETS, Warehouse, bucketed
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql.types import StructType
+
+WEIGHT_COLUMN = "__w"
+EPOCH_COLUMN = "__epoch"
+
+
+def time_columns(depth: int) -> list[str]:
+    """The time columns of a scope ``depth`` deep: ``__epoch``, ``__iter``, ``__iter_2``..."""
+    if depth < 1:
+        raise ValueError(f"a time has at least one coordinate, got depth {depth}")
+    return [EPOCH_COLUMN] + ["__iter" if i == 1 else f"__iter_{i}" for i in range(1, depth)]
+
+
+def advance_columns(frontier: Antichain, columns: Sequence[str]) -> list[tuple[str, Column]]:
+    """Spark expressions advancing each time column by ``frontier``.
+
+    ``Antichain.advance``: the meet over frontier elements ``f`` of ``join(t, f)``,
+    coordinate-wise ``min_f max(t_i, f_i)``.
+    """
+    from pyspark.sql import functions as F
+
+    out = []
+    for i, c in enumerate(columns):
+        joins = [F.greatest(F.col(c), F.lit(int(f[i]))) for f in frontier.elements]
+        expr = joins[0] if len(joins) == 1 else F.least(*joins)
+        out.append((c, expr))
+    return out
+
+
+@dataclass(frozen=True)
+class Compaction:
+    """What :meth:`TraceStore.compact` did."""
+
+    collection: str
+    frontier: tuple[tuple[int, ...], ...]
+    inputs: tuple[int, ...]
+    input_rows: int
+    output: BatchRecord | None
+    committed: bool
+
+
+class TraceStore:
+    """The traces of one circuit: append, read (optionally by key), compact."""
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        warehouse: Warehouse,
+        catalog: Catalog,
+        circuit: str,
+        *,
+        buckets: int = DEFAULT_BUCKETS,
+    ) -> None:
+        self.spark = spark
+        self.warehouse = warehouse
+        self.catalog = catalog
+        self.circuit = circuit
+        self.buckets = buckets
+
+    # --- appending ---------------------------------------------------------------------
+    def write(
+        self,
+        collection: str,
+        df: DataFrame,
+        time: Sequence[int],
+        bucket_by: Sequence[str] | None = None,
+        *,
+        kind: str = "trace",
+    ) -> BatchRecord | None:
+        """Write a batch at ``time`` WITHOUT committing it (for stages that commit several
+        outputs at once). Time columns missing from ``df`` are set to ``time``."""
+        df = with_time_columns(df, time)
+        return self.warehouse.write(
+            df, self.circuit, collection, kind, time, bucket_by=bucket_by, buckets=self.buckets
+        )
+
+    def append(
+        self,
+        collection: str,
+        df: DataFrame,
+        time: Sequence[int],
+        bucket_by: Sequence[str] | None = None,
+        *,
+        stage: str | None = None,
+    ) -> bool:
+        """Append ``df`` as the change at ``time`` and commit it as its own stage run
+        (``stage`` defaults to ``append:<collection>``). Returns False, writing nothing,
+        when that stage run already committed."""
+        stage = stage or f"append:{collection}"
+        if self.catalog.stage_done(self.circuit, stage, time):
+            return False
+        record = self.write(collection, df, time, bucket_by)
+        committed = self.catalog.commit(
+            self.circuit, stage, time, [record] if record is not None else []
+        )
+        if not committed and record is not None:
+            self.warehouse.delete(record)
+        return committed
+
+    # --- reading -----------------------------------------------------------------------
+    def batches(self, collection: str, max_time: Sequence[int] | None = None) -> list[BatchRecord]:
+        """Live batches of ``collection`` that can hold rows at or before ``max_time``."""
+        if max_time is None:
+            return self.catalog.batches(self.circuit, collection)
+        t = tuple(int(x) for x in max_time)
+        return [
+            b
+            for b in self.catalog.batches(self.circuit, collection, max_epoch=t[0])
+            if len(b.time) == len(t) and timestamps.less_equal(b.time, t)
+        ]
+
+    def read(
+        self,
+        collection: str,
+        schema: StructType,
+        keys: DataFrame | None = None,
+        bucket_by: Sequence[str] | None = None,
+        max_time: Sequence[int] | None = None,
+    ) -> DataFrame:
+        """The trace's updates (all, or those at or before ``max_time``), optionally only
+        for ``keys``. Updates are not consolidated across batches."""
+        records = self.batches(collection, max_time)
+        df = self.warehouse.read(self.spark, records, schema, keys=keys, bucket_by=bucket_by)
+        if max_time is not None:
+            from pyspark.sql import functions as F
+
+            cols = time_columns(len(max_time))
+            for c, t in zip(cols, max_time, strict=True):
+                df = df.where(F.col(c) <= F.lit(int(t)))
+        return df
+
+    # --- compaction --------------------------------------------------------------------
+    def compact(
+        self,
+        collection: str,
+        frontier: Antichain | Iterable[Sequence[int]],
+        schema: StructType,
+        key_columns: Sequence[str],
+        time_columns: Sequence[str],
+        *,
+        tiered: bool = False,
+    ) -> Compaction | None:
+        """Advance the live batches not beyond ``frontier`` to it and merge them into one.
+
+        Reads those batches, advances their time columns by the frontier, consolidates
+        (sums ``__w`` per distinct row and time, drops zeros), writes one batch bucketed
+        by ``key_columns``, and in one catalog commit registers it, supersedes the inputs
+        and records the collection's frontier. Accumulations at times beyond the frontier
+        are unchanged. Idempotent: compacting again at the same frontier does nothing.
+
+        ``tiered=True`` merges like a binary counter (Differential Dataflow's spine):
+        only the smallest batches, while each next one is no larger than those taken so
+        far, so an old big batch is rewritten only when the recent ones have grown to its
+        size (O(log n) rewrites per update instead of one per compaction).
+
+        Returns None when there is nothing to merge (or it was done already).
+        """
+        if not isinstance(frontier, Antichain):
+            frontier = Antichain(tuple(int(x) for x in f) for f in frontier)
+        if frontier.is_empty():
+            raise ValueError("cannot compact to an empty frontier")
+        time_cols = list(time_columns)
+        depth = len(time_cols)
+        if any(len(f) != depth for f in frontier):
+            raise ValueError(f"frontier {frontier} does not match time columns {time_cols}")
+        names = schema.fieldNames()
+        missing = [c for c in [*time_cols, WEIGHT_COLUMN, *key_columns] if c not in names]
+        if missing:
+            raise ValueError(f"columns {missing} are not in the trace schema {names}")
+
+        stored = self.catalog.frontier(self.circuit, collection)
+        if stored is not None and not Antichain(stored).dominates(frontier):
+            raise ValueError(
+                f"frontier of {self.circuit}/{collection} would move backwards: "
+                f"{frontier} is not beyond the stored {stored}"
+            )
+        meet = frontier.elements[0]
+        for f in frontier.elements[1:]:
+            meet = timestamps.meet(meet, f)
+        stage = f"compact:{collection}"
+        if len(frontier) > 1:
+            stage += "@" + ";".join(encode_time(f) for f in frontier)
+        if self.catalog.stage_done(self.circuit, stage, meet):
+            return None
+
+        eligible = [
+            b
+            for b in self.catalog.batches(self.circuit, collection, kind="trace")
+            if len(b.time) == depth and not frontier.less_equal(b.time)
+        ]
+        chosen = _tiered_choice(eligible) if tiered else eligible
+        if not chosen or (tiered and len(chosen) < 2):
+            return None
+
+        from pyspark.sql import functions as F
+
+        df = self.warehouse.read(self.spark, chosen, schema)
+        for c, expr in advance_columns(frontier, time_cols):
+            df = df.withColumn(c, expr.cast(schema[c].dataType))
+        group = [c for c in names if c != WEIGHT_COLUMN]
+        if key_columns:
+            # Partition by bucket first: the aggregation (its keys include the bucket)
+            # then needs no shuffle of its own, and the write none either.
+            df = bucketed(df, key_columns, self.buckets)
+            group.append(BUCKET_COLUMN)
+        consolidated = (
+            df.groupBy(*group)
+            .agg(F.sum(WEIGHT_COLUMN).cast("long").alias(WEIGHT_COLUMN))
+            .where(F.col(WEIGHT_COLUMN) != 0)
+            .select(*names, *([BUCKET_COLUMN] if key_columns else []))
+        )
+        out_time = frontier.advance(chosen[0].time)
+        for b in chosen[1:]:
+            out_time = timestamps.meet(out_time, frontier.advance(b.time))
+        record = self.warehouse.write(
+            consolidated,
+            self.circuit,
+            collection,
+            "trace",
+            out_time,
+            bucket_by=list(key_columns) or None,
+            buckets=self.buckets,
+            prebucketed=bool(key_columns),
+        )
+        committed = self.catalog.commit(
+            self.circuit,
+            stage,
+            meet,
+            [record] if record is not None else [],
+            supersede=[b.id for b in chosen if b.id is not None],
+            frontiers={collection: frontier.elements},
+        )
+        if not committed and record is not None:
+            self.warehouse.delete(record)
+        return Compaction(
+            collection=collection,
+            frontier=frontier.elements,
+            inputs=tuple(b.id for b in chosen if b.id is not None),
+            input_rows=sum(b.rows for b in chosen),
+            output=record if committed else None,
+            committed=committed,
+        )
+
+
+def with_time_columns(df: DataFrame, time: Sequence[int]) -> DataFrame:
+    """``df`` with every time column it lacks set to ``time``'s coordinate."""
+    from pyspark.sql import functions as F
+
+    for i, c in enumerate(time_columns(len(time))):
+        if c not in df.columns:
+            df = df.withColumn(c, F.lit(int(time[i])).cast("long" if i == 0 else "int"))
+    return df
+
+
+def _tiered_choice(batches: list[BatchRecord]) -> list[BatchRecord]:
+    """Smallest first, take the next batch while it is no larger than all taken so far."""
+    ordered = sorted(batches, key=lambda b: (b.rows, b.id or 0))
+    chosen: list[BatchRecord] = []
+    total = 0
+    for b in ordered:
+        if chosen and b.rows > total:
+            break
+        chosen.append(b)
+        total += b.rows
+    return chosen

@@ -1,0 +1,168 @@
+"""Durable traces: compaction agrees with the core Trace, and storage stays bounded."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import pytest
+from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
+
+from dbspark.core.antichain import Antichain
+from dbspark.core.timestamps import less_equal
+from dbspark.core.trace import Trace
+from dbspark.storage import BatchRecord, TraceStore, garbage_collect, time_columns
+from dbspark.storage.traces import _tiered_choice
+
+NESTED = StructType(
+    [
+        StructField("k", LongType(), True),
+        StructField("v", StringType(), True),
+        StructField("__epoch", LongType(), False),
+        StructField("__iter", IntegerType(), False),
+        StructField("__w", LongType(), False),
+    ]
+)
+FLAT = StructType([f for f in NESTED.fields if f.name != "__iter"])
+DATA = "k long, v string, __w long"
+
+
+def updates_of(df) -> dict[tuple, int]:
+    """Consolidated ``(row, time) -> weight`` of a trace DataFrame (user columns k, v)."""
+    tcols = [c for c in df.columns if c.startswith(("__epoch", "__iter"))]
+    out: dict[tuple, int] = defaultdict(int)
+    for r in df.collect():
+        out[((r["k"], r["v"]), tuple(r[c] for c in tcols))] += r["__w"]
+    return {key: w for key, w in out.items() if w}
+
+
+def accumulate(updates: dict[tuple, int], t: tuple[int, ...]) -> dict[tuple, int]:
+    out: dict[tuple, int] = defaultdict(int)
+    for (row, time), w in updates.items():
+        if all(a <= b for a, b in zip(time, t, strict=True)):
+            out[row] += w
+    return {row: w for row, w in out.items() if w}
+
+
+# Updates at nested times (epoch, iteration), with cancellations across times.
+NESTED_UPDATES = [
+    ((1, "a"), (0, 0), 1),
+    ((2, "b"), (0, 0), 1),
+    ((1, "a"), (0, 1), -1),
+    ((1, "a2"), (0, 1), 1),
+    ((3, "c"), (0, 2), 2),
+    ((2, "b"), (1, 0), -1),
+    ((1, "a"), (1, 0), 1),
+    ((3, "c"), (1, 1), -1),
+    ((None, "n"), (1, 1), 1),
+    ((1, "a2"), (1, 2), -1),
+    ((2, "b"), (2, 0), 1),
+    ((3, "c"), (2, 1), -1),
+    ((4, "d"), (2, 2), 1),
+]
+
+
+def load(store: TraceStore, collection: str, updates) -> Trace:
+    """Append the updates, one batch per time, and build the same core Trace."""
+    by_time: dict[tuple, list] = defaultdict(list)
+    for row, t, w in updates:
+        by_time[t].append((*row, w))
+    for t, rows in sorted(by_time.items()):
+        # Unbucketed (cheaper to write): compaction output is bucketed either way.
+        assert store.append(collection, store.spark.createDataFrame(rows, DATA), t)
+    trace = Trace()
+    trace.extend(updates)
+    return trace
+
+
+def test_compaction_matches_the_core_trace(store: TraceStore) -> None:
+    trace = load(store, "n5.trace", NESTED_UPDATES)
+    before = updates_of(store.read("n5.trace", NESTED))
+    assert before == {(row, t): w for row, t, w in trace.updates()}
+
+    # A two-element frontier first (the least upper bounds of its elements matter),
+    # then frontiers further on: each step must agree with the core Trace's compact.
+    for frontier in ([(1, 2), (2, 0)], [(2, 0)], [(3, 0)]):
+        f = Antichain(frontier)
+        n_before = len(store.batches("n5.trace"))
+        result = store.compact("n5.trace", f, NESTED, ["k"], time_columns(2))
+        assert result is not None and result.committed and result.output is not None
+        trace.compact(f)
+
+        after = updates_of(store.read("n5.trace", NESTED))
+        assert after == {(row, t): w for row, t, w in trace.updates()}, frontier
+        # Accumulations at times beyond the frontier are unchanged.
+        for t in [(1, 2), (1, 5), (2, 0), (2, 1), (2, 2), (3, 0), (3, 5)]:
+            if f.less_equal(t):
+                assert accumulate(after, t) == accumulate(before, t), (frontier, t)
+        # What was not beyond the frontier became one batch; the rest was left alone.
+        live = store.batches("n5.trace")
+        assert len(result.inputs) >= 2
+        assert len(live) == n_before - len(result.inputs) + 1
+        assert [b.path for b in live if not f.less_equal(b.time)] in ([], [result.output.path])
+        assert store.catalog.frontier("c", "n5.trace") == sorted(frontier)
+        # Every row of the new batch is at or after the batch's time (readers rely on it).
+        out = updates_of(store.warehouse.read(store.spark, [result.output], NESTED))
+        assert all(less_equal(result.output.time, t) for (_, t) in out)
+
+    # Reading up to a time sees exactly the accumulation there.
+    got = updates_of(store.read("n5.trace", NESTED, max_time=(3, 1)))
+    assert accumulate(got, (3, 1)) == accumulate(before, (3, 1))
+    assert store.read("n5.trace", NESTED, max_time=(2, 9)).count() == 0  # all in epoch 3 now
+
+    # Again at the same frontier: nothing to do. A frontier going backwards: refused.
+    assert store.compact("n5.trace", Antichain([(3, 0)]), NESTED, ["k"], time_columns(2)) is None
+    with pytest.raises(ValueError, match="backwards"):
+        store.compact("n5.trace", Antichain([(2, 5)]), NESTED, ["k"], time_columns(2))
+
+
+def test_storage_tracks_the_collection_not_the_number_of_epochs(store: TraceStore) -> None:
+    keys, epochs = 5, 6
+    spark = store.spark
+    live_batches, live_rows, dirs_on_disk = [], [], []
+    for e in range(epochs):
+        rows = [(k, f"v{e}", 1) for k in range(keys)]
+        if e:
+            rows += [(k, f"v{e - 1}", -1) for k in range(keys)]
+        store.append("hot.trace", spark.createDataFrame(rows, DATA), (e,), ["k"])
+        store.compact("hot.trace", Antichain([(e,)]), FLAT, ["k"], time_columns(1))
+        garbage_collect(store.warehouse, store.catalog)
+        batches = store.batches("hot.trace")
+        live_batches.append(len(batches))
+        live_rows.append(sum(b.rows for b in batches))
+        dirs_on_disk.append(len(list(store.warehouse.root.glob("c/hot.trace/*/t=*/*"))))
+
+    assert max(live_batches) <= 2, live_batches
+    assert max(live_rows) <= 3 * keys, live_rows
+    assert dirs_on_disk == live_batches  # superseded files are gone from disk
+    assert len(store.catalog.all_batches("c")) == live_batches[-1]  # and from the catalog
+    final = accumulate(updates_of(store.read("hot.trace", FLAT)), (epochs,))
+    assert final == {(k, f"v{epochs - 1}"): 1 for k in range(keys)}
+
+
+def test_append_is_idempotent_and_empty_appends_commit(store: TraceStore) -> None:
+    df = store.spark.createDataFrame([(1, "a", 1)], DATA)
+    assert store.append("t", df, (0,), ["k"]) is True
+    assert store.append("t", df, (0,), ["k"]) is False  # the retried task does nothing
+    assert len(store.batches("t")) == 1
+    empty = store.spark.createDataFrame([], DATA)
+    assert store.append("t", empty, (1,), ["k"]) is True
+    assert store.catalog.stage_done("c", "append:t", (1,))
+    assert len(store.batches("t")) == 1
+    assert updates_of(store.read("t", FLAT)) == {((1, "a"), (0,)): 1}
+    keys = store.spark.createDataFrame([(1,), (2,)], "k long")
+    assert updates_of(store.read("t", FLAT, keys=keys, bucket_by=["k"])) == {((1, "a"), (0,)): 1}
+
+
+def test_tiered_choice_merges_like_a_binary_counter() -> None:
+    def b(i: int, rows: int) -> BatchRecord:
+        return BatchRecord("c", "t", "trace", (0,), f"p{i}", rows=rows, bytes=rows, id=i)
+
+    def ids(bs) -> list[int]:
+        return sorted(x.id for x in _tiered_choice(bs))
+
+    big = b(1, 1_000_000)
+    assert ids([big, b(2, 100), b(3, 100)]) == [2, 3]
+    assert ids([big, b(2, 200), b(3, 100)]) == [3]  # nothing to merge yet
+    assert ids([big, b(2, 200), b(3, 100), b(4, 100)]) == [2, 3, 4]
+    assert ids([b(1, 300), b(2, 200), b(3, 100), b(4, 100)]) == [1, 2, 3, 4]
+    assert ids([]) == []
