@@ -31,7 +31,7 @@ import os
 import re
 import shutil
 import time as _time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -233,7 +233,8 @@ class Catalog:
         # CREATE TABLEs of one name make all but one fail. Checking again settles it.
         for attempt in range(3):
             try:
-                metadata.create_all(self.engine)
+                with self._write() as conn:
+                    metadata.create_all(conn)
                 return
             except sa.exc.DBAPIError:
                 if attempt == 2:
@@ -250,6 +251,14 @@ class Catalog:
     def close(self) -> None:
         self.engine.dispose()
 
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[Connection]:
+        """A read-write transaction (on SQLite it takes the write lock up front)."""
+        with self.engine.connect() as conn:
+            conn.execution_options(dbspark_write=True)
+            with conn.begin():
+                yield conn
+
     def __enter__(self) -> Catalog:
         return self
 
@@ -264,7 +273,7 @@ class Catalog:
         """Record a circuit, or check that the stored one has the same definition."""
         _check_name(name, "circuit")
         try:
-            with self.engine.begin() as conn:
+            with self._write() as conn:
                 stored = self._fingerprint(conn, name)
                 if stored is None:
                     conn.execute(
@@ -307,7 +316,7 @@ class Catalog:
             raise ValueError(f"epochs are non-negative, got {epoch}")
         t = epochs_table
         try:
-            with self.engine.begin() as conn:
+            with self._write() as conn:
                 state = conn.execute(
                     sa.select(t.c.state).where(t.c.circuit == circuit, t.c.epoch == epoch)
                 ).scalar_one_or_none()
@@ -328,7 +337,7 @@ class Catalog:
     def commit_epoch(self, circuit: str, epoch: int) -> bool:
         """Mark an open epoch committed. Returns False if it already was (a no-op)."""
         t = epochs_table
-        with self.engine.begin() as conn:
+        with self._write() as conn:
             state = conn.execute(
                 sa.select(t.c.state).where(t.c.circuit == circuit, t.c.epoch == epoch)
             ).scalar_one_or_none()
@@ -396,7 +405,7 @@ class Catalog:
                 raise CatalogError(f"batch kind must be one of {KINDS}, got {b.kind!r}")
         now = _now()
         try:
-            with self.engine.begin() as conn:
+            with self._write() as conn:
                 if self._stage_run_id(conn, circuit, stage, time_text) is not None:
                     return False
                 # The stage run goes first: a concurrent duplicate blocks on (or fails at)
@@ -507,7 +516,7 @@ class Catalog:
     def set_frontier(
         self, circuit: str, collection: str, frontier: Iterable[Sequence[int]]
     ) -> None:
-        with self.engine.begin() as conn:
+        with self._write() as conn:
             self._set_frontier(conn, circuit, collection, frontier, _now())
 
     def frontier(self, circuit: str, collection: str) -> list[Time] | None:
@@ -544,7 +553,7 @@ class Catalog:
 
     # --- loops ---------------------------------------------------------------------------
     def record_loop_iteration(self, circuit: str, it: LoopIteration) -> None:
-        with self.engine.begin() as conn:
+        with self._write() as conn:
             self._insert_loop_iteration(conn, circuit, it, _now())
 
     def loop_iterations(
@@ -618,7 +627,7 @@ class Catalog:
     def _forget_batches(self, ids: Sequence[int]) -> None:
         if not ids:
             return
-        with self.engine.begin() as conn:
+        with self._write() as conn:
             bt = batches_table
             for start in range(0, len(ids), 500):
                 chunk = list(ids[start : start + 500])
@@ -677,8 +686,10 @@ def _configure_sqlite(engine: Engine) -> None:
 
     pysqlite's own transaction handling begins transactions lazily (and not before
     SELECTs), so the read-check-write of ``commit`` would not be atomic across
-    processes. We turn it off and emit ``BEGIN IMMEDIATE`` ourselves: a transaction
-    takes the write lock up front and waits (busy timeout) for other writers.
+    processes. We turn it off and emit ``BEGIN`` ourselves: ``BEGIN IMMEDIATE`` for
+    writes (the write lock is taken up front, waiting for other writers up to the busy
+    timeout, so a transaction never fails halfway on a lock upgrade), a deferred
+    ``BEGIN`` for reads, which WAL lets run beside a writer.
     """
     in_memory = engine.url.database in (None, "", ":memory:")
 
@@ -697,7 +708,8 @@ def _configure_sqlite(engine: Engine) -> None:
 
     @event.listens_for(engine, "begin")
     def _begin(conn: Connection) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        write = conn.get_execution_options().get("dbspark_write", False)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
 
 
 # --- garbage collection ------------------------------------------------------------------
