@@ -10,7 +10,7 @@ from pyspark.sql.types import IntegerType, LongType, StringType, StructField, St
 from dbspark.core.antichain import Antichain
 from dbspark.core.timestamps import less_equal
 from dbspark.core.trace import Trace
-from dbspark.storage import BatchRecord, TraceStore, garbage_collect, time_columns
+from dbspark.storage import BatchRecord, CatalogError, TraceStore, garbage_collect, time_columns
 from dbspark.storage.traces import _tiered_choice
 
 NESTED = StructType(
@@ -166,3 +166,21 @@ def test_tiered_choice_merges_like_a_binary_counter() -> None:
     assert ids([big, b(2, 200), b(3, 100), b(4, 100)]) == [2, 3, 4]
     assert ids([b(1, 300), b(2, 200), b(3, 100), b(4, 100)]) == [1, 2, 3, 4]
     assert ids([]) == []
+
+
+def test_a_refused_compaction_leaves_no_files(store: TraceStore, monkeypatch) -> None:
+    spark = store.spark
+    for e in range(2):
+        store.append("t", spark.createDataFrame([(1, f"v{e}", 1)], DATA), (e,))
+    stale = store.catalog.batches("c", "t", kind="trace")
+    assert store.compact("t", Antichain([(1,)]), FLAT, ["k"], time_columns(1))
+    before = store.catalog.all_batches("c")
+    dirs = sorted(store.warehouse.root.glob("c/t/*/t=*/*"))
+
+    # A compaction planned against batches that another one has just superseded (a
+    # race between two workers): its commit is refused and its output deleted at once.
+    monkeypatch.setattr(store.catalog, "batches", lambda *a, **k: stale)
+    with pytest.raises(CatalogError, match="supersedes batches"):
+        store.compact("t", Antichain([(2,)]), FLAT, ["k"], time_columns(1))
+    assert store.catalog.all_batches("c") == before
+    assert sorted(store.warehouse.root.glob("c/t/*/t=*/*")) == dirs

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dbspark.core import timestamps
 from dbspark.core.antichain import Antichain
-from dbspark.storage.catalog import BatchRecord, Catalog, encode_time
+from dbspark.storage.catalog import BatchRecord, Catalog, CatalogError, encode_time
 from dbspark.storage.warehouse import BUCKET_COLUMN, DEFAULT_BUCKETS, Warehouse, bucketed
 
 if TYPE_CHECKING:
@@ -119,12 +119,7 @@ class TraceStore:
         if self.catalog.stage_done(self.circuit, stage, time):
             return False
         record = self.write(collection, df, time, bucket_by)
-        committed = self.catalog.commit(
-            self.circuit, stage, time, [record] if record is not None else []
-        )
-        if not committed and record is not None:
-            self.warehouse.delete(record)
-        return committed
+        return self._commit_or_discard(record, stage, time)
 
     # --- reading -----------------------------------------------------------------------
     def batches(self, collection: str, max_time: Sequence[int] | None = None) -> list[BatchRecord]:
@@ -251,16 +246,13 @@ class TraceStore:
             buckets=self.buckets,
             prebucketed=bool(key_columns),
         )
-        committed = self.catalog.commit(
-            self.circuit,
+        committed = self._commit_or_discard(
+            record,
             stage,
             meet,
-            [record] if record is not None else [],
             supersede=[b.id for b in chosen if b.id is not None],
             frontiers={collection: frontier.elements},
         )
-        if not committed and record is not None:
-            self.warehouse.delete(record)
         return Compaction(
             collection=collection,
             frontier=frontier.elements,
@@ -269,6 +261,24 @@ class TraceStore:
             output=record if committed else None,
             committed=committed,
         )
+
+    def _commit_or_discard(
+        self, record: BatchRecord | None, stage: str, time: Sequence[int], **kwargs: Any
+    ) -> bool:
+        """Commit ``record`` as ``stage``'s output; if that surely did not happen (already
+        committed by another attempt, or refused and rolled back), delete its files right
+        away. Other errors (e.g. a lost connection: did it commit?) leave them to GC."""
+        try:
+            committed = self.catalog.commit(
+                self.circuit, stage, time, [record] if record is not None else [], **kwargs
+            )
+        except CatalogError:
+            if record is not None:
+                self.warehouse.delete(record)
+            raise
+        if not committed and record is not None:
+            self.warehouse.delete(record)
+        return committed
 
 
 def with_time_columns(df: DataFrame, time: Sequence[int]) -> DataFrame:
