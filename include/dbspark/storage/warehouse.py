@@ -159,7 +159,9 @@ class Warehouse:
 
         With ``keys`` (a DataFrame of key columns, ``bucket_by`` by default its columns),
         only the rows whose key is among ``keys`` (NULL-safe equality), and of bucketed
-        batches only the buckets of those keys are opened.
+        batches only the buckets of those keys are opened. ``keys`` is evaluated twice
+        (once on the driver for its buckets, once in the semi-join): cache it if it is
+        expensive. It is broadcast when it has at most ``BROADCAST_KEYS`` rows.
         """
         schema = _without_bucket(schema)
         key_cols: list[str] = []
