@@ -51,10 +51,6 @@ PROPERTY = settings(
 # prefix ``(e, i)`` when it has an update at exactly that prefix. A correction at
 # ``(e, i, j)`` can also come from updates at ``(e, 0, 0)`` and ``(0, i, j)`` (their least
 # upper bound), with nothing at prefix ``(e, i)``: the inner loop then stops at iteration 0.
-NESTED_BUG = (
-    "engine bug: ReferenceEngine._pending_depth misses corrections of a nested loop that "
-    "come from the lub of updates at other prefixes (see test_nested_loop_correction_...)"
-)
 # The minimal history: roots r; b: r->s; a: s->d, d->x; then delete a: d->x.
 NESTED_BUG_HISTORY: list[dict[str, Any]] = [
     {"a": [(("d", "x"), 1), (("s", "d"), 1)], "b": [(("r", "s"), 1)], "roots": [(("r",), 1)]},
@@ -528,9 +524,8 @@ def two_graph_history(draw: st.DrawFn) -> History:
     return [{"a": x, "b": y, "roots": r} for x, y, r in zip(a, b, roots, strict=True)]
 
 
-# Both always fail while the bug is there (the explicit example), so they are strict xfails;
-# once the engine is fixed they pass and the markers must go.
-@pytest.mark.xfail(strict=True, reason=NESTED_BUG)
+# Regression: the explicit example is the nested-loop correction that arrives at the
+# least upper bound of two other prefixes.
 @GRAPHS
 @given(two_graph_history())
 @example(NESTED_BUG_HISTORY)
@@ -538,7 +533,6 @@ def test_nested_loops(history: History) -> None:
     run_and_compare(nested_circuit, history)
 
 
-@pytest.mark.xfail(strict=True, reason=NESTED_BUG)
 @PROPERTY
 @given(two_graph_history())
 @example(NESTED_BUG_HISTORY)
@@ -546,7 +540,6 @@ def test_nested_loops_every_time(history: History) -> None:
     run_and_compare_every_time(nested_circuit, history)
 
 
-@pytest.mark.xfail(strict=True, reason=NESTED_BUG)
 def test_nested_loop_correction_from_the_lub_of_other_prefixes() -> None:
     """Minimal reproduction: the inner loop at prefix (1, 1) stops at iteration 0.
 

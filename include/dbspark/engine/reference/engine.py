@@ -308,6 +308,8 @@ class ReferenceEngine:
             value_idx = [right_schema.index_of(v) for v in node.params["right_values"]]
 
             def join(key: Hashable, accs: list[ZSet]) -> ZSet:
+                if None in key:  # type: ignore[operator]
+                    return EMPTY  # SQL: a NULL key matches nothing
                 left, right = accs
                 return ZSet(
                     ((*lrow, *(rrow[i] for i in value_idx)), lw * rw)
@@ -428,18 +430,19 @@ class ReferenceEngine:
                 if time[:level] == prefix:
                     deepest = max(deepest, time[level])
             traces = self._arranged.get(node_id, ())
-            # A key touched on one port can meet another port's deeper history (a join).
-            touched = {
-                key
-                for trace in traces
-                for key in trace.keys()  # noqa: SIM118 (a Trace, not a dict)
-                if any(u_time[:level] == prefix for _, u_time, _ in trace.updates_for_key(key))
-            }
-            for trace in traces:
-                for key in touched:
-                    for _, u_time, _ in trace.updates_for_key(key):
-                        if timestamps.less_equal(u_time[:level], prefix):
-                            deepest = max(deepest, u_time[level])
+            # A correction at (prefix, j) needs, for every coordinate of the prefix, an
+            # update of the key lying exactly on it, from any port (a join's other side
+            # counts), among the updates at or below the prefix.
+            keys = {key for trace in traces for key in trace.keys()}  # noqa: SIM118
+            for key in keys:
+                below = [
+                    u_time
+                    for trace in traces
+                    for _, u_time, _ in trace.updates_for_key(key)
+                    if timestamps.less_equal(u_time[:level], prefix)
+                ]
+                if below and all(any(u[d] == prefix[d] for u in below) for d in range(level)):
+                    deepest = max(deepest, max(u[level] for u in below))
         return deepest
 
     def _nodes_within(self, scope_id: int) -> list[int]:

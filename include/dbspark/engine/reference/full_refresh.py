@@ -29,8 +29,8 @@ collections:
   with an ``epoch`` expression is visible at evaluation epoch ``e`` iff its
   value is ``<= e`` (a NULL epoch never arrives). Inside loops the same test
   uses the epoch coordinate.
-* ``join`` multiplies weights of rows with equal keys (Python equality, as the
-  reference engine does: two NULL keys match), ``distinct`` keeps rows with
+* ``join`` multiplies weights of rows with equal keys; as in SQL, a key with a
+  NULL in it matches nothing, ``distinct`` keeps rows with
   positive weight at weight one, ``aggregate`` has one row per group with any
   row of nonzero weight, computed by ``dbspark.core.aggregates``.
 * ``delay`` is the input one tick earlier on its innermost clock: at the root
@@ -252,7 +252,9 @@ class FullRefresh:
         value_idx = [right_schema.index_of(v) for v in node.params["right_values"]]
         by_key: dict[Hashable, list[tuple[tuple, int]]] = {}
         for row, weight in right.items():
-            by_key.setdefault(tuple(row[i] for i in right_idx), []).append((row, weight))
+            key = tuple(row[i] for i in right_idx)
+            if None not in key:  # SQL: NULL = NULL is not true, so it never joins
+                by_key.setdefault(key, []).append((row, weight))
         return ZSet(
             ((*lrow, *(rrow[i] for i in value_idx)), lw * rw)
             for lrow, lw in left.items()
