@@ -1,0 +1,1015 @@
+"""The Spark stage executor: run one planned stage (or one loop iteration) for one time.
+
+This is what every caller runs: the conformance replay, the demo, the Airflow
+tasks and ``spark_jobs/``. Each *unit of work* is one stage at one root time
+(an epoch), or one whole iteration of a loop. A unit reads its inputs from the
+warehouse (deltas of upstream stages, key-pruned trace reads), computes with
+the kernels of ``operators``, writes every output as fresh Parquet files, and
+then registers all of them in ONE catalog transaction together with the
+unit's run record. Hence:
+
+* a unit killed at any point leaves only unregistered files (garbage, never
+  visible state);
+* a retried unit recomputes the same result from the same committed inputs;
+* a unit whose run record is already committed does nothing.
+
+An epoch is opened, its sources ingested, its stages run in plan order (loops
+iterate until the convergence rule holds), its views published, and then it is
+committed. Only then may the next epoch open. Compaction of traces happens
+after the commit and changes no answer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import reduce
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from dbspark.circuit.builder import STATEFUL_OPS, Circuit, Node
+from dbspark.circuit.planner import LoopPlan, Plan, Stage, plan
+from dbspark.circuit.types import Schema
+from dbspark.core.timestamps import Time
+from dbspark.core.upsert import BadUpsertRow, UpsertConflict, UpsertSpec
+from dbspark.core.zset import ZSet
+from dbspark.engine.batches import InputError, upsert_batch, zset_batch
+from dbspark.engine.spark import operators as ops
+from dbspark.engine.spark.compile import struct_type
+from dbspark.engine.spark.frames import (
+    WEIGHT,
+    consolidate,
+    frame_to_zset,
+    time_columns,
+    time_fields,
+)
+from dbspark.engine.spark.session import spark_session
+from dbspark.storage.catalog import BatchRecord, Catalog, LoopIteration
+from dbspark.storage.traces import TraceStore
+from dbspark.storage.warehouse import Warehouse
+
+log = logging.getLogger("dbspark.engine")
+
+
+#: A delta as a DataFrame, or None when it is known to be empty.
+Frame = DataFrame | None
+
+
+class EpochOrderError(RuntimeError):
+    """An epoch was asked to run before the epoch before it committed."""
+
+
+class LoopDidNotConverge(RuntimeError):
+    """A loop reached its iteration bound with work still pending."""
+
+
+@dataclass
+class UnitReport:
+    """What one unit of work did, for task logs."""
+
+    unit: str
+    time: Time
+    skipped: bool = False
+    rows_in: int = 0
+    rows_out: dict[str, int] = field(default_factory=dict)
+    paths: list[str] = field(default_factory=list)
+    note: str = ""
+
+    def describe(self) -> str:
+        if self.skipped:
+            return f"{self.unit} at {list(self.time)}: already committed, nothing to do"
+        outs = ", ".join(f"{k}={v}" for k, v in self.rows_out.items()) or "none"
+        text = f"{self.unit} at {list(self.time)}: rows in {self.rows_in}, rows out {outs}"
+        return text + (f"; {self.note}" if self.note else "")
+
+
+@dataclass
+class IterationReport:
+    loop: str
+    prefix: Time
+    iteration: int
+    delta_rows: int
+    pending_depth: int
+    converged: bool
+    reason: str
+    skipped: bool = False
+
+
+@dataclass
+class EpochReport:
+    epoch: int
+    skipped: bool = False
+    units: list[UnitReport] = field(default_factory=list)
+    iterations: list[IterationReport] = field(default_factory=list)
+    view_deltas: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class StepResult:
+    epoch: int
+    views: dict[str, ZSet]
+    report: EpochReport
+
+
+def circuit_fingerprint(circuit: Circuit) -> str:
+    """A stable hash of a circuit's definition (callables by qualified name)."""
+
+    def normal(value: Any) -> Any:
+        if callable(value) and not isinstance(value, type):
+            return (
+                f"callable:{getattr(value, '__module__', '')}.{getattr(value, '__qualname__', '')}"
+            )
+        if isinstance(value, dict):
+            return {str(k): normal(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
+        if isinstance(value, (list, tuple)):
+            return [normal(v) for v in value]
+        return repr(value)
+
+    payload = [
+        (n.op, list(n.inputs), str(n.schema), n.scope, normal(n.params)) for n in circuit.nodes
+    ]
+    payload.append(sorted(circuit.views.items()))
+    text = json.dumps(payload, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class _Unit:
+    """Files written by one unit of work, not yet registered in the catalog."""
+
+    def __init__(self) -> None:
+        self.records: list[BatchRecord] = []
+
+    def add(self, record: BatchRecord | None) -> None:
+        if record is not None:
+            self.records.append(record)
+
+
+class SparkEngine:
+    """Runs a circuit incrementally on Spark with traces in a warehouse and a SQL catalog."""
+
+    def __init__(
+        self,
+        circuit: Circuit,
+        warehouse: str | Path,
+        *,
+        spark: SparkSession | None = None,
+        catalog_url: str | None = None,
+        buckets: int = 16,
+    ) -> None:
+        self.circuit = circuit
+        self.plan: Plan = plan(circuit)
+        self.spark = spark or spark_session()
+        self.root = Path(warehouse)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.catalog = Catalog(catalog_url) if catalog_url else Catalog.for_warehouse(self.root)
+        self.warehouse = Warehouse(self.root)
+        self.traces = TraceStore(self.spark, self.warehouse, self.catalog, circuit.name)
+        self.buckets = buckets
+        self.catalog.register_circuit(circuit.name, circuit_fingerprint(circuit))
+        self._specs = {n.id: _upsert_spec(n) for n in circuit.nodes if n.op == "upsert_source"}
+
+    # ================================================================================ epochs
+    def last_committed_epoch(self) -> int:
+        return self.catalog.last_committed_epoch(self.circuit.name)
+
+    def open_epoch(self, epoch: int) -> bool:
+        """Open ``epoch``; False if it is already committed (the run is a no-op)."""
+        name = self.circuit.name
+        state = self.catalog.epoch_state(name, epoch)
+        if state == "committed":
+            log.info("epoch %s of %s is already committed: nothing to do", epoch, name)
+            return False
+        last = self.last_committed_epoch()
+        if epoch != last + 1:
+            missing = last + 1
+            raise EpochOrderError(
+                f"circuit {name!r}: epoch {epoch} cannot run before epoch {missing} commits "
+                f"(last committed: {last})"
+            )
+        if state is None:
+            self.catalog.open_epoch(name, epoch)
+        return True
+
+    def run_epoch(self, epoch: int, inputs: Mapping[str, Any] | None = None) -> EpochReport:
+        """Open, ingest, run every stage and loop, publish and commit one epoch."""
+        report = EpochReport(epoch)
+        inputs = dict(inputs or {})
+        unknown = set(inputs) - set(self.circuit.sources)
+        if unknown:
+            raise InputError(
+                sorted(unknown)[0], f"circuit {self.circuit.name!r} has no such source"
+            )
+        if not self.open_epoch(epoch):
+            report.skipped = True
+            return report
+        checked = {name: self.check_batch(name, batch) for name, batch in inputs.items()}
+        t = (epoch,)
+        for stage in self.plan.stages_in_scope(0):
+            anchor = self.circuit.node(stage.anchor)
+            if anchor.op in ("zset_source", "upsert_source"):
+                report.units.append(self.ingest(anchor.label, epoch, checked.get(anchor.label)))
+                continue
+            if anchor.op == "leave":
+                loop = self.plan.loops[anchor.params["loop"]]
+                report.iterations.extend(self.run_loop(loop, t))
+            report.units.append(self.run_stage(stage.id, t))
+        report.units.append(self.publish(epoch))
+        self.close_epoch(epoch)
+        return report
+
+    def step(self, inputs: Mapping[str, Any] | None = None) -> StepResult:
+        """Run the next epoch and return every view's contents (the conformance interface)."""
+        epoch = self.last_committed_epoch() + 1
+        report = self.run_epoch(epoch, inputs)
+        return StepResult(epoch, self.views(), report)
+
+    def close_epoch(self, epoch: int) -> None:
+        """Commit the epoch, then compact traces under the new frontier."""
+        self.catalog.commit_epoch(self.circuit.name, epoch)
+        self.compact(epoch)
+
+    # ================================================================================ input
+    def check_batch(self, source: str, batch: Any, file: str | None = None) -> Any:
+        """Validate a Python batch for ``source`` (rows and types) before anything runs."""
+        node = self.circuit.node(self.circuit.sources[source])
+        if isinstance(batch, DataFrame):
+            return batch
+        if node.op == "zset_source":
+            return zset_batch(source, node.schema, batch, file)
+        return upsert_batch(source, node.params["user_schema"], batch, file)
+
+    def ingest(
+        self, source: str, epoch: int, batch: Any = None, file: str | None = None
+    ) -> UnitReport:
+        """Ingest one source's batch for ``epoch`` and run the linear chain fused onto it."""
+        node = self.circuit.node(self.circuit.sources[source])
+        stage = self.plan.stage_of(node.id)
+        t = (epoch,)
+        unit_name = stage.name
+        if self.catalog.stage_done(self.circuit.name, unit_name, t):
+            return UnitReport(unit_name, t, skipped=True)
+        unit = _Unit()
+        frame = self._input_frame(node, batch, file)
+        rows_in = 0
+        if node.op == "zset_source":
+            delta = frame
+        else:
+            delta = self._upsert_delta(node, frame, t, unit, file)
+        # The raw input log lets full refresh replay every source from scratch.
+        unit.add(self.traces.write(f"n{node.id}.input", frame, t))
+        if unit.records:
+            rows_in = unit.records[-1].rows
+        frames = {(node.id, t): delta}
+        report = UnitReport(unit_name, t, rows_in=rows_in)
+        self._finish_stage(stage, t, frames, unit, report, start=1)
+        return report
+
+    def _input_frame(self, node: Node, batch: Any, file: str | None) -> DataFrame:
+        if node.op == "zset_source":
+            schema = struct_type(node.schema, extra=[(WEIGHT, "bigint")])
+            if isinstance(batch, DataFrame):
+                return batch
+            zset = (
+                batch
+                if isinstance(batch, ZSet)
+                else zset_batch(node.label, node.schema, batch or [], file)
+            )
+            return self.spark.createDataFrame([(*r, w) for r, w in zset.items()], schema)
+        user = node.params["user_schema"]
+        schema = struct_type(user)
+        if isinstance(batch, DataFrame):
+            return batch
+        rows = upsert_batch(node.label, user, batch or [], file)
+        return self.spark.createDataFrame(rows, schema)
+
+    def _upsert_delta(
+        self, node: Node, batch: DataFrame, t: Time, unit: _Unit, file: str | None
+    ) -> DataFrame:
+        """Turn upserts into the state delta by consulting the source's arranged state."""
+        spec = self._specs[node.id]
+        user = node.params["user_schema"]
+        cols = list(user.names)
+        keys, marks = list(spec.key), list(spec.watermark)
+        null_keys = batch.where(reduce(lambda a, b: a | b, [F.col(k).isNull() for k in keys]))
+        ties = (
+            batch.dropDuplicates(cols)
+            .groupBy(*keys, *marks)
+            .count()
+            .where(F.col("count") > 1)
+            .select(*keys)
+        )
+        state_collection = f"n{node.id}.state"
+        state_schema = node.schema
+        key_frame = batch.select(*keys).distinct()
+        stored = consolidate(
+            self.traces.read(
+                state_collection,
+                struct_type(state_schema, extra=[(WEIGHT, "bigint"), *time_fields(1)]),
+                keys=key_frame,
+                bucket_by=keys,
+            ),
+            list(state_schema.names),
+        )
+        stored = stored.where(F.col(WEIGHT) == 1).drop(WEIGHT)
+        # Conflicts against the stored version: same watermark, different row.
+        s = stored.select(*[F.col(c).alias(f"__s_{c}") for c in stored.columns])
+        on_key = reduce(lambda a, b: a & b, [F.col(k) == F.col(f"__s_{k}") for k in keys])
+        same_mark = reduce(
+            lambda a, b: a & b, [F.col(m).eqNullSafe(F.col(f"__s_{m}")) for m in marks]
+        )
+        same_row = reduce(
+            lambda a, b: a & b, [F.col(c).eqNullSafe(F.col(f"__s_{c}")) for c in cols]
+        )
+        clash = batch.join(s, on=on_key, how="inner").where(same_mark & ~same_row)
+        # Every kind of bad input is found by one Spark job, before anything is written.
+        problems = (
+            null_keys.select(*keys, F.lit(0).alias("__problem"))
+            .unionByName(ties.select(*keys, F.lit(1).alias("__problem")))
+            .unionByName(clash.select(*keys, F.lit(2).alias("__problem")))
+            .distinct()
+            .limit(60)
+            .collect()
+        )
+        if problems:
+            worst = min(r["__problem"] for r in problems)
+            offending = [tuple(r[k] for k in keys) for r in problems if r["__problem"] == worst]
+            error = BadUpsertRow if worst == 0 else UpsertConflict
+            detail = (
+                "NULL in a key column",
+                "two different rows with the same watermark in one batch",
+                "a different row with the same watermark as the stored version",
+            )[worst]
+            raise error(spec.source, file, offending, detail=detail, key_columns=keys)
+        # The freshest row per key wins (NULL watermarks are the smallest).
+        from pyspark.sql import Window
+
+        order = [F.col(m).desc_nulls_last() for m in marks]
+        ranked = batch.withColumn(
+            "__rank", F.row_number().over(Window.partitionBy(*keys).orderBy(*order))
+        )
+        winners = ranked.where(F.col("__rank") == 1).drop("__rank")
+        winners = winners.withColumn(ops.TOMBSTONE, _tombstone_condition(spec, user))
+        joined = winners.join(s, on=on_key, how="left")
+        fresher = _lexicographic_greater(marks, [f"__s_{m}" for m in marks])
+        replace = joined.where(F.col(f"__s_{keys[0]}").isNull() | fresher)
+        state_cols = [*cols, ops.TOMBSTONE]
+        inserts = replace.select(
+            *[F.col(c) for c in state_cols], F.lit(1).cast("bigint").alias(WEIGHT)
+        )
+        retracts = replace.where(F.col(f"__s_{keys[0]}").isNotNull()).select(
+            *[F.col(f"__s_{c}").alias(c) for c in state_cols],
+            F.lit(-1).cast("bigint").alias(WEIGHT),
+        )
+        delta = consolidate(inserts.unionByName(retracts), state_cols).localCheckpoint()
+        unit.add(self.traces.write(state_collection, _with_time(delta, t), t, bucket_by=keys))
+        return delta
+
+    # ================================================================================ stages
+    def run_stage(self, stage_id: int, t: Time) -> UnitReport:
+        """Run one root-scope stage at time ``t`` and commit it (a no-op if already done)."""
+        stage = self.plan.stages[stage_id]
+        if self.catalog.stage_done(self.circuit.name, stage.name, t):
+            return UnitReport(stage.name, t, skipped=True)
+        unit = _Unit()
+        report = UnitReport(stage.name, t)
+        self._finish_stage(stage, t, {}, unit, report, start=0)
+        return report
+
+    def _finish_stage(
+        self,
+        stage: Stage,
+        t: Time,
+        frames: dict[tuple[int, Time], Frame],
+        unit: _Unit,
+        report: UnitReport,
+        start: int,
+        commit: bool = True,
+    ) -> None:
+        for node_id in stage.nodes[start:]:
+            frames[(node_id, t)] = self._evaluate(
+                self.circuit.node(node_id), t, frames, unit, report
+            )
+        for node_id in stage.outputs:
+            frame = frames[(node_id, t)]
+            record = (
+                None
+                if frame is None
+                else self.warehouse.write(frame, self.circuit.name, f"n{node_id}", "delta", t)
+            )
+            unit.add(record)
+            report.rows_out[self.circuit.node(node_id).label] = record.rows if record else 0
+            if record:
+                report.paths.append(record.path)
+        if commit:
+            self.catalog.commit(self.circuit.name, stage.name, t, unit.records)
+            log.info("%s", report.describe())
+
+    # ================================================================================ reading
+    def _schema_of(self, node: Node, depth: int = 0) -> Any:
+        times = time_fields(depth) if depth else []
+        return struct_type(node.schema, extra=[(WEIGHT, "bigint"), *times])
+
+    def _records(
+        self, unit: _Unit, collection: str, kind: str, predicate: Callable[[Time], bool]
+    ) -> list[BatchRecord]:
+        committed = self.catalog.batches(self.circuit.name, collection, kind=kind)
+        pending = [r for r in unit.records if r.collection == collection and r.kind == kind]
+        return [r for r in [*committed, *pending] if predicate(tuple(r.time))]
+
+    def _delta(
+        self, node_id: int, t: Time, unit: _Unit, frames: Mapping[tuple[int, Time], Frame]
+    ) -> Frame:
+        """The delta of a node at ``t``; None when it is known to be empty (from the
+        catalog alone, so an empty input costs no Spark job)."""
+        if (node_id, t) in frames:
+            return frames[(node_id, t)]
+        node = self.circuit.node(node_id)
+        records = self._records(unit, f"n{node_id}", "delta", lambda time: time == t)
+        if not records:
+            return None
+        return self.warehouse.read(self.spark, records, self._schema_of(node))
+
+    def _or_empty(self, frame: Frame, node: Node) -> DataFrame:
+        return frame if frame is not None else self.spark.createDataFrame([], self._schema_of(node))
+
+    # ================================================================================ operators
+    def _evaluate(
+        self,
+        node: Node,
+        t: Time,
+        frames: dict[tuple[int, Time], Frame],
+        unit: _Unit,
+        report: UnitReport,
+    ) -> Frame:
+        op, params = node.op, node.params
+
+        def inp(port: int = 0, at: Time = t) -> Frame:
+            return self._delta(node.inputs[port], at, unit, frames)
+
+        schema_in = self.circuit.node(node.inputs[0]).schema if node.inputs else None
+        if op in ("select", "filter", "flat_map", "negate", "upsert_live"):
+            delta = inp()
+            if delta is None:
+                return None
+            if op == "select":
+                return ops.select(delta, params["columns"], schema_in)
+            if op == "filter":
+                return ops.filter_(delta, params["predicate"], schema_in)
+            if op == "flat_map":
+                return ops.flat_map(delta, params["name"], params["array"], schema_in)
+            if op == "negate":
+                return ops.negate(delta)
+            return ops.upsert_live(delta)
+        if op in ("index_by", "consolidate", "inspect"):
+            return inp()
+        if op in ("plus", "minus"):
+            left, right = inp(0), inp(1)
+            if right is None:
+                return left
+            if op == "minus":
+                right = ops.negate(right)
+            return right if left is None else ops.plus(left, right)
+        if op == "join_function":
+            return self._general_linear(node, t, inp(), unit)
+        if op == "delay":
+            return inp(0, (*t[:-1], t[-1] - 1)) if t[-1] > 0 else None
+        if op == "enter":
+            return inp(0, t[:-1]) if t[-1] == 0 else None
+        if op == "variable":
+            if t[-1] == 0:
+                return inp()
+            previous = (*t[:-1], t[-1] - 1)
+            fed_back = self._delta(params["feedback"], previous, unit, frames)
+            initial = inp(0, previous)
+            if initial is None:
+                return fed_back
+            both = ops.minus(self._or_empty(fed_back, node), initial)
+            return consolidate(both, list(node.schema.names))
+        if op == "leave":
+            return self._leave(node, t, unit, report)
+        if op in STATEFUL_OPS:
+            return self._stateful(node, t, unit, frames)
+        raise AssertionError(f"no Spark evaluation for {op}")
+
+    def _general_linear(self, node: Node, t: Time, delta: Frame, unit: _Unit) -> Frame:
+        schema_in = self.circuit.node(node.inputs[0]).schema
+        names = list(node.schema.names)
+        now: Frame = None
+        if delta is not None:
+            out = ops.general_linear(
+                delta, node.params["emits"], schema_in, node.schema, t[0]
+            ).localCheckpoint()
+            later = out.where(F.col("__epoch") > t[0])
+            for (due,) in later.select("__epoch").distinct().collect():
+                at = (int(due), *t[1:])
+                part = later.where(F.col("__epoch") == due).drop("__epoch")
+                unit.add(
+                    self.warehouse.write(
+                        part, self.circuit.name, f"n{node.id}.scheduled", "delta", at
+                    )
+                )
+            now = out.where(F.col("__epoch") == t[0]).drop("__epoch")
+        scheduled = self._records(unit, f"n{node.id}.scheduled", "delta", lambda time: time == t)
+        if scheduled:
+            due_now = self.warehouse.read(self.spark, scheduled, self._schema_of(node))
+            now = due_now if now is None else now.unionByName(due_now)
+        return None if now is None else consolidate(now, names)
+
+    def _stateful(
+        self, node: Node, t: Time, unit: _Unit, frames: dict[tuple[int, Time], Frame]
+    ) -> Frame:
+        params = node.params
+        depth = len(t)
+        port_keys = _port_keys(self.circuit, node)
+        deltas: list[Frame] = []
+        for port, input_id in enumerate(node.inputs):
+            delta = self._delta(input_id, t, unit, frames)
+            deltas.append(delta)
+            if delta is not None:
+                unit.add(
+                    self.traces.write(
+                        f"n{node.id}.in{port}",
+                        _with_time(delta, t),
+                        t,
+                        bucket_by=list(port_keys[port]),
+                    )
+                )
+        schemas = [self.circuit.node(i).schema for i in node.inputs]
+        out_names = list(node.schema.names)
+        if depth == 1 and all(d is None for d in deltas):
+            return None  # at the root clock, output needs input at this very epoch
+        if depth > 1 and not any(
+            self._records(
+                unit,
+                f"n{node.id}.in{port}",
+                "trace",
+                lambda time: time[0] == t[0] and _leq(time, t),
+            )
+            for port in range(len(node.inputs))
+        ):
+            return None  # no key of this node changed in this epoch: nothing can be owed
+        deltas = [
+            self._or_empty(d, self.circuit.node(i))
+            for d, i in zip(deltas, node.inputs, strict=True)
+        ]
+        if node.op == "join" and depth == 1:
+            left_keys, right_keys = list(params["left_keys"]), list(params["right_keys"])
+            before = lambda time: time[0] < t[0]  # noqa: E731
+            left_before = self._trace(
+                node,
+                0,
+                unit,
+                keys=deltas[1].select(*right_keys),
+                rename=dict(zip(right_keys, left_keys, strict=True)),
+                when=before,
+            )
+            right_before = self._trace(
+                node,
+                1,
+                unit,
+                keys=deltas[0].select(*left_keys),
+                rename=dict(zip(left_keys, right_keys, strict=True)),
+                when=before,
+            )
+            return ops.join_delta_root(
+                deltas[0],
+                deltas[1],
+                left_before.drop(*time_columns(1)),
+                right_before.drop(*time_columns(1)),
+                left_keys,
+                right_keys,
+                list(schemas[0].names),
+                list(params["right_values"]),
+                out_names,
+            )
+        # Keys touched in this epoch at or before t: the only ones that can change now.
+        # A global aggregate (no group columns) is one group: it reads its whole trace.
+        global_group = node.op == "aggregate" and not params["keys"]
+        touched = None if global_group else self._touched_keys(node, t, unit, port_keys)
+        traces = []
+        for port in range(len(node.inputs)):
+            keys = (
+                None
+                if touched is None
+                else touched.select(
+                    *[
+                        F.col(k0).alias(k)
+                        for k0, k in zip(port_keys[0], port_keys[port], strict=True)
+                    ]
+                )
+            )
+            traces.append(
+                self._trace(
+                    node, port, unit, keys=keys, rename=None, when=lambda time: _leq(time, t)
+                )
+            )
+        if node.op == "distinct":
+            return ops.distinct_delta(traces[0], out_names, t)
+        if node.op == "aggregate":
+            return ops.aggregate_delta(
+                traces[0], schemas[0], list(params["keys"]), params["aggregations"], node.schema, t
+            )
+        return ops.join_delta_nested(
+            traces[0],
+            traces[1],
+            list(params["left_keys"]),
+            list(params["right_keys"]),
+            list(schemas[0].names),
+            list(schemas[1].names),
+            list(params["right_values"]),
+            out_names,
+            t,
+        )
+
+    def _trace(
+        self,
+        node: Node,
+        port: int,
+        unit: _Unit,
+        *,
+        keys: DataFrame | None,
+        rename: Mapping[str, str] | None,
+        when: Callable[[Time], bool],
+    ) -> DataFrame:
+        input_node = self.circuit.node(node.inputs[port])
+        depth = self.circuit.scope(node.scope).depth
+        collection = f"n{node.id}.in{port}"
+        records = self._records(unit, collection, "trace", when)
+        if keys is not None and rename:
+            keys = keys.select(*[F.col(k).alias(rename[k]) for k in keys.columns])
+        port_keys = _port_keys(self.circuit, node)[port]
+        return self.warehouse.read(
+            self.spark,
+            records,
+            self._schema_of(input_node, depth),
+            keys=keys,
+            bucket_by=list(port_keys),
+        )
+
+    def _touched_keys(
+        self, node: Node, t: Time, unit: _Unit, port_keys: Sequence[Sequence[str]]
+    ) -> DataFrame:
+        """Keys of any port with an update in t's epoch at or before t (named as port 0's keys)."""
+        frames = []
+        for port, input_id in enumerate(node.inputs):
+            records = self._records(
+                unit,
+                f"n{node.id}.in{port}",
+                "trace",
+                lambda time: time[0] == t[0] and _leq(time, t),
+            )
+            schema = self._schema_of(self.circuit.node(input_id), len(t))
+            rows = self.warehouse.read(self.spark, records, schema)
+            frames.append(
+                rows.select(
+                    *[
+                        F.col(k).alias(k0)
+                        for k, k0 in zip(port_keys[port], port_keys[0], strict=True)
+                    ]
+                )
+            )
+        return reduce(DataFrame.unionByName, frames).distinct().localCheckpoint()
+
+    # ================================================================================ loops
+    def _leave(self, node: Node, t: Time, unit: _Unit, report: UnitReport) -> Frame:
+        loop = self.plan.loops[node.params["loop"]]
+        if len(t) > 1:
+            # A loop nested in a loop runs inside the enclosing iteration's unit of work.
+            self._iterate_inline(loop, t, unit)
+        level = len(t)
+        records = self._records(unit, f"n{loop.result}", "delta", lambda time: time[:level] == t)
+        if not records:
+            return None
+        result_node = self.circuit.node(loop.result)
+        total = self.warehouse.read(self.spark, records, self._schema_of(result_node))
+        return consolidate(total, list(node.schema.names))
+
+    def run_loop(self, loop: LoopPlan, prefix: Time) -> list[IterationReport]:
+        """Iterate ``loop`` at ``prefix`` until it converges; each iteration commits on its own."""
+        reports = []
+        while True:
+            report = self.run_iteration(loop, prefix)
+            reports.append(report)
+            if report.converged:
+                return reports
+
+    def loop_state(self, loop: LoopPlan, prefix: Time) -> tuple[int, bool, str]:
+        """(next iteration to run, converged?, reason) from the catalog."""
+        done = self.catalog.loop_iterations(self.circuit.name, loop.name, prefix)
+        if not done:
+            return 0, False, ""
+        last = done[-1]
+        return last.iteration + 1, last.converged, last.reason
+
+    def run_iteration(self, loop: LoopPlan, prefix: Time) -> IterationReport:
+        """Run the next pending iteration of ``loop`` at ``prefix`` (the catalog orders them)."""
+        iteration, converged, reason = self.loop_state(loop, prefix)
+        if converged:
+            return IterationReport(
+                loop.name, prefix, iteration - 1, 0, -1, True, reason, skipped=True
+            )
+        if iteration >= loop.max_iterations:
+            raise LoopDidNotConverge(
+                f"loop {loop.name!r} of circuit {self.circuit.name!r} did not converge at "
+                f"{list(prefix)} within max_iterations={loop.max_iterations}"
+            )
+        unit = _Unit()
+        t = (*prefix, iteration)
+        report = self._iteration(loop, t, unit)
+        self.catalog.commit(
+            self.circuit.name,
+            f"loop:{loop.name}",
+            t,
+            unit.records,
+            loop_iteration=LoopIteration(
+                loop=loop.name,
+                prefix=tuple(prefix),
+                iteration=iteration,
+                delta_rows=report.delta_rows,
+                converged=report.converged,
+                pending_depth=report.pending_depth,
+                reason=report.reason,
+            ),
+        )
+        log.info(
+            "loop %s at %s iteration %s: delta %s rows; %s",
+            loop.name,
+            list(prefix),
+            iteration,
+            report.delta_rows,
+            report.reason,
+        )
+        return report
+
+    def _iteration(self, loop: LoopPlan, t: Time, unit: _Unit) -> IterationReport:
+        prefix, iteration = t[:-1], t[-1]
+        frames: dict[tuple[int, Time], Frame] = {}
+        inner_report = UnitReport(f"loop:{loop.name}", t)
+        before = len(unit.records)
+        for stage_id in loop.stages:
+            stage = self.plan.stages[stage_id]
+            self._finish_stage(stage, t, frames, unit, inner_report, start=0, commit=False)
+        written = unit.records[before:]
+        changed = sum(r.rows for r in written if r.kind == "delta" and tuple(r.time) == t)
+        result_rows = inner_report.rows_out.get(self.circuit.node(loop.result).label, 0)
+        pending = -1 if changed else self._pending_depth(loop, prefix, unit)
+        converged = changed == 0 and pending <= iteration
+        if converged:
+            reason = (
+                f"converged: iteration {iteration} changed nothing and no correction is pending"
+                f" (history of the touched keys reaches iteration {pending})"
+            )
+        elif changed:
+            reason = f"continue: iteration {iteration} changed {changed} rows"
+        else:
+            reason = f"continue: corrections pending up to iteration {pending}"
+        return IterationReport(
+            loop.name, prefix, iteration, result_rows, pending, converged, reason
+        )
+
+    def _iterate_inline(self, loop: LoopPlan, prefix: Time, unit: _Unit) -> None:
+        for iteration in range(loop.max_iterations):
+            if self._iteration(loop, (*prefix, iteration), unit).converged:
+                return
+        raise LoopDidNotConverge(
+            f"loop {loop.name!r} did not converge at {list(prefix)} within {loop.max_iterations}"
+        )
+
+    def _pending_depth(self, loop: LoopPlan, prefix: Time, unit: _Unit) -> int:
+        """The deepest iteration at which this prefix may still owe output (-1: none)."""
+        level = len(prefix)
+        deepest = -1
+        inside = self._nodes_within(loop.scope)
+        for node_id in inside:
+            node = self.circuit.node(node_id)
+            for record in self._records(
+                unit, f"n{node_id}.scheduled", "delta", lambda time: time[:level] == prefix
+            ):
+                deepest = max(deepest, record.time[level])
+            if node.op not in STATEFUL_OPS:
+                continue
+            port_keys = _port_keys(self.circuit, node)
+            depth = self.circuit.scope(node.scope).depth
+            names = time_columns(depth)
+            schemas = [self._schema_of(self.circuit.node(i), depth) for i in node.inputs]
+            value = self._deepest_pending(node, prefix, unit, port_keys, names, schemas)
+            if value is not None:
+                deepest = max(deepest, value)
+        return deepest
+
+    def _deepest_pending(
+        self,
+        node: Node,
+        prefix: Time,
+        unit: _Unit,
+        port_keys: Sequence[Sequence[str]],
+        names: Sequence[str],
+        schemas: Sequence[Any],
+    ) -> int | None:
+        """For one stateful node: the deepest next coordinate among the updates of keys
+        that, at or below ``prefix`` and on any port, match every coordinate of
+        ``prefix`` exactly (so a correction may still be due under it)."""
+        level = len(prefix)
+        # Matching the epoch coordinate needs an update in this epoch: a cheap pruning set.
+        touched = []
+        for port in range(len(node.inputs)):
+            now = self._records(
+                unit, f"n{node.id}.in{port}", "trace", lambda time: time[0] == prefix[0]
+            )
+            if now:
+                rows = self.warehouse.read(self.spark, now, schemas[port])
+                touched.append(rows.select(*_renamed(port_keys[port], port_keys[0])))
+        if not touched:
+            return None
+        keys = reduce(DataFrame.unionByName, touched).distinct().localCheckpoint()
+        below = reduce(
+            lambda a, b: a & b,
+            [F.col(n) <= v for n, v in zip(names[:level], prefix, strict=True)],
+        )
+        history = []
+        for port in range(len(node.inputs)):
+            records = self._records(
+                unit,
+                f"n{node.id}.in{port}",
+                "trace",
+                lambda time: all(a <= b for a, b in zip(time[:level], prefix, strict=True)),
+            )
+            port_frame = keys.select(*_renamed(port_keys[0], port_keys[port]))
+            rows = self.warehouse.read(
+                self.spark, records, schemas[port], keys=port_frame, bucket_by=list(port_keys[port])
+            )
+            history.append(
+                rows.where(below).select(
+                    *_renamed(port_keys[port], port_keys[0]), *names[: level + 1]
+                )
+            )
+        flags = [
+            F.max(F.when(F.col(n) == v, F.lit(1)).otherwise(F.lit(0))).alias(f"__on{d}")
+            for d, (n, v) in enumerate(zip(names[:level], prefix, strict=True))
+        ]
+        per_key = (
+            reduce(DataFrame.unionByName, history)
+            .groupBy(*port_keys[0])
+            .agg(*flags, F.max(names[level]).alias("__deepest"))
+        )
+        matched = reduce(lambda a, b: a & b, [F.col(f"__on{d}") == 1 for d in range(level)])
+        value = per_key.where(matched).agg(F.max("__deepest")).collect()[0][0]
+        return None if value is None else int(value)
+
+    def _nodes_within(self, scope_id: int) -> list[int]:
+        scopes = {scope_id}
+        grew = True
+        while grew:
+            grew = False
+            for scope in self.circuit.scopes:
+                if scope.parent in scopes and scope.id not in scopes:
+                    scopes.add(scope.id)
+                    grew = True
+        return [n.id for n in self.circuit.nodes if n.scope in scopes]
+
+    # ================================================================================ views
+    def publish(self, epoch: int) -> UnitReport:
+        """Append each view's delta for ``epoch`` to the view's published collection."""
+        t = (epoch,)
+        if self.catalog.stage_done(self.circuit.name, "publish", t):
+            return UnitReport("publish", t, skipped=True)
+        unit = _Unit()
+        report = UnitReport("publish", t)
+        for name, node_id in self.circuit.views.items():
+            delta = self._delta(node_id, t, unit, {})
+            record = None if delta is None else self.traces.write(f"view.{name}", delta, t)
+            unit.add(record)
+            report.rows_out[name] = record.rows if record else 0
+        self.catalog.commit(self.circuit.name, "publish", t, unit.records)
+        log.info("%s", report.describe())
+        return report
+
+    def view_frame(self, name: str) -> DataFrame:
+        """The view's current contents (consolidated) as a DataFrame with ``__w``."""
+        node = self.circuit.node(self.circuit.views[name])
+        records = self.catalog.batches(self.circuit.name, f"view.{name}")
+        frame = self.warehouse.read(self.spark, records, self._schema_of(node, 1))
+        return consolidate(frame.drop(*time_columns(1)), list(node.schema.names))
+
+    def view(self, name: str) -> ZSet:
+        node = self.circuit.node(self.circuit.views[name])
+        return frame_to_zset(self.view_frame(name), node.schema)
+
+    def views(self) -> dict[str, ZSet]:
+        return {name: self.view(name) for name in self.circuit.views}
+
+    # ================================================================================ maintenance
+    def compact(self, epoch: int) -> None:
+        """Advance every trace by the frontier ``(epoch, 0, ...)`` and merge batches
+        (tiered, so old large batches are rewritten only as recent ones grow), then retire
+        stream deltas no later epoch reads (``delay`` reads one epoch back)."""
+        for node in self.circuit.nodes:
+            depth = self.circuit.scope(node.scope).depth
+            frontier = [(epoch, *([0] * (depth - 1)))]
+            if node.op in STATEFUL_OPS:
+                for port, input_id in enumerate(node.inputs):
+                    self.traces.compact(
+                        f"n{node.id}.in{port}",
+                        frontier,
+                        self._schema_of(self.circuit.node(input_id), depth),
+                        list(_port_keys(self.circuit, node)[port]),
+                        time_columns(depth),
+                        tiered=True,
+                    )
+            elif node.op == "upsert_source":
+                self.traces.compact(
+                    f"n{node.id}.state",
+                    [(epoch,)],
+                    self._schema_of(node, 1),
+                    list(node.params["key"]),
+                    time_columns(1),
+                    tiered=True,
+                )
+        for name in self.circuit.views:
+            node = self.circuit.node(self.circuit.views[name])
+            self.traces.compact(
+                f"view.{name}",
+                [(epoch,)],
+                self._schema_of(node, 1),
+                list(node.schema.names),
+                time_columns(1),
+                tiered=True,
+            )
+        stale = [
+            record.id
+            for node in self.circuit.nodes
+            for record in self.catalog.batches(self.circuit.name, f"n{node.id}", kind="delta")
+            if record.epoch < epoch and record.id is not None
+        ]
+        if stale:
+            self.catalog.commit(self.circuit.name, "retire-deltas", (epoch,), [], supersede=stale)
+
+
+# ==================================================================================== helpers
+def _with_time(df: DataFrame, t: Time) -> DataFrame:
+    for i, (name, value) in enumerate(zip(time_columns(len(t)), t, strict=True)):
+        df = df.withColumn(name, F.lit(value).cast("bigint" if i == 0 else "int"))
+    return df
+
+
+def _renamed(source: Sequence[str], target: Sequence[str]) -> list[Any]:
+    """Select ``source`` columns under ``target`` names (one port's keys as another's)."""
+    return [F.col(a).alias(b) for a, b in zip(source, target, strict=True)]
+
+
+def _leq(a: Sequence[int], b: Sequence[int]) -> bool:
+    return all(x <= y for x, y in zip(a, b, strict=True))
+
+
+def _port_keys(circuit: Circuit, node: Node) -> list[tuple[str, ...]]:
+    if node.op == "join":
+        return [tuple(node.params["left_keys"]), tuple(node.params["right_keys"])]
+    if node.op == "aggregate":
+        keys = tuple(node.params["keys"])
+        return [keys or circuit.node(node.inputs[0]).schema.names]
+    return [circuit.node(node.inputs[0]).schema.names]
+
+
+def _upsert_spec(node: Node) -> UpsertSpec:
+    user = node.params["user_schema"]
+    return UpsertSpec(
+        source=node.label,
+        columns=user.names,
+        types=user.types,
+        key=node.params["key"],
+        watermark=node.params["watermark"],
+        tombstone=node.params["tombstone"],
+        tombstone_value=node.params["tombstone_value"],
+    )
+
+
+def _tombstone_condition(spec: UpsertSpec, user: Schema) -> Any:
+    if spec.tombstone is None:
+        return F.lit(False)
+    column = F.col(spec.tombstone)
+    kind = user.type_of(spec.tombstone)
+    if kind == "boolean":
+        return F.coalesce(column == F.lit(True), F.lit(False))
+    if kind == "string":
+        return F.coalesce(column == F.lit(spec.tombstone_value), F.lit(False))
+    return column.isNotNull()
+
+
+def _lexicographic_greater(left: Sequence[str], right: Sequence[str]) -> Any:
+    """left > right for composite watermarks compared left to right, NULL smallest."""
+    result = F.lit(False)
+    for a, b in reversed(list(zip(left, right, strict=True))):
+        ca, cb = F.col(a), F.col(b)
+        greater = (ca.isNotNull() & cb.isNull()) | (ca.isNotNull() & cb.isNotNull() & (ca > cb))
+        result = greater | (ca.eqNullSafe(cb) & result)
+    return result
+
+
+def records_rows(records: Iterable[BatchRecord]) -> int:
+    return sum(r.rows for r in records)
