@@ -9,30 +9,28 @@ functions:
 * ``/`` is ``try_divide`` (always DOUBLE, NULL on a zero divisor) and ``%`` is
   ``try_mod`` (NULL on zero, sign of the dividend), whatever ``spark.sql.ansi``
   says.
-* Comparisons involving a DOUBLE follow the reference (Python) on NaN: ``NaN``
-  is equal to nothing, ``!=`` everything, and neither smaller nor larger than
-  anything. Spark's own order puts NaN above every number and equal to itself.
+* Comparisons are Spark's, which the reference follows: NaN equals NaN and
+  is above every other double; -0.0 equals 0.0.
 * ``greatest``/``least`` over DOUBLEs fold left to right like Python's
   ``max``/``min`` (the first of equal values wins; NaN is only picked when it
   comes first), via the native ``aggregate`` higher-order function.
 * Casts use ``try_cast`` (NULL on failure) behind the reference's parsing rules:
   strings are stripped of Unicode whitespace, integers and floats accept
   Python's syntax (``1_000``, ``inf``, ``nan``; not Java's ``1.5d``), booleans
-  accept ``true/t/yes/y/1`` and ``false/f/no/n/0``, a DOUBLE outside the BIGINT
-  range casts to NULL, and a DOUBLE cast to STRING is written as Python writes
+  accept ``true/t/yes/y/1`` and ``false/f/no/n/0``, a DOUBLE truncates to
+  BIGINT (NaN and infinities give NULL), and a DOUBLE cast to STRING is written as Python writes
   it (``1e+16``, ``1.5e-05``, ``12345678.0``, ``nan``, ``inf``), not as Java
   does (``1.0E16``). ``concat`` casts its arguments the same way.
-* ``split`` takes a literal separator (quoted for Java's regex engine, keeping
-  trailing empty strings as Python does); a NULL separator splits on runs of
-  whitespace like ``str.split()``; an empty separator is an error.
+* ``split`` takes a non-empty literal separator, quoted for Java's regex
+  engine, keeping trailing empty strings as Python's ``str.split`` does.
 * Literals: ``int`` is BIGINT, ``float`` DOUBLE; NULL literals take the type
   their context gives them (BIGINT when nothing does, as ``output_type``).
 
-Known differences that remain are reference quirks, documented in
-``ARCHITECTURE.md``'s Spark notes (BIGINT overflow raises in Spark where Python
-grows without bound; Python-int values in DOUBLE-typed results of
-``coalesce``/``if_else``/``greatest``/``least`` print as integers when cast to
-STRING in the reference).
+Differences that remain are outside the value domain both engines can store:
+BIGINT overflow raises an error in Spark (ANSI) where Python integers grow;
+a DOUBLE or a string of digits beyond the BIGINT range casts to NULL in Spark
+(instead of saturating) and to an out-of-range integer in the reference;
+Python also accepts non-ASCII digits in numeric strings.
 """
 
 from __future__ import annotations
@@ -211,7 +209,7 @@ class _Compiler:
             if common == NULL_TYPE:
                 return _null(BOOLEAN), BOOLEAN
             a, b = _coerce(left, left_type, common), _coerce(right, right_type, common)
-            return _compare(op, a, b, common == DOUBLE), BOOLEAN
+            return _compare(op, a, b), BOOLEAN
         if op not in ARITHMETIC:
             raise TypeError(f"unknown binary operator {op}")
         result_type = DOUBLE if op == "/" else (BIGINT if common == NULL_TYPE else common)
@@ -283,10 +281,10 @@ class _Compiler:
                 return _null(array_of(BIGINT)), array_of(BIGINT)
             return F.sequence(start.cast("bigint"), stop.cast("bigint")), array_of(BIGINT)
         if name == "split":
-            (text, text_type), (separator, separator_type) = compiled
+            (text, text_type), _ = compiled
             if text_type == NULL_TYPE:
                 return _null(array_of(STRING)), array_of(STRING)
-            return _split(text, expr.args[1], separator, separator_type), array_of(STRING)
+            return _split(text, expr.args[1]), array_of(STRING)
         raise TypeError(f"unknown function {name}")
 
 
@@ -336,13 +334,10 @@ _SPARK_COMPARE = {
 }
 
 
-def _compare(op: str, a: Column, b: Column, doubles: bool) -> Column:
-    result = _SPARK_COMPARE[op](a, b)
-    if not doubles:
-        return result
-    # Python: NaN equals nothing, differs from everything, orders with nothing.
-    nan = a.isNotNull() & b.isNotNull() & (F.isnan(a) | F.isnan(b))
-    return F.when(nan, F.lit(op == "!=")).otherwise(result)
+def _compare(op: str, a: Column, b: Column) -> Column:
+    # Spark's order is the reference's: NaN = NaN, NaN above every other double,
+    # -0.0 = 0.0.
+    return _SPARK_COMPARE[op](a, b)
 
 
 def _extremum(name: str, values: Sequence[Column], kind: str) -> Column:
@@ -522,32 +517,9 @@ def java_regex_quote(text: str) -> str:
     return "\\Q" + text.replace("\\E", "\\E\\\\E\\Q") + "\\E"
 
 
-def _whitespace_split(text: Column) -> Column:
-    """``str.split()`` with no separator: runs of whitespace, no empty strings."""
-    return F.when(text.isNull(), _null(array_of(STRING))).otherwise(
-        let(
-            python_strip(text),
-            lambda trimmed: F.when(trimmed == "", F.array().cast("array<string>")).otherwise(
-                F.split(trimmed, f"{_WS}+", -1)
-            ),
-        )
-    )
-
-
-def _split(text: Column, separator_expr: Expr, separator: Column, separator_type: str) -> Column:
-    empty_error = F.raise_error(F.lit("split: empty separator")).cast("array<string>")
-    if separator_type == NULL_TYPE:
-        return _whitespace_split(text)
-    if isinstance(separator_expr, Literal):
-        value = separator_expr.value
-        if value == "":
-            return F.when(text.isNotNull(), empty_error)
-        return F.split(text, java_regex_quote(value), -1)
-    quoted = F.concat(
-        F.lit("\\Q"), F.regexp_replace(separator, r"\\E", r"\\E\\\\E\\Q"), F.lit("\\E")
-    )
-    return (
-        F.when(separator.isNull(), _whitespace_split(text))
-        .when(text.isNotNull() & (separator == ""), empty_error)
-        .otherwise(F.split(text, quoted, -1))
-    )
+def _split(text: Column, separator: Expr) -> Column:
+    if not (
+        isinstance(separator, Literal) and isinstance(separator.value, str) and separator.value
+    ):
+        raise TypeError(f"split needs a non-empty literal string separator, got {separator!r}")
+    return F.split(text, java_regex_quote(separator.value), -1)

@@ -14,8 +14,10 @@ everything else stays in Spark.
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from functools import reduce
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
@@ -90,6 +92,44 @@ def frame_to_zset(df: DataFrame, schema: Schema) -> ZSet:
         values = tuple(from_spark_value(record[i], t) for i, t in enumerate(types))
         pairs.append((values, int(record[len(names)]) if has_weight else 1))
     return ZSet(pairs)
+
+
+def collect_zsets(parts: Mapping[str, tuple[DataFrame, Schema]]) -> dict[str, ZSet]:
+    """Collect several Z-set frames (name -> (frame, schema)) with one Spark job.
+
+    Each row travels as JSON text (NULL fields kept), so frames of different schemas
+    share one ``union``; values are converted back per the schema's types.
+    """
+    if not parts:
+        return {}
+    shipped = []
+    for name, (frame, schema) in parts.items():
+        fields = [F.col(n).alias(f"c{i}") for i, n in enumerate(schema.names)]
+        shipped.append(
+            frame.select(
+                F.lit(name).alias("__name"),
+                F.to_json(F.struct(*fields), {"ignoreNullFields": "false"}).alias("__row"),
+                F.col(WEIGHT).cast(WEIGHT_TYPE).alias(WEIGHT),
+            )
+        )
+    pairs: dict[str, list[tuple[tuple, int]]] = {name: [] for name in parts}
+    for record in reduce(DataFrame.unionByName, shipped).collect():
+        schema = parts[record["__name"]][1]
+        values = json.loads(record["__row"])
+        row = tuple(_from_json(values[f"c{i}"], t) for i, t in enumerate(schema.types))
+        pairs[record["__name"]].append((row, int(record[WEIGHT])))
+    return {name: ZSet(items) for name, items in pairs.items()}
+
+
+def _from_json(value: Any, type_name: str) -> Any:
+    if value is None:
+        return None
+    if type_name == DOUBLE:
+        return from_spark_value(float(value), DOUBLE)
+    if is_array(type_name):
+        inner = element_type(type_name)
+        return tuple(_from_json(v, inner) for v in value)
+    return value
 
 
 def consolidate(df: DataFrame, columns: Sequence[str]) -> DataFrame:

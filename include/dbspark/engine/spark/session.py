@@ -125,10 +125,10 @@ def spark_session(
 
 
 def _compatible(session: SparkSession, master: str | None, remote: str | None) -> bool:
-    is_connect = _is_connect(session)
+    connect = is_connect(session)
     if remote is not None:
-        return is_connect and _same_remote(session, remote)
-    if is_connect:
+        return connect and _same_remote(session, remote)
+    if connect:
         return False
     if master is None:
         return True  # whatever classic session is running (tests, spark-submit)
@@ -138,7 +138,8 @@ def _compatible(session: SparkSession, master: str | None, remote: str | None) -
         return False
 
 
-def _is_connect(session: SparkSession) -> bool:
+def is_connect(session: SparkSession) -> bool:
+    """Is this a Spark Connect session (rather than a classic, in-process one)?"""
     return type(session).__module__.startswith("pyspark.sql.connect")
 
 

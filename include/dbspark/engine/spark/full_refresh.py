@@ -1,0 +1,650 @@
+"""Full refresh in Spark: every view computed from scratch over the accumulated inputs.
+
+This is the second way to get every answer (DESIGN section 7). Where the
+incremental engine follows deltas through traces, full refresh evaluates each
+operator once over whole collections, with weights in ``__w``:
+
+* a **Z-set source** at epoch ``e`` is the sum of its batches of epochs ``0..e``;
+* an **upsert source** is the reader semantics of DESIGN section 4 over every row
+  received so far: per key the row with the greatest watermark (composite, left to
+  right, NULL smallest, NaN largest) wins, and a winning tombstone deletes the
+  key. Input the incremental engine would have rejected is rejected here too:
+  two different rows for one key with one watermark in one epoch's batch, or a
+  row that ties with the version stored before its epoch (:class:`UpsertConflict`);
+* **linear** operators are applied to the whole collection; ``join_function``
+  output is visible iff its emitted epoch is at most the evaluated epoch (a NULL
+  epoch never arrives);
+* **join, distinct, aggregate** are their functions ``f`` of the consolidated
+  inputs (a group is present iff some row has a non-zero weight);
+* ``delay`` at the root is its input as of the previous epoch; inside a loop it is
+  its input at the previous iteration;
+* **iterate** is naive iteration: ``X0 = initial``, ``X(i+1) = body(X(i))``, until an
+  iteration changes nothing (compared with a consolidated difference), at most
+  ``max_iterations`` bodies. Each iterate is checkpointed (``localCheckpoint``) so
+  that query plans do not grow with the number of iterations.
+
+User-defined aggregates are the one place Python runs: each group's values are
+collected to the driver and the function applied there (off the hot path: full
+refresh is for rebuilding and verifying). ``inspect`` is a pass-through here: its
+callback receives deltas in the incremental engines, and full refresh has none.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pyspark.sql import Column, DataFrame, Observation, Row, SparkSession, Window
+from pyspark.sql import functions as F
+
+from dbspark.circuit.aggregations import Aggregation
+from dbspark.circuit.builder import TOMBSTONE_FLAG, Circuit, Node
+from dbspark.circuit.types import BOOLEAN, STRING, Schema
+from dbspark.core.upsert import UpsertConflict, UpsertSpec, conform_rows, format_key
+from dbspark.engine.batches import upsert_batch, zset_batch
+from dbspark.engine.reference.engine import LoopDidNotConverge
+from dbspark.engine.spark.compile import (
+    compile_predicate,
+    compile_projection,
+    compile_typed,
+    spark_type,
+    struct_type,
+)
+from dbspark.engine.spark.frames import (
+    EPOCH,
+    EPOCH_TYPE,
+    WEIGHT,
+    WEIGHT_TYPE,
+    consolidate,
+    empty_frame,
+    from_spark_value,
+    to_spark_value,
+)
+from dbspark.engine.spark.session import is_connect
+
+log = logging.getLogger(__name__)
+
+Time = tuple[int, ...]
+_OBSERVATIONS = itertools.count()
+_MAX_LISTED = 20
+
+
+# --- public API --------------------------------------------------------------------------
+
+
+def full_refresh(
+    spark: SparkSession,
+    circuit: Circuit,
+    history: Sequence[Mapping[str, Any]],
+    epoch: int | None = None,
+    *,
+    checkpoint: bool = True,
+) -> dict[str, DataFrame]:
+    """Every view of ``circuit`` at ``epoch`` (default: the last epoch of ``history``).
+
+    ``history[n]`` maps source names to epoch ``n``'s batch, in the reference
+    engine's input format (Z-set sources: ``[(row, weight), ...]`` or a ``ZSet``;
+    upsert sources: rows as tuples or mappings). Returns view name -> consolidated
+    DataFrame of the view's columns plus ``__w``.
+    """
+    frames = source_frames(spark, circuit, history)
+    if epoch is None:
+        epoch = len(history) - 1
+    return evaluate(spark, circuit, frames, epoch, checkpoint=checkpoint)
+
+
+class SourceFrames(dict[str, DataFrame]):
+    """Source name -> input frame (as ``source_frames`` makes them), remembering the upsert
+    conflicts found in them so that evaluating many epochs checks the history once."""
+
+    def __init__(self, frames: Mapping[str, DataFrame]) -> None:
+        super().__init__(frames)
+        self.conflicts: dict[str, list[Row]] = {}
+
+
+def source_frames(
+    spark: SparkSession, circuit: Circuit, history: Sequence[Mapping[str, Any]]
+) -> SourceFrames:
+    """Every source's input over ``history`` as one DataFrame with an ``__epoch`` column.
+
+    Z-set sources: user columns, ``__w``, ``__epoch``. Upsert sources: user columns,
+    ``__epoch`` (one row per upsert row received). Batches are checked as the
+    reference engine checks them (``engine/batches.py``, ``core/upsert.py``).
+    """
+    rows: dict[str, list[tuple]] = {name: [] for name in circuit.sources}
+    for index, inputs in enumerate(history):
+        unknown = set(inputs) - set(circuit.sources)
+        if unknown:
+            raise KeyError(f"circuit {circuit.name!r} has no source {sorted(unknown)}")
+        for name, batch in inputs.items():
+            node = circuit.node(circuit.sources[name])
+            if node.op == "zset_source":
+                types = node.schema.types
+                for row, weight in zset_batch(name, node.schema, batch).items():
+                    values = tuple(to_spark_value(v, t) for v, t in zip(row, types, strict=True))
+                    rows[name].append((*values, weight, index))
+            else:
+                spec = upsert_spec(node)
+                user = node.params["user_schema"]
+                checked = conform_rows(spec, upsert_batch(name, user, batch))
+                types = user.types
+                for row in checked:
+                    values = tuple(to_spark_value(v, t) for v, t in zip(row, types, strict=True))
+                    rows[name].append((*values, index))
+    frames = {}
+    for name, data in rows.items():
+        node = circuit.node(circuit.sources[name])
+        if node.op == "zset_source":
+            schema = struct_type(node.schema, [(WEIGHT, WEIGHT_TYPE), (EPOCH, EPOCH_TYPE)])
+        else:
+            schema = struct_type(node.params["user_schema"], [(EPOCH, EPOCH_TYPE)])
+        frames[name] = spark.createDataFrame(data, schema)
+    return SourceFrames(frames)
+
+
+def evaluate(
+    spark: SparkSession,
+    circuit: Circuit,
+    sources: Mapping[str, DataFrame],
+    epoch: int,
+    *,
+    checkpoint: bool = True,
+) -> dict[str, DataFrame]:
+    """Every view at ``epoch`` from source frames shaped as ``source_frames`` makes them.
+
+    Upsert sources are checked for conflicts over epochs ``0..epoch`` first (once per
+    ``SourceFrames`` for its whole history, then filtered by epoch).
+    """
+    circuit.validate()
+    missing = set(circuit.sources) - set(sources)
+    if missing:
+        raise KeyError(f"no input frame for sources {sorted(missing)}")
+    evaluator = _Evaluator(spark, circuit, sources, checkpoint=checkpoint)
+    for name, node_id in circuit.sources.items():
+        node = circuit.node(node_id)
+        if node.op != "upsert_source":
+            continue
+        if isinstance(sources, SourceFrames):
+            if name not in sources.conflicts:
+                sources.conflicts[name] = find_upsert_conflicts(node, sources[name])
+            found = [r for r in sources.conflicts[name] if r[EPOCH] <= epoch]
+        else:
+            found = find_upsert_conflicts(node, sources[name].where(F.col(EPOCH) <= epoch))
+        if found:
+            raise_upsert_conflict(node, found)
+    return {
+        name: consolidate(evaluator.value(node_id, (epoch,)), circuit.node(node_id).schema.names)
+        for name, node_id in circuit.views.items()
+    }
+
+
+def verify(
+    expected: DataFrame, actual: DataFrame, columns: Sequence[str] | None = None
+) -> DataFrame:
+    """The rows on which two collections differ: ``columns`` (default: the non-reserved
+    columns of ``expected``) and ``__w`` = weight in ``expected`` minus weight in
+    ``actual``. Empty when they agree."""
+    names = list(columns) if columns is not None else _user_columns(expected)
+    left = expected.select(*names, F.col(WEIGHT).cast(WEIGHT_TYPE).alias(WEIGHT))
+    right = actual.select(*names, (-F.col(WEIGHT)).cast(WEIGHT_TYPE).alias(WEIGHT))
+    return consolidate(left.unionByName(right), names)
+
+
+# --- upsert sources ----------------------------------------------------------------------
+
+
+def upsert_spec(node: Node) -> UpsertSpec:
+    user: Schema = node.params["user_schema"]
+    return UpsertSpec(
+        source=node.label,
+        columns=user.names,
+        types=user.types,
+        key=node.params["key"],
+        watermark=node.params["watermark"],
+        tombstone=node.params["tombstone"],
+        tombstone_value=node.params["tombstone_value"],
+    )
+
+
+def _watermark_order(node: Node) -> Column:
+    """A sortable struct: per watermark column (present?, value): NULL below any value."""
+    parts = []
+    for index, name in enumerate(node.params["watermark"]):
+        parts.append(F.col(name).isNotNull().alias(f"p{index}"))
+        parts.append(F.col(name).alias(f"v{index}"))
+    return F.struct(*parts)
+
+
+def _tombstone(node: Node) -> Column:
+    column = node.params["tombstone"]
+    if column is None:
+        return F.lit(False)
+    kind = node.params["user_schema"].type_of(column)
+    if kind == BOOLEAN:
+        return F.coalesce(F.col(column), F.lit(False))
+    if kind == STRING:
+        return F.coalesce(F.col(column) == F.lit(node.params["tombstone_value"]), F.lit(False))
+    return F.col(column).isNotNull()
+
+
+def find_upsert_conflicts(node: Node, rows: DataFrame) -> list[Row]:
+    """The first conflicts, by epoch, where the incremental reader would have rejected input
+    (rows of the key columns and ``__epoch``; at most 21).
+
+    ``rows`` holds the source's upsert rows with ``__epoch``. A conflict is two
+    different rows for one key with an equal watermark in one epoch, or a row whose
+    watermark equals that of the version stored before its epoch (the greatest
+    watermark of earlier epochs) while the row differs from it.
+    """
+    user: Schema = node.params["user_schema"]
+    keys = list(node.params["key"])
+    names = list(user.names)
+    distinct = rows.select(*names, EPOCH).distinct().withColumn("__wm", _watermark_order(node))
+    within = (
+        distinct.groupBy(*keys, EPOCH, "__wm")
+        .agg(F.count(F.lit(1)).alias("__n"))
+        .where(F.col("__n") > 1)
+        .select(*keys, EPOCH)
+    )
+    earlier = Window.partitionBy(*keys).orderBy(EPOCH).rangeBetween(Window.unboundedPreceding, -1)
+    row = F.struct(*names)
+    stored = (
+        distinct.withColumn("__stored_wm", F.max("__wm").over(earlier))
+        .withColumn("__stored", F.max_by(row, "__wm").over(earlier))
+        .where((F.col("__wm") == F.col("__stored_wm")) & ~row.eqNullSafe(F.col("__stored")))
+        .select(*keys, EPOCH)
+    )
+    return (
+        within.unionByName(stored).distinct().orderBy(EPOCH, *keys).limit(_MAX_LISTED + 1)
+    ).collect()
+
+
+def raise_upsert_conflict(node: Node, found: Sequence[Row]) -> None:
+    """Raise :class:`UpsertConflict` naming the source, the keys and their epochs."""
+    user: Schema = node.params["user_schema"]
+    keys = list(node.params["key"])
+    key_types = [user.type_of(k) for k in keys]
+    offending = [
+        tuple(from_spark_value(r[k], t) for k, t in zip(keys, key_types, strict=True))
+        for r in found
+    ]
+    where = ", ".join(
+        f"{format_key(key, keys)} in epoch {r[EPOCH]}"
+        for key, r in zip(offending, found[:_MAX_LISTED], strict=False)
+    )
+    detail = (
+        "different rows for one key at an equal watermark (within an epoch's batch, or "
+        f"against the version stored before it): {where}"
+    )
+    raise UpsertConflict(node.label, None, offending, detail, (), keys)
+
+
+# --- the evaluator -----------------------------------------------------------------------
+
+
+class _Evaluator:
+    """Values of nodes at times, memoized: ``value(node, time)`` is the node's accumulated
+    collection at ``time`` (user columns plus ``__w``, not necessarily consolidated)."""
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        circuit: Circuit,
+        sources: Mapping[str, DataFrame],
+        *,
+        checkpoint: bool,
+    ) -> None:
+        self.spark = spark
+        self.circuit = circuit
+        self.sources = sources
+        self.checkpoint = checkpoint
+        self.memo: dict[tuple[int, Time], DataFrame] = {}
+
+    def value(self, node_id: int, time: Time) -> DataFrame:
+        key = (node_id, time)
+        cached = self.memo.get(key)
+        if cached is None:
+            cached = self._compute(self.circuit.node(node_id), time)
+            self.memo[key] = cached
+        return cached
+
+    def empty(self, schema: Schema) -> DataFrame:
+        return empty_frame(self.spark, schema)
+
+    def input_schema(self, node: Node, port: int = 0) -> Schema:
+        return self.circuit.node(node.inputs[port]).schema
+
+    # dispatch ---------------------------------------------------------------------------
+    def _compute(self, node: Node, time: Time) -> DataFrame:
+        op = node.op
+        method = getattr(self, f"_op_{op}", None)
+        if method is None:
+            raise AssertionError(f"full refresh has no evaluation for {op}")
+        return method(node, time)
+
+    def _input(self, node: Node, time: Time, port: int = 0) -> DataFrame:
+        return self.value(node.inputs[port], time)
+
+    # sources ----------------------------------------------------------------------------
+    def _op_zset_source(self, node: Node, time: Time) -> DataFrame:
+        frame = self.sources[node.label].where(F.col(EPOCH) <= time[0])
+        return consolidate(frame.drop(EPOCH), node.schema.names)
+
+    def _op_upsert_source(self, node: Node, time: Time) -> DataFrame:
+        user: Schema = node.params["user_schema"]
+        rows = self.sources[node.label].where(F.col(EPOCH) <= time[0])
+        freshest = Window.partitionBy(*node.params["key"]).orderBy(
+            _watermark_order(node).desc(), F.col(EPOCH).desc()
+        )
+        winners = rows.withColumn("__rank", F.row_number().over(freshest)).where(
+            F.col("__rank") == 1
+        )
+        return winners.select(
+            *user.names,
+            _tombstone(node).alias(TOMBSTONE_FLAG),
+            F.lit(1).cast(WEIGHT_TYPE).alias(WEIGHT),
+        )
+
+    def _op_upsert_live(self, node: Node, time: Time) -> DataFrame:
+        state = self._input(node, time)
+        return state.where(~F.col(TOMBSTONE_FLAG)).select(*node.schema.names, WEIGHT)
+
+    # linear -----------------------------------------------------------------------------
+    def _op_select(self, node: Node, time: Time) -> DataFrame:
+        columns = compile_projection(node.params["columns"], self.input_schema(node))
+        return self._input(node, time).select(*columns, WEIGHT)
+
+    def _op_filter(self, node: Node, time: Time) -> DataFrame:
+        keep = compile_predicate(node.params["predicate"], self.input_schema(node))
+        return self._input(node, time).where(keep)
+
+    def _op_flat_map(self, node: Node, time: Time) -> DataFrame:
+        schema = self.input_schema(node)
+        array, _ = compile_typed(node.params["array"], schema)
+        # compile_typed casts the array to the declared element type already.
+        return self._input(node, time).select(
+            *schema.names, F.explode(array).alias(node.params["name"]), WEIGHT
+        )
+
+    def _op_join_function(self, node: Node, time: Time) -> DataFrame:
+        schema = self.input_schema(node)
+        source = self._input(node, time)
+        parts = []
+        for item in node.params["emits"]:
+            columns = []
+            for (name, expr), (_, target) in zip(
+                item["columns"].items(), node.schema.fields, strict=True
+            ):
+                column, _ = compile_typed(expr, schema)
+                columns.append(column.cast(spark_type(target)).alias(name))
+            factor, _ = compile_typed(item["weight"], schema)
+            frame = source
+            if item["when"] is not None:
+                frame = frame.where(compile_predicate(item["when"], schema))
+            if item["epoch"] is not None:
+                emitted, _ = compile_typed(item["epoch"], schema)
+                frame = frame.where(emitted.isNotNull() & (emitted <= F.lit(time[0])))
+            frame = frame.withColumn("__factor", factor).where(
+                F.col("__factor").isNotNull() & (F.col("__factor") != 0)
+            )
+            parts.append(frame.select(*columns, (F.col(WEIGHT) * F.col("__factor")).alias(WEIGHT)))
+        result = parts[0]
+        for part in parts[1:]:
+            result = result.unionByName(part)
+        return result
+
+    def _op_negate(self, node: Node, time: Time) -> DataFrame:
+        frame = self._input(node, time)
+        return frame.select(*node.schema.names, (-F.col(WEIGHT)).alias(WEIGHT))
+
+    def _op_plus(self, node: Node, time: Time) -> DataFrame:
+        names = node.schema.names
+        left = self._input(node, time, 0).select(*names, WEIGHT)
+        right = self._input(node, time, 1).select(*names, WEIGHT)
+        return left.unionByName(right)
+
+    def _op_minus(self, node: Node, time: Time) -> DataFrame:
+        names = node.schema.names
+        left = self._input(node, time, 0).select(*names, WEIGHT)
+        right = self._input(node, time, 1).select(*names, (-F.col(WEIGHT)).alias(WEIGHT))
+        return left.unionByName(right)
+
+    def _op_index_by(self, node: Node, time: Time) -> DataFrame:
+        return self._input(node, time)
+
+    def _op_inspect(self, node: Node, time: Time) -> DataFrame:
+        return self._input(node, time)
+
+    def _op_consolidate(self, node: Node, time: Time) -> DataFrame:
+        return consolidate(self._input(node, time), node.schema.names)
+
+    # stateful ---------------------------------------------------------------------------
+    def _op_distinct(self, node: Node, time: Time) -> DataFrame:
+        names = node.schema.names
+        whole = consolidate(self._input(node, time), names)
+        return whole.where(F.col(WEIGHT) > 0).select(
+            *names, F.lit(1).cast(WEIGHT_TYPE).alias(WEIGHT)
+        )
+
+    def _op_join(self, node: Node, time: Time) -> DataFrame:
+        left_schema, right_schema = self.input_schema(node, 0), self.input_schema(node, 1)
+        left = consolidate(self._input(node, time, 0), left_schema.names)
+        right = consolidate(self._input(node, time, 1), right_schema.names)
+        renamed = {name: f"__r{index}" for index, name in enumerate(right_schema.names)}
+        right = right.select(
+            *(F.col(n).alias(renamed[n]) for n in right_schema.names),
+            F.col(WEIGHT).alias("__rw"),
+        )
+        # SQL equality: a NULL key matches nothing. Every column name is unique after the
+        # renaming, so plain names resolve even in a self-join.
+        condition = None
+        for lk, rk in zip(node.params["left_keys"], node.params["right_keys"], strict=True):
+            term = F.col(lk) == F.col(renamed[rk])
+            condition = term if condition is None else condition & term
+        joined = left.join(right, on=condition, how="inner")
+        return joined.select(
+            *left_schema.names,
+            *(F.col(renamed[n]).alias(n) for n in node.params["right_values"]),
+            (F.col(WEIGHT) * F.col("__rw")).alias(WEIGHT),
+        )
+
+    def _op_aggregate(self, node: Node, time: Time) -> DataFrame:
+        schema = self.input_schema(node)
+        keys = list(node.params["keys"])
+        aggregations: dict[str, Aggregation] = node.params["aggregations"]
+        whole = consolidate(self._input(node, time), schema.names)
+        values = []
+        for index, aggregation in enumerate(aggregations.values()):
+            if aggregation.expr is None:
+                values.append(F.lit(1).cast("bigint").alias(f"__v{index}"))
+            else:
+                values.append(compile_typed(aggregation.expr, schema)[0].alias(f"__v{index}"))
+        prepared = whole.select(*keys, *values, WEIGHT)
+        native = []
+        udfs = []
+        for index, (name, aggregation) in enumerate(aggregations.items()):
+            target = spark_type(node.schema.type_of(name))
+            if aggregation.kind == "udf":
+                udfs.append((index, name, aggregation))
+                continue
+            native.append(_native_aggregate(aggregation, f"__v{index}").cast(target).alias(name))
+        grouped = prepared.groupBy(*keys).agg(F.count(F.lit(1)).alias("__rows"), *native)
+        if not keys:
+            grouped = grouped.where(F.col("__rows") > 0)
+        if udfs:
+            grouped = self._join_udfs(node, prepared, grouped, keys, udfs)
+        return grouped.select(*node.schema.names, F.lit(1).cast(WEIGHT_TYPE).alias(WEIGHT))
+
+    def _join_udfs(
+        self,
+        node: Node,
+        prepared: DataFrame,
+        grouped: DataFrame,
+        keys: list[str],
+        udfs: list[tuple[int, str, Aggregation]],
+    ) -> DataFrame:
+        """User-defined aggregates: each group's values go to the driver (off the hot path)."""
+        schema = self.input_schema(node)
+        lists = prepared.groupBy(*keys).agg(
+            *(
+                F.collect_list(
+                    F.struct(F.col(f"__v{i}").alias("v"), F.col(WEIGHT).alias("w"))
+                ).alias(f"__l{i}")
+                for i, _, _ in udfs
+            )
+        )
+        key_types = [schema.type_of(k) for k in keys]
+        rows = []
+        for record in lists.collect():
+            key = [from_spark_value(record[k], t) for k, t in zip(keys, key_types, strict=True)]
+            results = []
+            for index, name, aggregation in udfs:
+                value_type = _udf_value_type(aggregation, schema)
+                expanded: list[Any] = []
+                for item in record[f"__l{index}"]:
+                    if item["w"] < 0:
+                        raise ValueError(
+                            f"user-defined aggregate {name} saw a negative multiplicity"
+                        )
+                    expanded.extend([from_spark_value(item["v"], value_type)] * item["w"])
+                expanded.sort(key=lambda v: (v is not None, v))
+                assert aggregation.function is not None
+                result_type = node.schema.type_of(name)
+                results.append(to_spark_value(aggregation.function(expanded), result_type))
+            rows.append(
+                (*[to_spark_value(v, t) for v, t in zip(key, key_types, strict=True)], *results)
+            )
+        fields = [(f"__k{i}", t) for i, t in enumerate(key_types)]
+        fields += [(name, node.schema.type_of(name)) for _, name, _ in udfs]
+        computed = self.spark.createDataFrame(rows, struct_type(Schema(tuple(fields))))
+        if not keys:
+            return grouped.crossJoin(computed)
+        condition = None
+        for index, k in enumerate(keys):
+            term = F.col(k).eqNullSafe(F.col(f"__k{index}"))
+            condition = term if condition is None else condition & term
+        return grouped.join(computed, on=condition, how="inner").drop(
+            *(f"__k{i}" for i in range(len(keys)))
+        )
+
+    # time and loops ---------------------------------------------------------------------
+    def _op_delay(self, node: Node, time: Time) -> DataFrame:
+        if time[-1] == 0:
+            return self.empty(node.schema)
+        return self._input(node, (*time[:-1], time[-1] - 1))
+
+    def _op_enter(self, node: Node, time: Time) -> DataFrame:
+        return self._input(node, time[:-1])
+
+    def _op_variable(self, node: Node, time: Time) -> DataFrame:
+        if time[-1] == 0:
+            return self._input(node, time)
+        return self.value(node.params["feedback"], (*time[:-1], time[-1] - 1))
+
+    def _op_leave(self, node: Node, time: Time) -> DataFrame:
+        scope = self.circuit.scope(node.params["loop"])
+        assert scope.variable is not None and scope.result is not None
+        names = node.schema.names
+        # The initial collection is cheap to recompute (its plan does not grow with the
+        # iterations), so it is not worth a Spark job of its own.
+        current = consolidate(self.value(scope.variable, (*time, 0)), names)
+        self.memo[(scope.variable, (*time, 0))] = current
+        iteration = 0
+        while True:
+            if iteration >= scope.max_iterations:
+                raise LoopDidNotConverge(
+                    f"loop {scope.name!r} did not converge at time {time} within "
+                    f"{scope.max_iterations} iterations (full refresh)"
+                )
+            produced = self.value(scope.result, (*time, iteration))
+            following, changed = self._step(current, produced, names)
+            if not changed:
+                log.info(
+                    "full refresh: loop %s converged at time %s after %d iteration(s)",
+                    scope.name,
+                    time,
+                    iteration + 1,
+                )
+                self._forget_iterations(time, keep_from=iteration + 1)
+                return following
+            iteration += 1
+            self.memo[(scope.variable, (*time, iteration))] = following
+            self._forget_iterations(time, keep_from=iteration - 1)
+            current = following
+
+    def _step(
+        self, current: DataFrame, produced: DataFrame, names: Sequence[str]
+    ) -> tuple[DataFrame, bool]:
+        """The next iterate (consolidated ``produced``) and whether it differs from
+        ``current``: one shuffle that lines both up by row, checkpointed, then a scan."""
+        both = (
+            produced.select(*names, F.col(WEIGHT), F.lit(0).cast(WEIGHT_TYPE).alias("__old"))
+            .unionByName(
+                current.select(
+                    *names, F.lit(0).cast(WEIGHT_TYPE).alias(WEIGHT), F.col(WEIGHT).alias("__old")
+                )
+            )
+            .groupBy(*names)
+            .agg(F.sum(WEIGHT).alias(WEIGHT), F.sum("__old").alias("__old"))
+            .where((F.col(WEIGHT) != 0) | (F.col("__old") != 0))
+        )
+        differs = F.col(WEIGHT) != F.col("__old")
+        if self.checkpoint and not is_connect(self.spark):
+            # Count the changed rows while checkpointing: one Spark job per iteration.
+            observation = Observation(f"dbspark_iterate_{next(_OBSERVATIONS)}")
+            counted = both.observe(
+                observation, F.sum(F.when(differs, 1).otherwise(0)).alias("changed")
+            )
+            lined_up = self._materialize(counted)
+            changed = (observation.get.get("changed") or 0) > 0
+        else:
+            lined_up = self._materialize(both)
+            changed = not lined_up.where(differs).isEmpty()
+        following = lined_up.where(F.col(WEIGHT) != 0).select(*names, WEIGHT)
+        return following, changed
+
+    def _materialize(self, frame: DataFrame) -> DataFrame:
+        return frame.localCheckpoint(eager=True) if self.checkpoint else frame
+
+    def _forget_iterations(self, prefix: Time, keep_from: int) -> None:
+        """Drop memoized values of iterations below ``keep_from`` under ``prefix``."""
+        depth = len(prefix)
+        stale = [
+            key
+            for key in self.memo
+            if len(key[1]) > depth and key[1][:depth] == prefix and key[1][depth] < keep_from
+        ]
+        for key in stale:
+            del self.memo[key]
+
+
+def _native_aggregate(aggregation: Aggregation, value: str) -> Column:
+    v, w = F.col(value), F.col(WEIGHT)
+    kind = aggregation.kind
+    if aggregation.expr is None:  # count(): the total weight
+        return F.sum(w)
+    present = v.isNotNull()
+    if kind == "count":
+        return F.coalesce(F.sum(F.when(present, w)), F.lit(0))
+    if kind == "sum":
+        return F.sum(F.when(present, v * w))
+    if kind == "avg":
+        return F.try_divide(F.sum(F.when(present, v * w)).cast("double"), F.sum(F.when(present, w)))
+    if kind == "min":
+        return F.min(F.when(present & (w > 0), v))
+    if kind == "max":
+        return F.max(F.when(present & (w > 0), v))
+    raise AssertionError(kind)
+
+
+def _udf_value_type(aggregation: Aggregation, schema: Schema) -> str:
+    from dbspark.circuit.expressions import infer_type, output_type
+
+    assert aggregation.expr is not None
+    return output_type(infer_type(aggregation.expr, schema, "aggregate"))
+
+
+def _user_columns(frame: DataFrame) -> list[str]:
+    return [c for c in frame.columns if not c.startswith("__")]
