@@ -121,11 +121,7 @@ class Warehouse:
         if BUCKET_COLUMN in df.columns and not (bucket_by and prebucketed):
             raise ValueError(f"{BUCKET_COLUMN} is reserved for the warehouse's bucketing")
         if bucket_by:
-            # Without a repartition: each task writes the buckets it holds (a delta has few
-            # partitions), which saves a shuffle per write; compaction pre-buckets instead.
-            out = (
-                df if prebucketed else df.withColumn(BUCKET_COLUMN, bucket_expr(bucket_by, buckets))
-            )
+            out = df if prebucketed else bucketed(df, bucket_by, buckets)
             out = out.sortWithinPartitions(BUCKET_COLUMN, *bucket_by)
             out.write.mode("errorifexists").partitionBy(BUCKET_COLUMN).parquet(spark_path(target))
         else:
