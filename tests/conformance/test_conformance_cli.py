@@ -426,11 +426,26 @@ def test_missing_file(tmp_path: Path) -> None:
 # --- engines ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("args", [["--engine", "spark"], []], ids=["explicit", "default"])
-def test_spark_engine_is_not_available_yet(tmp_path: Path, args: list[str]) -> None:
-    path = write_vector(tmp_path, {"circuit": "join", "epochs": []})
-    line = assert_bad_input(run_cli(path, *args), "Spark engine", "not implemented yet")
-    assert "--engine spark" in line
+@pytest.mark.slow
+def test_spark_is_the_default_engine(tmp_path: Path) -> None:
+    vector = json.loads((VECTOR_DIR / "join_bilinear.json").read_text())
+    result = run_cli(VECTOR_DIR / "join_bilinear.json", "--warehouse", tmp_path / "wh", timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["epochs"] == vector["expected"]
+    assert (tmp_path / "wh" / "catalog.db").exists()
+
+
+@pytest.mark.slow
+def test_spark_engine_rejects_an_upsert_conflict(tmp_path: Path) -> None:
+    conflict = {
+        "circuit": "accounts",
+        "epochs": [
+            {"accounts": [{"id": 1, "status": "open", "balance": 1, "wm_major": 1, "wm_minor": 0}]},
+            {"accounts": [{"id": 1, "status": "open", "balance": 2, "wm_major": 1, "wm_minor": 0}]},
+        ],
+    }
+    path = write_vector(tmp_path, conflict)
+    assert_bad_input(run_cli(path, "--engine", "spark", timeout=600), "accounts", "id=1")
 
 
 def test_unknown_engine_is_a_usage_error(tmp_path: Path) -> None:
@@ -452,7 +467,7 @@ def test_registry_knows_both_engines() -> None:
     assert get_engine("reference").unavailable is None
     spark = get_engine("spark")
     assert spark.uses_warehouse
-    assert "not implemented yet" in (spark.unavailable or "")
+    assert spark.unavailable is None
     with pytest.raises(KeyError, match="unknown engine"):
         get_engine("flink")
 

@@ -11,10 +11,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import tempfile
-from collections.abc import Sequence
-from contextlib import ExitStack
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from dbspark.conformance.engines import EngineUnavailable, engine_names, get_engine
@@ -62,8 +64,33 @@ def _fail(vector: str, message: str, status: int = EXIT_BAD_INPUT) -> int:
     return status
 
 
+@contextmanager
+def _process_stderr_to(path: Path | None) -> Iterator[None]:
+    """Point file descriptor 2 at ``path`` while a JVM starts, so it inherits the file.
+
+    The contract of this command is one line on stderr for bad input; Spark's JVM
+    writes start-up warnings straight to the inherited descriptor, around Python.
+    """
+    if path is None:
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(path, "ab") as target:
+        os.dup2(target.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # PySpark warns about the pandas version on import; no pandas path is used here.
+    warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas")
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         stream=sys.stderr,
@@ -90,7 +117,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif warehouse is not None and not spec.uses_warehouse:
             log.info("engine %s keeps no warehouse; --warehouse %s unused", spec.name, warehouse)
         try:
-            engine = spec.create(vector.circuit, warehouse=warehouse)
+            jvm_log = None if args.verbose or warehouse is None else warehouse / "logs" / "jvm.log"
+            with _process_stderr_to(jvm_log):
+                engine = spec.create(vector.circuit, warehouse=warehouse)
             outputs = run_epochs(
                 engine,
                 vector.circuit,

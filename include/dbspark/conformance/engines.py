@@ -8,11 +8,9 @@ view's accumulated contents as a ``ZSet``. Bad input is reported by raising
 ``dbspark.engine.batches.InputError`` or ``dbspark.core.upsert.UpsertError``
 before the epoch commits anything.
 
-Backends register a factory under a name. The Spark engine does not exist yet:
-its name is registered as *unavailable*, so asking for it fails loudly instead
-of quietly running something else. When it lands, it replaces that entry::
-
-    register_engine("spark", make_spark_engine, uses_warehouse=True, replace=True)
+Backends register a factory under a name. An engine that cannot run in some
+setup can be registered as *unavailable*, so asking for it fails loudly
+instead of quietly running something else.
 """
 
 from __future__ import annotations
@@ -99,12 +97,19 @@ register_engine(
     _reference_engine,
     description="the pure-Python reference engine (in memory; --warehouse is not used)",
 )
+
+
+def _spark_engine(circuit: Circuit, *, warehouse: Path | None = None) -> Engine:
+    from dbspark.engine.spark.executor import SparkEngine
+
+    if warehouse is None:
+        raise EngineUnavailable("the Spark engine needs a warehouse directory")
+    return SparkEngine(circuit, warehouse)
+
+
 register_engine(
     "spark",
-    None,
+    _spark_engine,
     uses_warehouse=True,
-    unavailable=(
-        "the Spark engine is not implemented yet in this version of dbspark; use --engine reference"
-    ),
-    description="Spark operators over traces in a warehouse (not implemented yet)",
+    description="Spark operators over traces in a warehouse, with a SQLite catalog in it",
 )
