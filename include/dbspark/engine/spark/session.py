@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -36,8 +37,8 @@ _RUNTIME_DEFAULTS = {
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.adaptive.enabled": "true",
     "spark.sql.adaptive.coalescePartitions.enabled": "true",
-    # dbspark's expression compiler relies on ANSI mode for nothing but is tested under
-    # it; pin it so that a cluster default cannot change arithmetic behaviour silently.
+    # The expression compiler uses try_* functions, so it does not depend on ANSI mode;
+    # but only ANSI mode makes BIGINT overflow an error instead of a silent wrap-around.
     "spark.sql.ansi.enabled": "true",
 }
 
@@ -89,12 +90,20 @@ def spark_session(
     """A Spark session for dbspark (see the module docstring).
 
     ``master`` and ``remote`` are exclusive. When a compatible session is already
-    active it is returned, with the runtime settings applied to it.
+    active it is returned, with the caller's explicit ``conf`` applied to it (its
+    creator's settings are otherwise left alone).
     """
     if master is not None and remote is not None:
         raise ValueError("give either master (classic Spark) or remote (Spark Connect), not both")
-    if remote is not None and not remote.startswith("sc://"):
-        raise ValueError(f"a Spark Connect address looks like sc://host:port, got {remote!r}")
+    if remote is not None and not remote.startswith(("sc://", "local")):
+        raise ValueError(
+            f"a Spark Connect address looks like sc://host:port (or local[N] for an "
+            f"in-process server), got {remote!r}"
+        )
+    # pyspark's own notice about pandas 3; not actionable for dbspark users.
+    warnings.filterwarnings(
+        "ignore", message="PySpark does not yet fully support pandas", category=FutureWarning
+    )
     settings = session_conf(master, remote=remote, conf=conf)
 
     active = SparkSession.getActiveSession()
