@@ -240,6 +240,14 @@ class Circuit:
                 readers[input_id].append(node.id)
         return readers
 
+    def nodes_within(self, scope_id: int) -> list[int]:
+        """The nodes of a scope and of every loop nested inside it."""
+        scopes = {scope_id}
+        for scope in self.scopes:  # parents are created before their children
+            if scope.parent in scopes:
+                scopes.add(scope.id)
+        return [n.id for n in self.nodes if n.scope in scopes]
+
     def validate(self) -> None:
         """Whole-circuit checks: views exist, every loop converges through a consolidating op."""
         if not self.sources:

@@ -12,7 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from dbspark.circuit.builder import Node
 from dbspark.circuit.types import Schema, python_value_fits
+from dbspark.core.upsert import UpsertSpec
 from dbspark.core.zset import ZSet
 
 
@@ -85,3 +87,17 @@ def upsert_batch(
     if isinstance(batch, (str, bytes, Mapping)):
         raise InputError(source, "an upsert batch must be a list of rows", file)
     return [check_row(source, schema, row, position, file) for position, row in enumerate(batch)]
+
+
+def upsert_spec(node: Node) -> UpsertSpec:
+    """The upsert semantics an ``upsert_source`` node declares (shared by every engine)."""
+    user: Schema = node.params["user_schema"]
+    return UpsertSpec(
+        source=node.label,
+        columns=user.names,
+        types=user.types,
+        key=node.params["key"],
+        watermark=node.params["watermark"],
+        tombstone=node.params["tombstone"],
+        tombstone_value=node.params["tombstone_value"],
+    )

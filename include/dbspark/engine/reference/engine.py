@@ -61,7 +61,7 @@ from dbspark.core.upsert import (
     upserts_to_updates,
 )
 from dbspark.core.zset import ZSet
-from dbspark.engine.batches import upsert_batch, zset_batch
+from dbspark.engine.batches import upsert_batch, upsert_spec, zset_batch
 from dbspark.engine.reference.compile import (
     compile_expr,
     compile_predicate,
@@ -173,7 +173,10 @@ class ReferenceEngine:
 
     def _ingest_all(self, checked: Mapping[str, Any], epoch: int) -> dict[int, ZSet]:
         deltas: dict[int, ZSet] = {}
-        for name, batch in checked.items():
+        # Sources in declaration order, so the first bad batch reported does not depend
+        # on the order of the caller's mapping.
+        for name in [n for n in self.circuit.sources if n in checked]:
+            batch = checked[name]
             node_id = self.circuit.sources[name]
             if self.circuit.node(node_id).op == "zset_source":
                 deltas[node_id] = batch
@@ -193,16 +196,7 @@ class ReferenceEngine:
     def _prepare(self, node: Node) -> None:
         op, params = node.op, node.params
         if op == "upsert_source":
-            user = params["user_schema"]
-            spec = UpsertSpec(
-                source=node.label,
-                columns=user.names,
-                types=user.types,
-                key=params["key"],
-                watermark=params["watermark"],
-                tombstone=params["tombstone"],
-                tombstone_value=params["tombstone_value"],
-            )
+            spec = upsert_spec(node)
             self._upsert_specs[node.id] = spec
             self._upsert_state[node.id] = state_trace(spec)
             return
@@ -424,7 +418,7 @@ class ReferenceEngine:
         """The deepest iteration at which this epoch may still owe output (-1 if none)."""
         level = len(prefix)
         deepest = -1
-        inside = self._nodes_within(loop.scope)
+        inside = self.circuit.nodes_within(loop.scope)
         for node_id in inside:
             for time in self._streams[node_id]:
                 if time[:level] == prefix:
@@ -444,17 +438,6 @@ class ReferenceEngine:
                 if below and all(any(u[d] == prefix[d] for u in below) for d in range(level)):
                     deepest = max(deepest, max(u[level] for u in below))
         return deepest
-
-    def _nodes_within(self, scope_id: int) -> list[int]:
-        scopes = {scope_id}
-        changed = True
-        while changed:
-            changed = False
-            for scope in self.circuit.scopes:
-                if scope.parent in scopes and scope.id not in scopes:
-                    scopes.add(scope.id)
-                    changed = True
-        return [n.id for n in self.circuit.nodes if n.scope in scopes]
 
     # --- compaction ------------------------------------------------------------------------------
     def _compact(self, epoch: int) -> None:

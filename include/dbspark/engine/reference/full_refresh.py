@@ -67,7 +67,7 @@ from dbspark.core.upsert import (
     format_key,
 )
 from dbspark.core.zset import ZSet
-from dbspark.engine.batches import upsert_batch, zset_batch
+from dbspark.engine.batches import upsert_batch, upsert_spec, zset_batch
 from dbspark.engine.reference.compile import (
     compile_expr,
     compile_predicate,
@@ -321,7 +321,7 @@ class FullRefresh:
 
     def _upsert_source(self, node: Node, epoch: int) -> ZSet:
         """The winning row of every key over the rows of epochs ``0..epoch``, flagged."""
-        spec = self._upsert_spec(node)
+        spec = upsert_spec(node)
         replay = self._upsert_replays.setdefault(node.label, [])
         while len(replay) <= epoch:
             # winners: key -> the freshest row received up to this epoch.
@@ -338,19 +338,6 @@ class FullRefresh:
                         winners[key] = row
             replay.append(winners)
         return ZSet(((*row, spec.is_tombstone(row)), 1) for row in replay[epoch].values())
-
-    def _upsert_spec(self, node: Node) -> UpsertSpec:
-        params = node.params
-        user = params["user_schema"]
-        return UpsertSpec(
-            source=node.label,
-            columns=user.names,
-            types=user.types,
-            key=params["key"],
-            watermark=params["watermark"],
-            tombstone=params["tombstone"],
-            tombstone_value=params["tombstone_value"],
-        )
 
 
 def _check_conflicts(spec: UpsertSpec, rows: list[tuple], winners: Mapping[tuple, tuple]) -> None:

@@ -40,7 +40,7 @@ from dbspark.circuit.types import Schema
 from dbspark.core.timestamps import Time
 from dbspark.core.upsert import BadUpsertRow, UpsertConflict, UpsertSpec
 from dbspark.core.zset import ZSet
-from dbspark.engine.batches import InputError, upsert_batch, zset_batch
+from dbspark.engine.batches import InputError, upsert_batch, upsert_spec, zset_batch
 from dbspark.engine.spark import operators as ops
 from dbspark.engine.spark.compile import struct_type
 from dbspark.engine.spark.frames import (
@@ -173,7 +173,7 @@ class SparkEngine:
         self.traces = TraceStore(self.spark, self.warehouse, self.catalog, circuit.name)
         self.buckets = buckets
         self.catalog.register_circuit(circuit.name, circuit_fingerprint(circuit))
-        self._specs = {n.id: _upsert_spec(n) for n in circuit.nodes if n.op == "upsert_source"}
+        self._specs = {n.id: upsert_spec(n) for n in circuit.nodes if n.op == "upsert_source"}
 
     # ================================================================================ epochs
     def last_committed_epoch(self) -> int:
@@ -787,7 +787,7 @@ class SparkEngine:
         """The deepest iteration at which this prefix may still owe output (-1: none)."""
         level = len(prefix)
         deepest = -1
-        inside = self._nodes_within(loop.scope)
+        inside = self.circuit.nodes_within(loop.scope)
         for node_id in inside:
             node = self.circuit.node(node_id)
             for record in self._records(
@@ -863,17 +863,6 @@ class SparkEngine:
         matched = reduce(lambda a, b: a & b, [F.col(f"__on{d}") == 1 for d in range(level)])
         value = per_key.where(matched).agg(F.max("__deepest")).collect()[0][0]
         return None if value is None else int(value)
-
-    def _nodes_within(self, scope_id: int) -> list[int]:
-        scopes = {scope_id}
-        grew = True
-        while grew:
-            grew = False
-            for scope in self.circuit.scopes:
-                if scope.parent in scopes and scope.id not in scopes:
-                    scopes.add(scope.id)
-                    grew = True
-        return [n.id for n in self.circuit.nodes if n.scope in scopes]
 
     # ================================================================================ views
     def publish(self, epoch: int) -> UnitReport:
@@ -1028,19 +1017,6 @@ def _port_keys(circuit: Circuit, node: Node) -> list[tuple[str, ...]]:
         keys = tuple(node.params["keys"])
         return [keys or circuit.node(node.inputs[0]).schema.names]
     return [circuit.node(node.inputs[0]).schema.names]
-
-
-def _upsert_spec(node: Node) -> UpsertSpec:
-    user = node.params["user_schema"]
-    return UpsertSpec(
-        source=node.label,
-        columns=user.names,
-        types=user.types,
-        key=node.params["key"],
-        watermark=node.params["watermark"],
-        tombstone=node.params["tombstone"],
-        tombstone_value=node.params["tombstone_value"],
-    )
 
 
 def _tombstone_condition(spec: UpsertSpec, user: Schema) -> Any:

@@ -42,8 +42,8 @@ from pyspark.sql import functions as F
 from dbspark.circuit.aggregations import Aggregation
 from dbspark.circuit.builder import TOMBSTONE_FLAG, Circuit, Node
 from dbspark.circuit.types import BOOLEAN, STRING, Schema
-from dbspark.core.upsert import UpsertConflict, UpsertSpec, conform_rows, format_key
-from dbspark.engine.batches import upsert_batch, zset_batch
+from dbspark.core.upsert import UpsertConflict, conform_rows, format_key
+from dbspark.engine.batches import upsert_batch, upsert_spec, zset_batch
 from dbspark.engine.reference.engine import LoopDidNotConverge
 from dbspark.engine.spark.compile import (
     compile_predicate,
@@ -193,19 +193,6 @@ def verify(
 
 
 # --- upsert sources ----------------------------------------------------------------------
-
-
-def upsert_spec(node: Node) -> UpsertSpec:
-    user: Schema = node.params["user_schema"]
-    return UpsertSpec(
-        source=node.label,
-        columns=user.names,
-        types=user.types,
-        key=node.params["key"],
-        watermark=node.params["watermark"],
-        tombstone=node.params["tombstone"],
-        tombstone_value=node.params["tombstone_value"],
-    )
 
 
 def _watermark_order(node: Node) -> Column:
