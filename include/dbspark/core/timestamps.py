@@ -54,6 +54,22 @@ def join_all(times: Iterable[Time]) -> Time:
     return result
 
 
+def box_corners(t: Time) -> list[tuple[int, Time]]:
+    """``(sign, t - 1_S)`` for every subset ``S`` of coordinates, sign ``(-1)^|S|``,
+    skipping corners with a negative coordinate.
+
+    A function ``g`` of accumulated input changes at ``t`` by the sum of
+    ``sign * g(corner)``: the inclusion-exclusion (finite difference) over the unit
+    box below ``t`` that every stateful operator's incremental rule rests on.
+    """
+    result = []
+    for mask in range(1 << len(t)):
+        corner = tuple(c - ((mask >> j) & 1) for j, c in enumerate(t))
+        if min(corner) >= 0:
+            result.append((-1 if mask.bit_count() % 2 else 1, corner))
+    return result
+
+
 def enter(t: Time) -> Time:
     """The time at which an outer update is seen inside a nested scope."""
     return (*t, 0)

@@ -43,7 +43,7 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 from dbspark.core.aggregates import Aggregate
-from dbspark.core.timestamps import Time
+from dbspark.core.timestamps import Time, box_corners
 from dbspark.core.trace import Trace
 from dbspark.core.zset import Row, ZSet
 
@@ -128,7 +128,7 @@ def difference_at(op: Callable[[ZSet], ZSet], trace: Trace, time: Time) -> ZSet:
     ``op(trace.accumulate(t))``.
     """
     total = ZSet()
-    for corner, sign in _corners(time):
+    for sign, corner in box_corners(time):
         total = total + op(trace.accumulate(corner)).scale(sign)
     return total
 
@@ -166,16 +166,6 @@ def aggregate_incremental(agg_fn: AggregateFn, batch: ZSet, trace: Trace) -> ZSe
 def _step(before: int, after: int) -> int:
     """The change of ``D(x) = [x > 0]`` from ``before`` to ``after``: -1, 0 or +1."""
     return int(after > 0) - int(before > 0)
-
-
-def _corners(time: Time) -> list[tuple[Time, int]]:
-    """The corners ``time - Σ_{j∈S} e_j`` with no negative coordinate, and their signs."""
-    corners: list[tuple[Time, int]] = []
-    for mask in range(1 << len(time)):
-        corner = tuple(c - ((mask >> j) & 1) for j, c in enumerate(time))
-        if all(c >= 0 for c in corner):
-            corners.append((corner, -1 if mask.bit_count() % 2 else 1))
-    return corners
 
 
 def _totals(trace: Trace, wanted: Callable[[Row], bool]) -> dict[Row, int]:

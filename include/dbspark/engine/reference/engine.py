@@ -38,7 +38,6 @@ which is all later epochs ever ask about.
 
 from __future__ import annotations
 
-import itertools
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Iterable, Mapping
@@ -368,7 +367,7 @@ class ReferenceEngine:
         for port, trace in enumerate(arranged):
             trace.insert(self._input(node, port, t), t)
         out: list[tuple[Any, int]] = []
-        corners = _corners(t)
+        corners = timestamps.box_corners(t)
         for key in _candidate_keys(arranged, t):
             for sign, corner in corners:
                 accs = [trace.accumulate(corner, keys=[key]) for trace in arranged]
@@ -451,17 +450,6 @@ class ReferenceEngine:
                 trace.compact(frontier)
         for trace in self._upsert_state.values():
             trace.compact(Antichain([(epoch,)]))
-
-
-def _corners(t: Time) -> list[tuple[int, Time]]:
-    """The corners ``t - 1_S`` with sign ``(-1)^|S|``, skipping those below zero."""
-    result = []
-    for subset in itertools.product((0, 1), repeat=len(t)):
-        corner = tuple(c - d for c, d in zip(t, subset, strict=True))
-        if min(corner) < 0:
-            continue
-        result.append((-1 if sum(subset) % 2 else 1, corner))
-    return result
 
 
 def _candidate_keys(arranged: Iterable[Trace], t: Time) -> set[Hashable]:

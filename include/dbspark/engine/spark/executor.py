@@ -37,6 +37,7 @@ from pyspark.sql import functions as F
 from dbspark.circuit.builder import STATEFUL_OPS, Circuit, Node
 from dbspark.circuit.planner import LoopPlan, Plan, Stage, plan
 from dbspark.circuit.types import Schema
+from dbspark.core import timestamps
 from dbspark.core.timestamps import Time
 from dbspark.core.upsert import BadUpsertRow, UpsertConflict, UpsertSpec
 from dbspark.core.zset import ZSet
@@ -551,7 +552,7 @@ class SparkEngine:
                 unit,
                 f"n{node.id}.in{port}",
                 "trace",
-                lambda time: time[0] == t[0] and _leq(time, t),
+                lambda time: time[0] == t[0] and timestamps.less_equal(time, t),
             )
             for port in range(len(node.inputs))
         ):
@@ -599,16 +600,16 @@ class SparkEngine:
             keys = (
                 None
                 if touched is None
-                else touched.select(
-                    *[
-                        F.col(k0).alias(k)
-                        for k0, k in zip(port_keys[0], port_keys[port], strict=True)
-                    ]
-                )
+                else touched.select(*_renamed(port_keys[0], port_keys[port]))
             )
             traces.append(
                 self._trace(
-                    node, port, unit, keys=keys, rename=None, when=lambda time: _leq(time, t)
+                    node,
+                    port,
+                    unit,
+                    keys=keys,
+                    rename=None,
+                    when=lambda time: timestamps.less_equal(time, t),
                 )
             )
         if node.op == "distinct":
@@ -664,7 +665,7 @@ class SparkEngine:
                 unit,
                 f"n{node.id}.in{port}",
                 "trace",
-                lambda time: time[0] == t[0] and _leq(time, t),
+                lambda time: time[0] == t[0] and timestamps.less_equal(time, t),
             )
             schema = self._schema_of(self.circuit.node(input_id), len(t))
             rows = self.warehouse.read(self.spark, records, schema)
@@ -1004,10 +1005,6 @@ def _with_time(df: DataFrame, t: Time) -> DataFrame:
 def _renamed(source: Sequence[str], target: Sequence[str]) -> list[Any]:
     """Select ``source`` columns under ``target`` names (one port's keys as another's)."""
     return [F.col(a).alias(b) for a, b in zip(source, target, strict=True)]
-
-
-def _leq(a: Sequence[int], b: Sequence[int]) -> bool:
-    return all(x <= y for x, y in zip(a, b, strict=True))
 
 
 def _port_keys(circuit: Circuit, node: Node) -> list[tuple[str, ...]]:

@@ -23,7 +23,6 @@ Incremental rules, the same as the reference engine's:
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from functools import reduce
 from typing import Any
@@ -34,7 +33,7 @@ from pyspark.sql import functions as F
 from dbspark.circuit.aggregations import Aggregation
 from dbspark.circuit.expressions import Expr
 from dbspark.circuit.types import Schema
-from dbspark.core.timestamps import Time
+from dbspark.core.timestamps import Time, box_corners
 from dbspark.engine.spark.compile import (
     compile_expr,
     compile_predicate,
@@ -105,17 +104,7 @@ def general_linear(
     return consolidate(combined, [*out_schema.names, "__epoch"])
 
 
-# --- corners of the unit box below a time --------------------------------------------------------
-def corners(t: Time) -> list[tuple[int, Time]]:
-    """``(sign, t - 1_S)`` for every subset S of coordinates, skipping negative corners."""
-    result = []
-    for subset in itertools.product((0, 1), repeat=len(t)):
-        corner = tuple(c - d for c, d in zip(t, subset, strict=True))
-        if min(corner) >= 0:
-            result.append((-1 if sum(subset) % 2 else 1, corner))
-    return result
-
-
+# --- the unit box below a time -------------------------------------------------------------
 def at_or_before(t: Time) -> Column:
     """Rows of a trace whose time is at or before ``t`` in the product order."""
     names = time_columns(len(t))
@@ -143,7 +132,7 @@ def candidates(trace: DataFrame, key_columns: Sequence[str], t: Time) -> DataFra
 # --- distinct -----------------------------------------------------------------------------------
 def distinct_delta(trace: DataFrame, columns: Sequence[str], t: Time) -> DataFrame:
     """The change of ``distinct`` at ``t`` for the rows present in ``trace`` (already pruned)."""
-    box = corners(t)
+    box = box_corners(t)
     keys = candidates(trace, columns, t)
     per_row = (
         trace.join(keys, on=list(columns), how="left_semi")
@@ -170,7 +159,7 @@ def aggregate_delta(
     t: Time,
 ) -> DataFrame:
     """The change of the per-group aggregates at ``t`` (user-defined aggregates excluded)."""
-    box = corners(t)
+    box = box_corners(t)
     group_keys = candidates(trace, keys, t) if keys else None
     rows = trace if group_keys is None else trace.join(group_keys, on=list(keys), how="left_semi")
     if not keys:
@@ -296,7 +285,7 @@ def join_delta_nested(
     t: Time,
 ) -> DataFrame:
     """The corner formula for a join at a nested time: sum over corners of A_c ⋈ B_c."""
-    box = corners(t)
+    box = box_corners(t)
     # A key is a candidate when its updates on EITHER side, together, lie on every
     # coordinate of t: one side may hold the epoch's change, the other the iteration's.
     names = time_columns(len(t))
