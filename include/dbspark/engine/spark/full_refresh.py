@@ -45,6 +45,7 @@ from dbspark.circuit.types import BOOLEAN, STRING, Schema
 from dbspark.core.upsert import UpsertConflict, conform_rows, format_key
 from dbspark.engine.batches import upsert_batch, upsert_spec, zset_batch
 from dbspark.engine.reference.engine import LoopDidNotConverge
+from dbspark.engine.spark import user_aggregates
 from dbspark.engine.spark.compile import (
     compile_predicate,
     compile_projection,
@@ -474,47 +475,27 @@ class _Evaluator:
     ) -> DataFrame:
         """User-defined aggregates: each group's values go to the driver (off the hot path)."""
         schema = self.input_schema(node)
+        columns = []
+        for index, name, aggregation in udfs:
+            assert aggregation.function is not None
+            columns.append(
+                user_aggregates.UserAggregateColumn(
+                    gathered=f"__l{index}",
+                    output=name,
+                    function=aggregation.function,
+                    value_type=_udf_value_type(aggregation, schema),
+                    result_type=node.schema.type_of(name),
+                    name=name,
+                )
+            )
         lists = prepared.groupBy(*keys).agg(
             *(
-                F.collect_list(
-                    F.struct(F.col(f"__v{i}").alias("v"), F.col(WEIGHT).alias("w"))
-                ).alias(f"__l{i}")
+                user_aggregates.gather(F.col(f"__v{i}"), F.col(WEIGHT)).alias(f"__l{i}")
                 for i, _, _ in udfs
             )
         )
-        key_types = [schema.type_of(k) for k in keys]
-        rows = []
-        for record in lists.collect():
-            key = [from_spark_value(record[k], t) for k, t in zip(keys, key_types, strict=True)]
-            results = []
-            for index, name, aggregation in udfs:
-                value_type = _udf_value_type(aggregation, schema)
-                expanded: list[Any] = []
-                for item in record[f"__l{index}"]:
-                    if item["w"] < 0:
-                        raise ValueError(
-                            f"user-defined aggregate {name} saw a negative multiplicity"
-                        )
-                    expanded.extend([from_spark_value(item["v"], value_type)] * item["w"])
-                expanded.sort(key=lambda v: (v is not None, v))
-                assert aggregation.function is not None
-                result_type = node.schema.type_of(name)
-                results.append(to_spark_value(aggregation.function(expanded), result_type))
-            rows.append(
-                (*[to_spark_value(v, t) for v, t in zip(key, key_types, strict=True)], *results)
-            )
-        fields = [(f"__k{i}", t) for i, t in enumerate(key_types)]
-        fields += [(name, node.schema.type_of(name)) for _, name, _ in udfs]
-        computed = self.spark.createDataFrame(rows, struct_type(Schema(tuple(fields))))
-        if not keys:
-            return grouped.crossJoin(computed)
-        condition = None
-        for index, k in enumerate(keys):
-            term = F.col(k).eqNullSafe(F.col(f"__k{index}"))
-            condition = term if condition is None else condition & term
-        return grouped.join(computed, on=condition, how="inner").drop(
-            *(f"__k{i}" for i in range(len(keys)))
-        )
+        computed = user_aggregates.evaluate(lists, keys, schema, columns)
+        return user_aggregates.attach(grouped, computed, keys)
 
     # time and loops ---------------------------------------------------------------------
     def _op_delay(self, node: Node, time: Time) -> DataFrame:

@@ -31,9 +31,10 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from dbspark.circuit.aggregations import Aggregation
-from dbspark.circuit.expressions import Expr
+from dbspark.circuit.expressions import Expr, infer_type, output_type
 from dbspark.circuit.types import Schema
 from dbspark.core.timestamps import Time, box_corners
+from dbspark.engine.spark import user_aggregates
 from dbspark.engine.spark.compile import (
     compile_expr,
     compile_predicate,
@@ -41,6 +42,7 @@ from dbspark.engine.spark.compile import (
     spark_type,
 )
 from dbspark.engine.spark.frames import WEIGHT, consolidate, time_columns
+from dbspark.storage.warehouse import semi_join
 
 TOMBSTONE = "__tombstone"
 
@@ -135,7 +137,7 @@ def distinct_delta(trace: DataFrame, columns: Sequence[str], t: Time) -> DataFra
     box = box_corners(t)
     keys = candidates(trace, columns, t)
     per_row = (
-        trace.join(keys, on=list(columns), how="left_semi")
+        semi_join(trace, keys, columns)
         .groupBy(*columns)
         .agg(*[_accumulated(c).alias(f"__acc{i}") for i, (_, c) in enumerate(box)])
     )
@@ -158,10 +160,12 @@ def aggregate_delta(
     out_schema: Schema,
     t: Time,
 ) -> DataFrame:
-    """The change of the per-group aggregates at ``t`` (user-defined aggregates excluded)."""
+    """The change of the per-group aggregates at ``t``, for the groups present in ``trace``
+    (already pruned to the touched keys). User-defined aggregates are evaluated on the
+    driver for those groups only (``user_aggregates``)."""
     box = box_corners(t)
     group_keys = candidates(trace, keys, t) if keys else None
-    rows = trace if group_keys is None else trace.join(group_keys, on=list(keys), how="left_semi")
+    rows = trace if group_keys is None else semi_join(trace, group_keys, keys)
     if not keys:
         rows = rows.where(F.lit(True))
     per_row = rows.groupBy(*schema.names).agg(
@@ -169,18 +173,30 @@ def aggregate_delta(
     )
     outputs = []
     per_corner_aggs = []
+    user_columns = []
     for i, _ in enumerate(box):
         acc = F.col(f"__acc{i}")
         per_corner_aggs.append(
             F.max(F.when(acc != 0, F.lit(1)).otherwise(F.lit(0))).alias(f"__present{i}")
         )
         for name, aggregation in aggregations.items():
+            if aggregation.kind == "udf":
+                column = _user_aggregate(aggregation, schema, out_schema, name, i)
+                user_columns.append(column)
+                value = compile_expr(aggregation.expr, schema)
+                per_corner_aggs.append(user_aggregates.gather(value, acc).alias(column.gathered))
+                continue
             per_corner_aggs.append(
                 _aggregate_column(aggregation, schema, acc).alias(f"{name}__{i}")
             )
     grouped = (
         per_row.groupBy(*keys).agg(*per_corner_aggs) if keys else per_row.agg(*per_corner_aggs)
     )
+    if user_columns:
+        # Read the trace once: the driver collects the touched groups, the join reuses them.
+        grouped = grouped.localCheckpoint()
+        computed = user_aggregates.evaluate(grouped, keys, schema, user_columns)
+        grouped = user_aggregates.attach(grouped, computed, keys)
     for i, (sign, _) in enumerate(box):
         values = [
             F.col(f"{name}__{i}").cast(spark_type(out_schema.type_of(name))).alias(name)
@@ -192,6 +208,20 @@ def aggregate_delta(
             )
         )
     return consolidate(reduce(DataFrame.unionByName, outputs), out_schema.names)
+
+
+def _user_aggregate(
+    aggregation: Aggregation, schema: Schema, out_schema: Schema, name: str, corner: int
+) -> user_aggregates.UserAggregateColumn:
+    assert aggregation.function is not None and aggregation.expr is not None
+    return user_aggregates.UserAggregateColumn(
+        gathered=f"__udf_{name}__{corner}",
+        output=f"{name}__{corner}",
+        function=aggregation.function,
+        value_type=output_type(infer_type(aggregation.expr, schema, f"aggregate {name}")),
+        result_type=out_schema.type_of(name),
+        name=name,
+    )
 
 
 def _aggregate_column(aggregation: Aggregation, schema: Schema, acc: Column) -> Column:
@@ -213,7 +243,7 @@ def _aggregate_column(aggregation: Aggregation, schema: Schema, acc: Column) -> 
         return F.min(F.when(acc > 0, value))
     if kind == "max":
         return F.max(F.when(acc > 0, value))
-    raise NotImplementedError(f"aggregate {kind} has no native Spark kernel")
+    raise AssertionError(f"aggregate {kind} has no native Spark kernel")
 
 
 # --- join ---------------------------------------------------------------------------------------
@@ -302,7 +332,7 @@ def join_delta_nested(
         key_frame = keys.select(
             *[F.col(lk).alias(k) for lk, k in zip(left_keys, trace_keys, strict=True)]
         )
-        rows = trace.join(key_frame, on=list(trace_keys), how="left_semi")
+        rows = semi_join(trace, key_frame, trace_keys)
         accumulated = rows.groupBy(*columns).agg(
             *[_accumulated(c).alias(f"__acc{i}") for i, (_, c) in enumerate(box)]
         )
