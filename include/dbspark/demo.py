@@ -1,18 +1,26 @@
 """``python -m dbspark.demo``: the example circuits, run for several epochs, explained.
 
-For each named circuit this runs a small scenario on the reference engine and
-prints, per epoch, what came in, what each view holds (and what changed), and
-what every recursive loop did: how many iterations, the size of the result's
-delta at each, and why it stopped. The first epochs of each scenario are
-scripted to show one idea each (a late row, an update, a tombstone, deleting an
-edge inside a cycle, retractions); with ``--epochs`` beyond the script, more
-epochs are generated from a fixed seed, so the output is always the same.
+For each named circuit this runs a small scenario and prints, per epoch, what
+came in, what each view holds (and what changed), and what every recursive
+loop did: how many iterations, the size of the result's delta at each, and why
+it stopped. The first epochs of each scenario are scripted to show one idea
+each (a late row, an update, a tombstone, deleting an edge inside a cycle,
+retractions); with ``--epochs`` beyond the script, more epochs are generated
+from a fixed seed, so the output is always the same.
 
-When the full-refresh oracle (``dbspark.engine.reference.full_refresh``) is
-available, every epoch is also recomputed from scratch over the accumulated
-inputs and compared; a difference makes the demo exit with status 1.
+By default the circuits run on the incremental Spark engine (local Spark) with
+their traces and SQLite catalog in a warehouse that persists between runs: a
+second run of the same epochs does nothing, and ``--epochs`` beyond what is
+committed continues from there. ``--engine reference`` runs the in-memory
+pure-Python oracle instead.
 
-    python -m dbspark.demo [--epochs N] [--circuit NAME ...]
+Every epoch run is checked against full refresh: the reference engine's
+from-scratch evaluation of the accumulated inputs (pure Python, independent of
+Spark), and on Spark also ``SparkEngine.verify`` (a Spark full refresh over the
+raw input log stored in the warehouse). A difference makes the demo exit 1.
+
+    python -m dbspark.demo [--epochs N] [--circuit NAME ...] [--engine spark|reference]
+                           [--warehouse DIR] [--fresh]
 """
 
 from __future__ import annotations
@@ -20,21 +28,24 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from dbspark.circuit.builder import Circuit
 from dbspark.circuit.types import Schema
 from dbspark.core.zset import ZSet
-from dbspark.engine.reference.engine import EpochResult, LoopReport, ReferenceEngine
+from dbspark.engine.reference.engine import LoopReport, ReferenceEngine
 from dbspark.examples.circuits import NAMED_CIRCUITS
 
 Inputs = dict[str, list[Any]]
 FullRefresh = Callable[[Circuit, list[Inputs], int], dict[str, ZSet]]
 
 DEFAULT_EPOCHS = 5
+DEFAULT_WAREHOUSE = "var/demo-warehouse"
 
 
 # --- scenarios ---------------------------------------------------------------------
@@ -359,7 +370,7 @@ def _format_input(circuit: Circuit, source: str, batch: list[Any]) -> str:
 def _format_loop(report: LoopReport) -> str:
     sizes = ", ".join(str(s) for s in report.delta_sizes)
     return (
-        f"  loop {report.loop} at time {report.time}: {report.iterations} iteration(s), "
+        f"  loop {report.loop} at time {list(report.time)}: {report.iterations} iteration(s), "
         f"result delta size per iteration [{sizes}]; {report.stop_reason}"
     )
 
@@ -391,54 +402,142 @@ def _engine_inputs(circuit: Circuit, inputs: Inputs) -> Inputs:
     return result
 
 
-def load_full_refresh() -> FullRefresh | None:
-    try:
-        from dbspark.engine.reference.full_refresh import full_refresh
-    except ImportError:
-        return None
-    return full_refresh
-
-
 def _verify(
     full_refresh: FullRefresh,
     circuit: Circuit,
     history: list[Inputs],
     epoch: int,
-    result: EpochResult,
+    views: dict[str, ZSet],
 ) -> list[str]:
-    """Problems found comparing the incremental views with a full refresh (empty: agree)."""
+    """Problems found comparing the incremental views with the reference engine's full
+    refresh over the same inputs (empty: they agree). Pure Python: independent of Spark."""
     try:
         expected = full_refresh(circuit, history, epoch)
     except Exception as exc:  # the oracle failing is a failed verification, said plainly
         return [f"full refresh raised {type(exc).__name__}: {exc}"]
     problems = []
     for name in circuit.views:
-        got = result.views[name]
+        got = views[name]
         want = expected.get(name)
         if want is None:
             problems.append(f"full refresh returned no view {name!r}")
         elif got != want:
-            diff = got - want
-            extra = ZSet((row, w) for row, w in diff.items() if w > 0)
-            lacking = ZSet((row, -w) for row, w in diff.items() if w < 0)
-            problems.append(
-                f"view {name!r}: the incremental result has extra {_brief(extra)} "
-                f"and lacks {_brief(lacking)}"
-            )
+            problems.append(f"view {name!r}: {_difference(got, want)}")
     return problems
 
 
+def _difference(got: ZSet, want: ZSet) -> str:
+    diff = got - want
+    extra = ZSet((row, w) for row, w in diff.items() if w > 0)
+    lacking = ZSet((row, -w) for row, w in diff.items() if w < 0)
+    return f"the incremental result has extra {_brief(extra)} and lacks {_brief(lacking)}"
+
+
+# --- engines ---------------------------------------------------------------------------
+
+
+@dataclass
+class EpochOutcome:
+    """What the demo shows of one epoch, whichever engine ran it."""
+
+    views: dict[str, ZSet]
+    loops: list[str]
+    problems: list[str]  # the engine's own verification (Spark: full refresh in Spark)
+
+
+class ReferenceRun:
+    """The pure-Python reference engine: state in memory, nothing persisted."""
+
+    where = "in memory (reference engine)"
+
+    def __init__(self, circuit: Circuit) -> None:
+        self.engine = ReferenceEngine(circuit)
+
+    def describe_plan(self) -> str:
+        return self.engine.plan.describe()
+
+    def last_committed_epoch(self) -> int:
+        return -1  # a new in-memory engine has committed nothing
+
+    def views(self) -> dict[str, ZSet]:
+        return {}
+
+    def step(self, inputs: Inputs) -> EpochOutcome:
+        result = self.engine.step(inputs)
+        return EpochOutcome(result.views, [_format_loop(r) for r in result.loops], [])
+
+
+class SparkRun:
+    """The incremental Spark engine over a warehouse that persists between runs: epochs
+    already committed there are not run again, and new ones continue after them."""
+
+    def __init__(self, circuit: Circuit, warehouse: Path) -> None:
+        from dbspark.engine.spark.executor import SparkEngine
+
+        self.engine = SparkEngine(circuit, warehouse)
+        self.where = f"warehouse {warehouse} (catalog {warehouse / 'catalog.db'})"
+
+    def describe_plan(self) -> str:
+        return self.engine.plan.describe()
+
+    def last_committed_epoch(self) -> int:
+        return self.engine.last_committed_epoch()
+
+    def views(self) -> dict[str, ZSet]:
+        return self.engine.views()
+
+    def step(self, inputs: Inputs) -> EpochOutcome:
+        result = self.engine.step(inputs)
+        loops = _format_iterations(result.report.iterations)
+        problems = [
+            f"view {name!r} differs from a Spark full refresh over the raw input log in "
+            f"{_rows_word(len(rows))} (row + weight difference): {rows[:5]}"
+            for name, rows in self.engine.verify().items()
+            if rows
+        ]
+        return EpochOutcome(result.views, loops, problems)
+
+
+def _format_iterations(iterations: Sequence[Any]) -> list[str]:
+    """One line per loop run, from the Spark engine's per-iteration reports."""
+    runs: dict[tuple[str, tuple[int, ...]], list[Any]] = {}
+    for report in iterations:
+        if not report.skipped:
+            runs.setdefault((report.loop, tuple(report.prefix)), []).append(report)
+    lines = []
+    for (loop, prefix), reports in runs.items():
+        sizes = ", ".join(str(r.delta_rows) for r in reports)
+        lines.append(
+            f"  loop {loop} at time {list(prefix)}: {len(reports)} iteration(s), "
+            f"result delta size per iteration [{sizes}]; {reports[-1].reason}"
+        )
+    return lines
+
+
+# --- running -----------------------------------------------------------------------------
+
+
 def run_scenario(
-    name: str, epochs: int, full_refresh: FullRefresh | None, out: Any = sys.stdout
+    name: str,
+    epochs: int,
+    full_refresh: FullRefresh,
+    out: Any = sys.stdout,
+    warehouse: Path | None = None,
 ) -> bool:
-    """Run one circuit's scenario and print it; True when every epoch verified (or no oracle)."""
+    """Run one circuit's scenario and print it; True when every epoch verified.
+
+    With ``warehouse`` the Spark engine runs and keeps its state there; without, the
+    reference engine runs in memory.
+    """
     circuit = NAMED_CIRCUITS[name]()
     scenario = SCENARIOS[name]()
-    engine = ReferenceEngine(circuit)
+    run: ReferenceRun | SparkRun = (
+        ReferenceRun(circuit) if warehouse is None else SparkRun(circuit, warehouse)
+    )
     ok = True
 
     def say(text: str = "") -> None:
-        print(text, file=out)
+        print(text, file=out, flush=True)
 
     say("=" * 78)
     say(f"circuit {name}: {scenario.summary}")
@@ -456,23 +555,36 @@ def run_scenario(
             say(f"  source {source} {node.schema}: Z-set")
     for view, node_id in circuit.views.items():
         say(f"  view   {view} {circuit.node(node_id).schema}")
-    say("  " + engine.plan.describe().replace("\n", "\n  "))
+    say("  " + run.describe_plan().replace("\n", "\n  "))
+    say(f"  state: {run.where}")
 
+    committed = run.last_committed_epoch()
     history: list[Inputs] = []
+    previous: dict[str, ZSet] = {}
     for index, (what, raw_inputs) in enumerate(scenario.epochs(epochs)):
         inputs = _engine_inputs(circuit, raw_inputs)
         history.append(inputs)
+        if index <= committed:
+            continue
+        if index == committed + 1 and committed >= 0:
+            say()
+            say(
+                f"--- {name}, epochs 0..{committed}: already committed in this warehouse, "
+                "not run again (state continues from there)"
+            )
+            previous = run.views()
         say()
         say(f"--- {name}, epoch {index}: {what}")
         for source in circuit.sources:
             if source in inputs:
                 say(_format_input(circuit, source, inputs[source]))
-        result = engine.step(inputs)
-        for report in result.loops:
-            say(_format_loop(report))
+        outcome = run.step(inputs)
+        for line in outcome.loops:
+            say(line)
         for view, node_id in circuit.views.items():
             schema = circuit.node(node_id).schema
-            contents, delta = result.views[view], result.view_deltas[view]
+            contents = outcome.views[view]
+            delta = contents - previous.get(view, ZSet())
             changes = "no change" if not delta else f"delta {_rows_word(len(delta))}"
             say(f"  view {view}: {_rows_word(len(contents))} ({changes})")
             for line in format_table(schema, contents):
@@ -481,14 +593,27 @@ def run_scenario(
                 say("    delta:")
                 for line in format_table(schema, delta, indent="      "):
                     say(line)
-        if full_refresh is not None:
-            problems = _verify(full_refresh, circuit, history, index, result)
-            if problems:
-                ok = False
-                for problem in problems:
-                    say(f"  MISMATCH against full refresh: {problem}")
-            else:
-                say("  verified against full refresh")
+        previous = outcome.views
+        problems = outcome.problems + _verify(full_refresh, circuit, history, index, outcome.views)
+        if problems:
+            ok = False
+            for problem in problems:
+                say(f"  MISMATCH: {problem}")
+        elif warehouse is None:
+            say("  verified against full refresh")
+        else:
+            say("  verified against full refresh (Spark, from the stored input log; and reference)")
+    if committed >= epochs - 1:
+        say()
+        say(
+            f"--- {name}: epochs 0..{committed} are already committed in this warehouse; "
+            f"nothing to do (ask for more with --epochs {committed + 2})"
+        )
+        for view, node_id in circuit.views.items():
+            contents = run.views()[view]
+            say(f"  view {view}: {_rows_word(len(contents))}")
+            for line in format_table(circuit.node(node_id).schema, contents):
+                say(line)
     say()
     return ok
 
@@ -496,7 +621,10 @@ def run_scenario(
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m dbspark.demo",
-        description="Run the example circuits for several epochs on the reference engine.",
+        description=(
+            "Run the example circuits for several epochs: on Spark with a persisted warehouse "
+            "(the default), or on the in-memory reference engine."
+        ),
     )
     parser.add_argument(
         "--epochs",
@@ -510,23 +638,56 @@ def main(argv: Sequence[str] | None = None) -> int:
         choices=list(SCENARIOS),
         help="run only this circuit (repeatable; default: all)",
     )
+    parser.add_argument(
+        "--engine",
+        choices=["spark", "reference"],
+        default="spark",
+        help="spark (default): local Spark, traces and a SQLite catalog in --warehouse; "
+        "reference: the pure-Python oracle, in memory",
+    )
+    parser.add_argument(
+        "--warehouse",
+        type=Path,
+        default=Path(DEFAULT_WAREHOUSE),
+        help=f"where the Spark engine keeps its state between runs (default {DEFAULT_WAREHOUSE})",
+    )
+    parser.add_argument(
+        "--fresh",
+        action="store_true",
+        help="delete the warehouse first and start every circuit again from epoch 0",
+    )
     args = parser.parse_args(argv)
     if args.epochs < 1:
         parser.error("--epochs must be at least 1")
     names = args.circuit or list(SCENARIOS)
-    full_refresh = load_full_refresh()
-    if full_refresh is None:
-        print(
-            "note: dbspark.engine.reference.full_refresh is not available; "
-            "epochs are not verified against a full refresh\n"
-        )
-    failed = [name for name in names if not run_scenario(name, args.epochs, full_refresh)]
+    warehouse = None
+    if args.engine == "spark":
+        warehouse = args.warehouse.resolve()
+        if args.fresh and warehouse.exists():
+            shutil.rmtree(warehouse)
+        warehouse.mkdir(parents=True, exist_ok=True)
+        _quiet_spark_logs()
+    from dbspark.engine.reference.full_refresh import full_refresh
+
+    failed = [
+        name
+        for name in names
+        if not run_scenario(name, args.epochs, full_refresh, sys.stdout, warehouse)
+    ]
     if failed:
         print(f"full refresh disagrees with the incremental result for: {', '.join(failed)}")
         return 1
-    if full_refresh is not None:
-        print(f"all {len(names)} circuit(s) verified against full refresh at every epoch")
+    print(f"{len(names)} circuit(s): every epoch run here agrees with full refresh")
+    if warehouse is not None:
+        print(f"state kept in {warehouse}: run again to continue, or pass --fresh to start over")
     return 0
+
+
+def _quiet_spark_logs() -> None:
+    """The demo's output is the point: keep dbspark's own per-unit log lines off stdout."""
+    import logging
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
 
 if __name__ == "__main__":
