@@ -1,4 +1,10 @@
-"""``python -m dbspark.conformance VECTOR.json [--engine spark|reference] [--warehouse DIR]``.
+"""``python -m dbspark.conformance VECTOR.json [--engine spark|reference] [--warehouse DIR]
+[--remote sc://HOST:PORT] [--check]``.
+
+``--remote`` (default: the ``SPARK_REMOTE`` environment variable, which pyspark also
+honours) runs the Spark engine through a Spark Connect server instead of a local
+in-process Spark. The server must see the warehouse directory at the same path (same
+machine or shared file system).
 
 Exit status 0: one JSON object ``{"epochs": [...]}`` on stdout. Exit status 2:
 the vector, the circuit, a source or a row is bad input, or the engine cannot
@@ -50,6 +56,12 @@ def build_parser() -> argparse.ArgumentParser:
         "directory, removed afterwards)",
     )
     parser.add_argument(
+        "--remote",
+        metavar="sc://HOST:PORT",
+        help="run the Spark engine through this Spark Connect server (default: $SPARK_REMOTE; "
+        "unset: a local in-process Spark); it must see the warehouse at the same path",
+    )
+    parser.add_argument(
         "--check",
         action="store_true",
         help='also compare with the vector\'s "expected" and exit 1 on a difference',
@@ -87,6 +99,27 @@ def _process_stderr_to(path: Path | None) -> Iterator[None]:
             os.close(saved)
 
 
+def _unreachable(remote: str, timeout: float = 5.0) -> str | None:
+    """Why a Spark Connect address cannot be used, or None when its port answers.
+
+    The Connect client retries a dead address for minutes; a wrong URL should fail
+    at once, as bad input.
+    """
+    import socket
+
+    from dbspark.engine.spark.session import connect_address
+
+    try:
+        host, port = connect_address(remote)
+    except ValueError as exc:
+        return str(exc)
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return None
+    except OSError as exc:
+        return f"no Spark Connect server answers at {host}:{port} ({exc})"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     # PySpark warns about the pandas version on import; no pandas path is used here.
@@ -99,6 +132,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     spec = get_engine(args.engine)
     if spec.unavailable is not None:
         return _fail(args.vector, f"--engine {args.engine}: {spec.unavailable}")
+    if args.remote is not None and spec.name != "spark":
+        return _fail(args.vector, f"--remote: engine {spec.name} does not run on Spark")
+    remote = args.remote or os.environ.get("SPARK_REMOTE") or None
+    if spec.name != "spark":
+        remote = None  # $SPARK_REMOTE only concerns the Spark engine
+    if remote is not None:
+        problem = _unreachable(remote)
+        if problem is not None:
+            return _fail(args.vector, f"--remote {remote}: {problem}")
 
     try:
         text = Path(args.vector).read_text(encoding="utf-8")
@@ -119,6 +161,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             jvm_log = None if args.verbose or warehouse is None else warehouse / "logs" / "jvm.log"
             with _process_stderr_to(jvm_log):
+                if remote is not None:
+                    # The engine joins the active session (see spark_session).
+                    from dbspark.engine.spark.session import connect_session
+
+                    stack.enter_context(connect_session(remote, app_name="dbspark-conformance"))
                 engine = spec.create(vector.circuit, warehouse=warehouse)
             outputs = run_epochs(
                 engine,

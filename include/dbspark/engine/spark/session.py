@@ -6,9 +6,19 @@
   to ``127.0.0.1``, without the web UI (``DBSPARK_SPARK_UI=1`` turns it on), with
   few shuffle partitions (``DBSPARK_SHUFFLE_PARTITIONS``, default 4) because
   dbspark's deltas are small, and the JVM's logging turned down to WARN;
-* **Spark Connect** when ``remote="sc://host:port"`` is given: the engine uses
-  only the DataFrame API, so it runs unchanged against a Connect server;
+* **Spark Connect** when ``remote="sc://host:port"`` is given, or when neither
+  ``master`` nor ``remote`` is given and ``SPARK_REMOTE`` is set (as pyspark itself
+  does): the engine uses only the DataFrame API, so it runs unchanged against a
+  Connect server (``connect_server.LocalConnectServer`` starts one locally);
 * a ``master`` URL (``spark://...``) for a classic cluster.
+
+pyspark picks the flavour of ``pyspark.sql.functions``, ``Window``, ``Observation`` and
+``DataFrame.method(df, ...)`` by a process-wide flag (the ``SPARK_CONNECT_MODE_ENABLED``
+environment variable), not by the session a column ends up in. So a process uses one
+kind at a time: creating a Connect session sets the flag, and while it is set a classic
+session in the same process cannot run dbspark's operators. ``connect_session()`` is a
+block that uses Connect and then puts the process back as it was (tests use it next to
+the classic session fixture).
 
 Every session gets ``spark.sql.session.timeZone=UTC`` and adaptive execution.
 An active session is reused when it is compatible (same kind, same master or
@@ -21,8 +31,9 @@ import logging
 import os
 import tempfile
 import warnings
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, cast
 
 from pyspark.sql import SparkSession
 
@@ -31,6 +42,10 @@ log = logging.getLogger(__name__)
 DEFAULT_MASTER = "local[2]"
 DEFAULT_SHUFFLE_PARTITIONS = 4
 LOCAL_HOST = "127.0.0.1"
+#: Spark Connect's default port, for ``sc://host`` without one.
+DEFAULT_CONNECT_PORT = 15002
+#: pyspark's process-wide switch between the classic and the Connect API (see above).
+_CONNECT_MODE_FLAG = "SPARK_CONNECT_MODE_ENABLED"
 
 #: Settings every session gets (runtime-settable, so they also apply to a reused one).
 _RUNTIME_DEFAULTS = {
@@ -91,10 +106,15 @@ def spark_session(
 
     ``master`` and ``remote`` are exclusive. When a compatible session is already
     active it is returned, with the caller's explicit ``conf`` applied to it (its
-    creator's settings are otherwise left alone).
+    creator's settings are otherwise left alone); with neither ``master`` nor
+    ``remote``, any active session is, and without one ``SPARK_REMOTE`` (if set) is
+    the remote.
     """
     if master is not None and remote is not None:
         raise ValueError("give either master (classic Spark) or remote (Spark Connect), not both")
+    no_choice = master is None and remote is None
+    if no_choice and os.environ.get("SPARK_REMOTE") and SparkSession.getActiveSession() is None:
+        remote = os.environ["SPARK_REMOTE"]
     if remote is not None and not remote.startswith(("sc://", "local")):
         raise ValueError(
             f"a Spark Connect address looks like sc://host:port (or local[N] for an "
@@ -114,11 +134,7 @@ def spark_session(
         return active
 
     if remote is not None:
-        builder = SparkSession.builder.remote(remote).appName(app_name)
-        runtime = {k: v for k, v in settings.items() if not _static(k)}
-        for key, value in runtime.items():
-            builder = builder.config(key, value)
-        return builder.getOrCreate()
+        return _connect(remote, app_name, settings)
 
     chosen = master or DEFAULT_MASTER
     if _is_local(chosen):
@@ -133,14 +149,76 @@ def spark_session(
     return session
 
 
+def _connect(remote: str, app_name: str, settings: Mapping[str, str]) -> SparkSession:
+    """A new Spark Connect session.
+
+    pyspark's generic builder refuses while a classic context lives in this process,
+    and the Connect builder's ``getOrCreate`` would return any active Connect session,
+    whatever its server; so ``sc://`` addresses get the Connect builder's ``create``
+    (the new session becomes the active one only if none is).
+    """
+    runtime = {k: v for k, v in settings.items() if not _static(k)}
+    if remote.startswith("local"):
+        # pyspark starts an in-process server for local[N]; only its generic builder does.
+        builder = SparkSession.builder.remote(remote).appName(app_name)
+        for key, value in runtime.items():
+            builder = builder.config(key, value)
+        return builder.getOrCreate()
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    os.environ[_CONNECT_MODE_FLAG] = "1"
+    connect_builder = ConnectSession.builder.remote(remote).appName(app_name)
+    for key, value in runtime.items():
+        connect_builder = connect_builder.config(key, value)
+    # The Connect session class mirrors pyspark.sql.SparkSession without subclassing it.
+    return cast(SparkSession, connect_builder.create())
+
+
+@contextmanager
+def connect_session(
+    remote: str, *, app_name: str = "dbspark", conf: Mapping[str, Any] | None = None
+) -> Iterator[SparkSession]:
+    """A Spark Connect session for the length of a block, which then stops it and
+    restores the process's API flag, so a classic session created before (or after)
+    works again (see the module docstring)."""
+    before = os.environ.get(_CONNECT_MODE_FLAG)
+    active = SparkSession.getActiveSession() if before is not None else None
+    session = spark_session(remote=remote, app_name=app_name, conf=conf)
+    try:
+        yield session
+    finally:
+        try:
+            if session is not active:  # a session someone else opened stays open
+                session.stop()
+        finally:
+            if before is None:
+                os.environ.pop(_CONNECT_MODE_FLAG, None)
+            else:
+                os.environ[_CONNECT_MODE_FLAG] = before
+
+
+def connect_address(remote: str) -> tuple[str, int]:
+    """``(host, port)`` of a ``sc://host[:port][/;params]`` URL (default port 15002)."""
+    if not remote.startswith("sc://"):
+        raise ValueError(f"a Spark Connect address looks like sc://host:port, got {remote!r}")
+    target = remote[len("sc://") :].split("/", 1)[0].split(";", 1)[0]
+    host, sep, port = target.rpartition(":")
+    if not sep or "]" in port:  # no port (an IPv6 literal's colons are inside [])
+        host, port = target, str(DEFAULT_CONNECT_PORT)
+    host = host.strip("[]")
+    if not host or not port.isdigit():
+        raise ValueError(f"a Spark Connect address looks like sc://host:port, got {remote!r}")
+    return host, int(port)
+
+
 def _compatible(session: SparkSession, master: str | None, remote: str | None) -> bool:
     connect = is_connect(session)
     if remote is not None:
         return connect and _same_remote(session, remote)
+    if master is None:
+        return True  # whatever session is running (tests, spark-submit, a Connect client)
     if connect:
         return False
-    if master is None:
-        return True  # whatever classic session is running (tests, spark-submit)
     try:
         return session.sparkContext.master == master
     except Exception:  # pragma: no cover - a stopped context
@@ -153,13 +231,15 @@ def is_connect(session: SparkSession) -> bool:
 
 
 def _same_remote(session: SparkSession, remote: str) -> bool:
-    client = getattr(session, "client", None)
-    host = getattr(client, "host", None)
-    port = getattr(client, "port", None)
-    if host is None:
+    # pyspark keeps the address on the client's channel builder (no public accessor).
+    builder = getattr(getattr(session, "client", None), "_builder", None)
+    endpoint = getattr(builder, "endpoint", None)
+    if endpoint is None or not remote.startswith("sc://"):
         return False
-    target = remote[len("sc://") :].split("/", 1)[0].split(";", 1)[0]
-    return target in (f"{host}:{port}", str(host))
+    try:
+        return connect_address(f"sc://{endpoint}") == connect_address(remote)
+    except ValueError:
+        return False
 
 
 def _apply_runtime(session: SparkSession, settings: Mapping[str, str]) -> None:
