@@ -5,6 +5,10 @@ with integer weights; for an upsert source, upsert rows (tuples in schema
 order, or mappings by column name where a missing column is NULL). Bad input
 is rejected here with an error that names the source, the file (when known)
 and the offending row, before any state changes.
+
+The Spark engine also takes a ``DataFrame`` or a ``FileBatch`` (parquet, csv, jsonl
+files) per source; ``engine/spark/files.py`` checks those (schema, every row read from
+the files) and raises the same ``InputError``, naming the file and the line or row.
 """
 
 from __future__ import annotations

@@ -39,11 +39,12 @@ from dbspark.circuit.planner import LoopPlan, Plan, Stage, plan
 from dbspark.circuit.types import Schema
 from dbspark.core import timestamps
 from dbspark.core.timestamps import Time
-from dbspark.core.upsert import BadUpsertRow, UpsertConflict, UpsertSpec
+from dbspark.core.upsert import BadUpsertRow, UpsertConflict, UpsertError, UpsertSpec
 from dbspark.core.zset import ZSet
 from dbspark.engine.batches import InputError, upsert_batch, upsert_spec, zset_batch
 from dbspark.engine.spark import operators as ops
 from dbspark.engine.spark.compile import struct_type
+from dbspark.engine.spark.files import CheckedFrame, FileBatch, check_frame, load_files
 from dbspark.engine.spark.frames import (
     WEIGHT,
     consolidate,
@@ -239,10 +240,20 @@ class SparkEngine:
 
     # ================================================================================ input
     def check_batch(self, source: str, batch: Any, file: str | None = None) -> Any:
-        """Validate a Python batch for ``source`` (rows and types) before anything runs."""
+        """Validate a batch for ``source`` before anything runs: Python rows (rows and
+        types), a ``DataFrame`` (column names and types, ``engine/spark/files.py``) or a
+        ``FileBatch`` (read, every row checked and materialised, so a bad file is
+        rejected before the epoch opens). Returns what ``ingest`` takes."""
         node = self.circuit.node(self.circuit.sources[source])
-        if isinstance(batch, DataFrame):
+        weighted = node.op == "zset_source"
+        schema = node.schema if weighted else node.params["user_schema"]
+        if isinstance(batch, CheckedFrame):
             return batch
+        if isinstance(batch, FileBatch):
+            spec = None if weighted else self._specs[node.id]
+            return load_files(self.spark, source, schema, batch, weighted=weighted, upsert=spec)
+        if isinstance(batch, DataFrame):
+            return CheckedFrame(check_frame(source, schema, batch, weighted=weighted))
         if node.op == "zset_source":
             return zset_batch(source, node.schema, batch, file)
         return upsert_batch(source, node.params["user_schema"], batch, file)
@@ -258,12 +269,30 @@ class SparkEngine:
         if self.catalog.stage_done(self.circuit.name, unit_name, t):
             return UnitReport(unit_name, t, skipped=True)
         unit = _Unit()
+        if isinstance(batch, (FileBatch, DataFrame)):
+            batch = self.check_batch(source, batch, file)
+        if isinstance(batch, CheckedFrame):
+            file = file or batch.file_label()
         frame = self._input_frame(node, batch, file)
         rows_in = 0
         if node.op == "zset_source":
             delta = frame
         else:
-            delta = self._upsert_delta(node, frame, t, unit, file)
+            try:
+                delta = self._upsert_delta(node, frame, t, unit, file)
+            except UpsertError as error:
+                if not isinstance(batch, CheckedFrame) or len(batch.files) < 2:
+                    raise
+                # Name only the files that hold the offending keys.
+                holding = batch.files_holding(error.key_columns, error.keys)
+                raise type(error)(
+                    error.source,
+                    ", ".join(holding),
+                    error.keys,
+                    error.detail,
+                    error.positions,
+                    error.key_columns,
+                ) from None
         # The raw input log lets full refresh replay every source from scratch.
         unit.add(self.traces.write(f"n{node.id}.input", frame, t))
         if unit.records:
@@ -274,6 +303,11 @@ class SparkEngine:
         return report
 
     def _input_frame(self, node: Node, batch: Any, file: str | None) -> DataFrame:
+        if isinstance(batch, CheckedFrame):
+            rows = batch.rows()
+            if node.op == "zset_source":  # as a ZSet would be: duplicates add, zeros vanish
+                return consolidate(rows, list(node.schema.names))
+            return rows
         if node.op == "zset_source":
             schema = struct_type(node.schema, extra=[(WEIGHT, "bigint")])
             if isinstance(batch, DataFrame):
