@@ -23,7 +23,8 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from functools import reduce
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -62,6 +63,28 @@ def bucketed(df: DataFrame, bucket_by: Sequence[str], buckets: int) -> DataFrame
     return df.withColumn(BUCKET_COLUMN, bucket_expr(bucket_by, buckets)).repartition(
         buckets, BUCKET_COLUMN
     )
+
+
+@dataclass(frozen=True)
+class KeySet:
+    """Keys for pruned reads, gathered once with the buckets they fall in.
+
+    A stateful operator reads several traces for the same keys (both sides of a join,
+    each port's history); gathering the keys to the driver once (one small Spark job)
+    lets every such read pick its bucket files without a job of its own, and gives the
+    semi-joins a local relation to broadcast. ``buckets`` maps a bucket count to the
+    buckets holding the keys; None means every bucket (too many keys to gather).
+    """
+
+    frame: DataFrame
+    buckets: Mapping[int, frozenset[int]] | None
+    rows: int | None
+
+    def renamed(self, names: Sequence[str]) -> KeySet:
+        """The same keys under other column names (one join side's keys as the other's):
+        the buckets stay valid, since the hash depends on values and types, not names."""
+        columns = [self.frame[c].alias(n) for c, n in zip(self.frame.columns, names, strict=True)]
+        return KeySet(self.frame.select(*columns), self.buckets, self.rows)
 
 
 def time_dir(time: Sequence[int]) -> str:
@@ -123,9 +146,10 @@ class Warehouse:
         if bucket_by:
             out = df if prebucketed else bucketed(df, bucket_by, buckets)
             out = out.sortWithinPartitions(BUCKET_COLUMN, *bucket_by)
-            out.write.mode("errorifexists").partitionBy(BUCKET_COLUMN).parquet(spark_path(target))
+            # "error" (= errorifexists): the one spelling Spark Connect's client accepts too.
+            out.write.mode("error").partitionBy(BUCKET_COLUMN).parquet(spark_path(target))
         else:
-            df.write.mode("errorifexists").parquet(spark_path(target))
+            df.write.mode("error").parquet(spark_path(target))
         rows, size = parquet_stats(target)
         if rows == 0:
             shutil.rmtree(target, ignore_errors=True)
@@ -146,13 +170,32 @@ class Warehouse:
         shutil.rmtree(self.abspath(record.path), ignore_errors=True)
 
     # --- reading -----------------------------------------------------------------------
+    def gather_keys(
+        self, keys: DataFrame, bucket_counts: Sequence[int] = (DEFAULT_BUCKETS,)
+    ) -> KeySet:
+        """Collect the distinct rows of ``keys`` (all its columns) and their buckets in one
+        Spark job; past ``BROADCAST_KEYS`` rows they stay distributed (checkpointed) and
+        every bucket is read."""
+        columns = list(keys.columns)
+        distinct = keys.distinct()
+        labelled = distinct.select(
+            *columns, *[bucket_expr(columns, n).alias(f"__b{n}") for n in bucket_counts]
+        )
+        rows = labelled.limit(BROADCAST_KEYS + 1).collect()
+        if len(rows) > BROADCAST_KEYS:
+            return KeySet(distinct.localCheckpoint(), None, None)
+        spark = keys.sparkSession
+        frame = spark.createDataFrame([tuple(r[c] for c in columns) for r in rows], keys.schema)
+        buckets = {n: frozenset(r[f"__b{n}"] for r in rows) for n in bucket_counts}
+        return KeySet(frame, buckets, len(rows))
+
     def read(
         self,
         spark: SparkSession,
         records: Sequence[BatchRecord],
         schema: StructType,
         *,
-        keys: DataFrame | None = None,
+        keys: DataFrame | KeySet | None = None,
         bucket_by: Sequence[str] | None = None,
     ) -> DataFrame:
         """The union of ``records`` as one DataFrame of ``schema``.
@@ -161,20 +204,30 @@ class Warehouse:
         only the rows whose key is among ``keys`` (NULL-safe equality), and of bucketed
         batches only the buckets of those keys are opened. ``keys`` is evaluated twice
         (once on the driver for its buckets, once in the semi-join): cache it if it is
-        expensive. It is broadcast when it has at most ``BROADCAST_KEYS`` rows.
+        expensive. It is broadcast when it has at most ``BROADCAST_KEYS`` rows. A
+        ``KeySet`` (``gather_keys``) already knows its buckets and costs no job here.
         """
         schema = _without_bucket(schema)
         key_cols: list[str] = []
         wanted: dict[int, set[int]] = {}
         n_keys: int | None = None
         if keys is not None:
-            key_cols = list(bucket_by or keys.columns)
+            gathered = keys if isinstance(keys, KeySet) else None
+            frame = gathered.frame if gathered else keys
+            key_cols = list(bucket_by or frame.columns)
             missing = [c for c in key_cols if c not in schema.fieldNames()]
             if missing:
                 raise ValueError(f"key columns {missing} are not in the schema {schema}")
-            keys = keys.select(*[keys[c].cast(schema[c].dataType).alias(c) for c in key_cols])
             counts = {r.buckets for r in records if r.buckets}
-            wanted, n_keys = self.key_buckets(keys, key_cols, counts)
+            same_types = all(frame.schema[c].dataType == schema[c].dataType for c in key_cols)
+            keys = frame.select(*[frame[c].cast(schema[c].dataType).alias(c) for c in key_cols])
+            if gathered is not None and gathered.buckets is None:
+                wanted, n_keys = {n: set(range(n)) for n in counts}, None
+            elif gathered is not None and same_types and counts <= set(gathered.buckets):
+                wanted = {n: set(gathered.buckets[n]) for n in counts}
+                n_keys = gathered.rows
+            else:  # the hash depends on the type: other types need their own lookup
+                wanted, n_keys = self.key_buckets(keys, key_cols, counts)
 
         paths: list[str] = []
         for r in records:

@@ -55,7 +55,7 @@ from dbspark.engine.spark.frames import (
 from dbspark.engine.spark.session import spark_session
 from dbspark.storage.catalog import BatchRecord, Catalog, LoopIteration
 from dbspark.storage.traces import TraceStore
-from dbspark.storage.warehouse import Warehouse
+from dbspark.storage.warehouse import KeySet, Warehouse
 
 log = logging.getLogger("dbspark.engine")
 
@@ -172,10 +172,12 @@ class SparkEngine:
         self.root.mkdir(parents=True, exist_ok=True)
         self.catalog = Catalog(catalog_url) if catalog_url else Catalog.for_warehouse(self.root)
         self.warehouse = Warehouse(self.root)
-        self.traces = TraceStore(self.spark, self.warehouse, self.catalog, circuit.name)
-        self.buckets = buckets
+        self.traces = TraceStore(
+            self.spark, self.warehouse, self.catalog, circuit.name, buckets=buckets
+        )
         self.catalog.register_circuit(circuit.name, circuit_fingerprint(circuit))
         self._specs = {n.id: upsert_spec(n) for n in circuit.nodes if n.op == "upsert_source"}
+        self._stored = _stored_deltas(circuit, self.plan)
 
     # ================================================================================ epochs
     def last_committed_epoch(self) -> int:
@@ -434,13 +436,19 @@ class SparkEngine:
             )
         for node_id in stage.outputs:
             frame = frames[(node_id, t)]
+            if node_id not in self._stored:
+                continue  # read only by this unit, at this time: it stays a DataFrame
+            node = self.circuit.node(node_id)
             record = (
                 None
                 if frame is None
                 else self.warehouse.write(frame, self.circuit.name, f"n{node_id}", "delta", t)
             )
             unit.add(record)
-            report.rows_out[self.circuit.node(node_id).label] = record.rows if record else 0
+            # Later work in this unit reads the written batch instead of recomputing the
+            # stage's whole lineage once per consumer.
+            frames[(node_id, t)] = self._read_back(record, node)
+            report.rows_out[node.label] = record.rows if record else 0
             if record:
                 report.paths.append(record.path)
         if commit:
@@ -471,6 +479,13 @@ class SparkEngine:
         if not records:
             return None
         return self.warehouse.read(self.spark, records, self._schema_of(node))
+
+    def _read_back(self, record: BatchRecord | None, node: Node, depth: int = 0) -> Frame:
+        """A just-written batch as a delta (time columns dropped); None when it was empty."""
+        if record is None:
+            return None
+        frame = self.warehouse.read(self.spark, [record], self._schema_of(node, depth))
+        return frame.drop(*time_columns(depth)) if depth else frame
 
     def _or_empty(self, frame: Frame, node: Node) -> DataFrame:
         return frame if frame is not None else self.spark.createDataFrame([], self._schema_of(node))
@@ -567,16 +582,17 @@ class SparkEngine:
         deltas: list[Frame] = []
         for port, input_id in enumerate(node.inputs):
             delta = self._delta(input_id, t, unit, frames)
-            deltas.append(delta)
             if delta is not None:
-                unit.add(
-                    self.traces.write(
-                        f"n{node.id}.in{port}",
-                        _with_time(delta, t),
-                        t,
-                        bucket_by=list(port_keys[port]),
-                    )
+                record = self.traces.write(
+                    f"n{node.id}.in{port}",
+                    _with_time(delta, t),
+                    t,
+                    bucket_by=list(port_keys[port]),
                 )
+                unit.add(record)
+                # The input delta is exactly what was just arranged: read it from there.
+                delta = self._read_back(record, self.circuit.node(input_id), depth)
+            deltas.append(delta)
         schemas = [self.circuit.node(i).schema for i in node.inputs]
         out_names = list(node.schema.names)
         if depth == 1 and all(d is None for d in deltas):
@@ -591,34 +607,29 @@ class SparkEngine:
             for port in range(len(node.inputs))
         ):
             return None  # no key of this node changed in this epoch: nothing can be owed
+        present = [d is not None for d in deltas]
         deltas = [
             self._or_empty(d, self.circuit.node(i))
             for d, i in zip(deltas, node.inputs, strict=True)
         ]
         if node.op == "join" and depth == 1:
             left_keys, right_keys = list(params["left_keys"]), list(params["right_keys"])
-            before = lambda time: time[0] < t[0]  # noqa: E731
-            left_before = self._trace(
-                node,
-                0,
-                unit,
-                keys=deltas[1].select(*right_keys),
-                rename=dict(zip(right_keys, left_keys, strict=True)),
-                when=before,
-            )
-            right_before = self._trace(
-                node,
-                1,
-                unit,
-                keys=deltas[0].select(*left_keys),
-                rename=dict(zip(left_keys, right_keys, strict=True)),
-                when=before,
-            )
+
+            def before(port: int, keys: list[str]) -> DataFrame:
+                """One side's history before this epoch, for the other side's delta keys
+                (no read at all when the other side did not change)."""
+                other = 1 - port
+                if not present[other]:
+                    return self._or_empty(None, self.circuit.node(node.inputs[port]))
+                gathered = self._gather(deltas[other].select(*keys))
+                rows = self._trace(node, port, unit, keys=gathered, when=lambda x: x[0] < t[0])
+                return rows.drop(*time_columns(1))
+
             return ops.join_delta_root(
                 deltas[0],
                 deltas[1],
-                left_before.drop(*time_columns(1)),
-                right_before.drop(*time_columns(1)),
+                before(0, right_keys),
+                before(1, left_keys),
                 left_keys,
                 right_keys,
                 list(schemas[0].names),
@@ -631,19 +642,9 @@ class SparkEngine:
         touched = None if global_group else self._touched_keys(node, t, unit, port_keys)
         traces = []
         for port in range(len(node.inputs)):
-            keys = (
-                None
-                if touched is None
-                else touched.select(*_renamed(port_keys[0], port_keys[port]))
-            )
             traces.append(
                 self._trace(
-                    node,
-                    port,
-                    unit,
-                    keys=keys,
-                    rename=None,
-                    when=lambda time: timestamps.less_equal(time, t),
+                    node, port, unit, keys=touched, when=lambda time: timestamps.less_equal(time, t)
                 )
             )
         if node.op == "distinct":
@@ -670,28 +671,30 @@ class SparkEngine:
         port: int,
         unit: _Unit,
         *,
-        keys: DataFrame | None,
-        rename: Mapping[str, str] | None,
+        keys: KeySet | None,
         when: Callable[[Time], bool],
     ) -> DataFrame:
+        """Port ``port``'s trace at the times ``when`` accepts, pruned to ``keys`` (given in
+        either port's key names: they are renamed to this port's)."""
         input_node = self.circuit.node(node.inputs[port])
         depth = self.circuit.scope(node.scope).depth
         collection = f"n{node.id}.in{port}"
         records = self._records(unit, collection, "trace", when)
-        if keys is not None and rename:
-            keys = keys.select(*[F.col(k).alias(rename[k]) for k in keys.columns])
-        port_keys = _port_keys(self.circuit, node)[port]
+        port_keys = list(_port_keys(self.circuit, node)[port])
         return self.warehouse.read(
             self.spark,
             records,
             self._schema_of(input_node, depth),
-            keys=keys,
-            bucket_by=list(port_keys),
+            keys=None if keys is None else keys.renamed(port_keys),
+            bucket_by=port_keys,
         )
+
+    def _gather(self, keys: DataFrame) -> KeySet:
+        return self.warehouse.gather_keys(keys, (self.traces.buckets,))
 
     def _touched_keys(
         self, node: Node, t: Time, unit: _Unit, port_keys: Sequence[Sequence[str]]
-    ) -> DataFrame:
+    ) -> KeySet:
         """Keys of any port with an update in t's epoch at or before t (named as port 0's keys)."""
         frames = []
         for port, input_id in enumerate(node.inputs):
@@ -711,7 +714,7 @@ class SparkEngine:
                     ]
                 )
             )
-        return reduce(DataFrame.unionByName, frames).distinct().localCheckpoint()
+        return self._gather(reduce(DataFrame.unionByName, frames))
 
     # ================================================================================ loops
     def _leave(self, node: Node, t: Time, unit: _Unit, report: UnitReport) -> Frame:
@@ -793,7 +796,9 @@ class SparkEngine:
             stage = self.plan.stages[stage_id]
             self._finish_stage(stage, t, frames, unit, inner_report, start=0, commit=False)
         written = unit.records[before:]
-        changed = sum(r.rows for r in written if r.kind == "delta" and tuple(r.time) == t)
+        # What changed at t: the stored deltas and the stateful operators' arranged inputs
+        # (every other delta in the iteration ends in one of those or has no effect).
+        changed = sum(r.rows for r in written if tuple(r.time) == t)
         result_rows = inner_report.rows_out.get(self.circuit.node(loop.result).label, 0)
         pending = -1 if changed else self._pending_depth(loop, prefix, unit)
         converged = changed == 0 and pending <= iteration
@@ -864,7 +869,7 @@ class SparkEngine:
                 touched.append(rows.select(*_renamed(port_keys[port], port_keys[0])))
         if not touched:
             return None
-        keys = reduce(DataFrame.unionByName, touched).distinct().localCheckpoint()
+        keys = self._gather(reduce(DataFrame.unionByName, touched))
         below = reduce(
             lambda a, b: a & b,
             [F.col(n) <= v for n, v in zip(names[:level], prefix, strict=True)],
@@ -877,9 +882,12 @@ class SparkEngine:
                 "trace",
                 lambda time: all(a <= b for a, b in zip(time[:level], prefix, strict=True)),
             )
-            port_frame = keys.select(*_renamed(port_keys[0], port_keys[port]))
             rows = self.warehouse.read(
-                self.spark, records, schemas[port], keys=port_frame, bucket_by=list(port_keys[port])
+                self.spark,
+                records,
+                schemas[port],
+                keys=keys.renamed(port_keys[port]),
+                bucket_by=list(port_keys[port]),
             )
             history.append(
                 rows.where(below).select(
@@ -917,9 +925,14 @@ class SparkEngine:
         return report
 
     def view_frame(self, name: str) -> DataFrame:
-        """The view's current contents (consolidated) as a DataFrame with ``__w``."""
+        """The view's contents as of the last committed epoch (consolidated), with ``__w``.
+
+        A view's batch for an epoch is registered by ``publish`` before the epoch commits;
+        readers must not see it until the epoch does."""
         node = self.circuit.node(self.circuit.views[name])
-        records = self.catalog.batches(self.circuit.name, f"view.{name}")
+        records = self.catalog.batches(
+            self.circuit.name, f"view.{name}", max_epoch=self.last_committed_epoch()
+        )
         frame = self.warehouse.read(self.spark, records, self._schema_of(node, 1))
         return consolidate(frame.drop(*time_columns(1)), list(node.schema.names))
 
@@ -1034,6 +1047,21 @@ def _with_time(df: DataFrame, t: Time) -> DataFrame:
     for i, (name, value) in enumerate(zip(time_columns(len(t)), t, strict=True)):
         df = df.withColumn(name, F.lit(value).cast("bigint" if i == 0 else "int"))
     return df
+
+
+def _stored_deltas(circuit: Circuit, plan: Plan) -> frozenset[int]:
+    """Nodes whose deltas are written to the warehouse: those read by another unit of work
+    or at another time. Root-scope stage outputs feed later stage units and the views; a
+    loop's result is fed back and summed by ``leave``; ``delay``, ``variable`` and
+    ``enter`` read their inputs at an earlier time. Every other stage output inside a
+    loop is consumed by the same iteration's unit and never needs a file."""
+    stored = {node.id for node in circuit.nodes if node.scope == 0}
+    for node in circuit.nodes:
+        if node.op in ("delay", "variable", "enter"):
+            stored.update(node.inputs)
+    stored.update(loop.result for loop in plan.loops.values())
+    stored.update(circuit.views.values())
+    return frozenset(stored)
 
 
 def _renamed(source: Sequence[str], target: Sequence[str]) -> list[Any]:
