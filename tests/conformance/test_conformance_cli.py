@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from vectors import VECTOR_DIR, VECTORS
 
 from dbspark.conformance import (
     VectorError,
@@ -29,8 +30,6 @@ from dbspark.core.zset import ZSet
 from dbspark.engine.reference.engine import ReferenceEngine
 
 ROOT = Path(__file__).resolve().parents[2]
-VECTOR_DIR = Path(os.environ.get("DBSPARK_CONFORMANCE_VECTORS", "/work/shared/conformance/vectors"))
-VECTORS = sorted(VECTOR_DIR.glob("*.json"))
 
 
 def run_cli(*args: str | Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:

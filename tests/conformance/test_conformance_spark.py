@@ -7,17 +7,14 @@ the engine; a second run over the same warehouse must be a no-op that keeps the 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
+from vectors import VECTORS
 
 from dbspark.conformance.runner import zset_to_rows
 from dbspark.conformance.vector import parse_vector
 from dbspark.engine.spark.executor import SparkEngine
-
-VECTOR_DIR = Path(os.environ.get("DBSPARK_CONFORMANCE_VECTORS", "/work/shared/conformance/vectors"))
-VECTORS = sorted(VECTOR_DIR.glob("*.json"))
 
 pytestmark = pytest.mark.slow
 

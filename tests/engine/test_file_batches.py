@@ -10,21 +10,19 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from vectors import VECTOR_DIR
 
 from dbspark.conformance.runner import zset_to_rows
 from dbspark.conformance.vector import parse_vector
 from dbspark.core.upsert import BadUpsertRow, UpsertConflict
 from dbspark.engine.batches import InputError
 from dbspark.engine.spark.files import FileBatch
-
-VECTOR_DIR = Path(os.environ.get("DBSPARK_CONFORMANCE_VECTORS", "/work/shared/conformance/vectors"))
 
 ORDERS = {"order_id": "bigint", "cust_id": "bigint", "amount": "bigint", "ts": "bigint"}
 ORDERS_ALL = [*ORDERS, "deleted_at"]

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from vectors import VECTORS
 
 from dbspark.circuit.aggregations import avg, count, max_, min_, sum_, udf
 from dbspark.circuit.builder import Circuit, Stream, emit
@@ -22,8 +23,6 @@ from dbspark.engine.batches import InputError
 from dbspark.engine.reference.engine import ReferenceEngine
 from dbspark.engine.reference.full_refresh import FullRefresh, LoopDidNotConverge, full_refresh
 from dbspark.examples.circuits import NAMED_CIRCUITS, reachability
-
-VECTORS = sorted(Path("/work/shared/conformance/vectors").glob("*.json"))
 
 
 def rows(z: ZSet) -> list[list[Any]]:

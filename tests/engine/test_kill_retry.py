@@ -19,12 +19,12 @@ import time
 from pathlib import Path
 
 import pytest
+from vectors import VECTOR_DIR
 
 from dbspark.conformance.runner import zset_to_rows
 from dbspark.conformance.vector import parse_vector
 from dbspark.storage.catalog import garbage_collect
 
-VECTOR_DIR = Path(os.environ.get("DBSPARK_CONFORMANCE_VECTORS", "/work/shared/conformance/vectors"))
 CHILD = Path(__file__).with_name("kill_retry_child.py")
 
 pytestmark = pytest.mark.slow

@@ -20,15 +20,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from vectors import VECTOR_DIR, VECTORS
 
 from dbspark.conformance.runner import zset_to_rows
 from dbspark.conformance.vector import parse_vector
 from dbspark.engine.spark.connect_server import ConnectServerError, LocalConnectServer, free_port
 from dbspark.engine.spark.executor import SparkEngine
 from dbspark.engine.spark.session import connect_session, is_connect
-
-VECTOR_DIR = Path(os.environ.get("DBSPARK_CONFORMANCE_VECTORS", "/work/shared/conformance/vectors"))
-VECTORS = sorted(VECTOR_DIR.glob("*.json"))
 
 pytestmark = pytest.mark.slow
 

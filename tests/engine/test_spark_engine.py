@@ -5,17 +5,15 @@ full refresh (a from-scratch evaluation over the raw input log)."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
+from vectors import VECTOR_DIR
 
 from dbspark.conformance.runner import zset_to_rows
 from dbspark.conformance.vector import parse_vector
 from dbspark.core.upsert import UpsertConflict
 from dbspark.engine.spark.executor import EpochOrderError, SparkEngine
-
-VECTOR_DIR = Path(os.environ.get("DBSPARK_CONFORMANCE_VECTORS", "/work/shared/conformance/vectors"))
 
 pytestmark = pytest.mark.slow
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from vectors import VECTORS
 
 from dbspark.circuit.aggregations import avg, count, max_, min_, sum_, udf
 from dbspark.circuit.builder import Circuit, emit
@@ -27,9 +28,6 @@ from dbspark.engine.spark.frames import collect_zsets, frame_to_zset, zset_to_fr
 from dbspark.engine.spark.full_refresh import evaluate, full_refresh, source_frames, verify
 from dbspark.engine.spark.session import session_conf, spark_session
 from dbspark.examples.circuits import transitive_closure
-
-VECTORS = sorted(Path("/work/shared/conformance/vectors").glob("*.json"))
-
 
 TINY_DATA_CONF = {"spark.sql.shuffle.partitions": "1", "spark.sql.adaptive.enabled": "false"}
 
