@@ -528,7 +528,7 @@ class _Evaluator:
                 )
             produced = self.value(scope.result, (*time, iteration))
             following, changed = self._step(current, produced, names)
-            if not changed:
+            if not changed and self._delays_settled(scope, time, iteration):
                 log.info(
                     "full refresh: loop %s converged at time %s after %d iteration(s)",
                     scope.name,
@@ -541,6 +541,22 @@ class _Evaluator:
             self.memo[(scope.variable, (*time, iteration))] = following
             self._forget_iterations(time, keep_from=iteration - 1)
             current = following
+
+    def _delays_settled(self, scope: Any, prefix: Time, iteration: int) -> bool:
+        """A ``delay`` in the loop holds its input's previous iterate, which is loop state
+        too: X_{i+1} = X_i is only a pause while some delay's input still changes (the
+        delayed value arrives an iteration later). Settled when each one repeats as well."""
+        for node in self.circuit.nodes:
+            if node.scope != scope.id or node.op != "delay":
+                continue
+            now = self.value(node.inputs[0], (*prefix, iteration))
+            held = self.value(node.id, (*prefix, iteration))  # the input one iteration back
+            difference = consolidate(
+                now.unionByName(held.withColumn(WEIGHT, -F.col(WEIGHT))), node.schema.names
+            )
+            if not difference.isEmpty():
+                return False
+        return True
 
     def _step(
         self, current: DataFrame, produced: DataFrame, names: Sequence[str]
