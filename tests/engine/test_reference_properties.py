@@ -25,10 +25,11 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import pytest
+from circuits_for_tests import aggregates_circuit
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from dbspark.circuit.aggregations import avg, count, max_, min_, sum_, udf
+from dbspark.circuit.aggregations import count
 from dbspark.circuit.builder import Circuit, Stream, emit
 from dbspark.circuit.expressions import col, if_else, lit, sequence
 from dbspark.core.upsert import UpsertConflict
@@ -374,28 +375,6 @@ def test_accounts(history: History) -> None:
 
 
 # --- custom circuits ------------------------------------------------------------------------------
-def aggregates_circuit() -> Circuit:
-    c = Circuit("aggregates")
-    items = c.zset_source("items", {"g": "string", "v": "bigint"})
-    c.view(
-        "per_group",
-        items.aggregate(
-            by="g",
-            n=count(),
-            n_v=count(col("v")),
-            total=sum_(col("v")),
-            low=min_(col("v")),
-            high=max_(col("v")),
-            mean=avg(col("v")),
-        ),
-    )
-    c.view("overall", items.aggregate(n=count(), total=sum_(col("v")), high=max_(col("v"))))
-    bag = c.zset_source("bag", {"g": "string", "v": "bigint"})
-    listing = udf(lambda vs: ",".join(map(str, vs)), col("v"), "string")
-    c.view("listed", bag.aggregate(by="g", values=listing, n=count()))
-    return c
-
-
 ITEMS = [(g, v) for g in ("a", "b", None) for v in (None, -2, 0, 5)]
 
 
