@@ -706,14 +706,7 @@ class SparkEngine:
             )
             schema = self._schema_of(self.circuit.node(input_id), len(t))
             rows = self.warehouse.read(self.spark, records, schema)
-            frames.append(
-                rows.select(
-                    *[
-                        F.col(k).alias(k0)
-                        for k, k0 in zip(port_keys[port], port_keys[0], strict=True)
-                    ]
-                )
-            )
+            frames.append(rows.select(*_renamed(port_keys[port], port_keys[0])))
         return self._gather(reduce(DataFrame.unionByName, frames))
 
     # ================================================================================ loops
