@@ -8,8 +8,10 @@ vacuously.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 VECTOR_DIR = Path(
     os.environ.get("DBSPARK_CONFORMANCE_VECTORS")
@@ -21,3 +23,21 @@ if not sorted(VECTOR_DIR.glob("*.json")):
         "checkout or point DBSPARK_CONFORMANCE_VECTORS at the vectors"
     )
 VECTORS = sorted(VECTOR_DIR.glob("*.json"))
+
+
+def replay_vector(spark: Any, warehouse: Path, path: Path) -> Any:
+    """Step a fresh ``SparkEngine`` through the vector at ``path``, asserting every
+    epoch's views against the vector's ``expected``; returns the engine."""
+    from dbspark.conformance.runner import zset_to_rows
+    from dbspark.conformance.vector import parse_vector
+    from dbspark.engine.spark.executor import SparkEngine
+
+    vector = parse_vector(path.read_text(encoding="utf-8"))
+    expected = json.loads(path.read_text(encoding="utf-8"))["expected"]
+    engine = SparkEngine(vector.circuit, warehouse, spark=spark)
+    for epoch, inputs in enumerate(vector.epochs):
+        result = engine.step(inputs)
+        assert result.epoch == epoch
+        got = {name: zset_to_rows(z) for name, z in result.views.items()}
+        assert got == expected[epoch], f"{path.stem}: epoch {epoch}"
+    return engine

@@ -20,9 +20,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from vectors import VECTOR_DIR, VECTORS
+from vectors import VECTOR_DIR, VECTORS, replay_vector
 
-from dbspark.conformance.runner import zset_to_rows
 from dbspark.conformance.vector import parse_vector
 from dbspark.engine.spark.connect_server import ConnectServerError, LocalConnectServer, free_port
 from dbspark.engine.spark.executor import SparkEngine
@@ -79,16 +78,9 @@ OVER_CONNECT = [
 @pytest.mark.parametrize("path", OVER_CONNECT, ids=[p.stem for p in OVER_CONNECT])
 def test_vector_over_connect(connect_spark, warehouse_path: Path, path: Path) -> None:
     assert is_connect(connect_spark)
-    vector = parse_vector(path.read_text(encoding="utf-8"))
-    expected = json.loads(path.read_text(encoding="utf-8"))["expected"]
-    engine = SparkEngine(vector.circuit, warehouse_path, spark=connect_spark)
-    for epoch, inputs in enumerate(vector.epochs):
-        result = engine.step(inputs)
-        assert result.epoch == epoch
-        got = {name: zset_to_rows(z) for name, z in result.views.items()}
-        assert got == expected[epoch], f"epoch {epoch}"
+    engine = replay_vector(connect_spark, warehouse_path, path)
     differences = engine.verify()
-    assert set(differences) == set(vector.circuit.views)
+    assert set(differences) == set(engine.circuit.views)
     assert all(not diff for diff in differences.values()), differences
 
 
