@@ -78,6 +78,28 @@ epochs_table = sa.Table(
     sa.CheckConstraint("state IN ('open', 'committed')", name="ck_epochs_state"),
 )
 
+# What an epoch stands for outside the catalog, e.g. an Airflow data interval; unique
+# per circuit, so one interval can never become two epochs.
+epoch_labels_table = sa.Table(
+    "epoch_labels",
+    metadata,
+    sa.Column("circuit", sa.String(200), sa.ForeignKey("circuits.name"), primary_key=True),
+    sa.Column("epoch", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("label", sa.String(200), nullable=False),
+    sa.UniqueConstraint("circuit", "label", name="uq_epoch_labels_label"),
+)
+
+# A fingerprint of the input a unit committed (ingest units): a retry that brings a
+# different batch for a committed unit is refused instead of silently skipped.
+unit_inputs_table = sa.Table(
+    "unit_inputs",
+    metadata,
+    sa.Column("circuit", sa.String(200), sa.ForeignKey("circuits.name"), primary_key=True),
+    sa.Column("stage", sa.String(500), primary_key=True),
+    sa.Column("time", sa.String(200), primary_key=True),
+    sa.Column("fingerprint", sa.String(200), nullable=False),
+)
+
 stage_runs_table = sa.Table(
     "stage_runs",
     metadata,
@@ -309,14 +331,20 @@ class Catalog:
         ).scalar_one_or_none()
 
     # --- epochs --------------------------------------------------------------------------
-    def open_epoch(self, circuit: str, epoch: int) -> str:
+    def open_epoch(self, circuit: str, epoch: int, label: str | None = None) -> str:
         """Open ``epoch`` (idempotent). Returns its state: ``'open'``, or ``'committed'``
-        when it already ran (re-running a committed epoch is a no-op for the caller)."""
+        when it already ran (re-running a committed epoch is a no-op for the caller).
+
+        ``label`` records what the epoch stands for (an Airflow data interval); it is
+        set once, and opening the epoch under another label, or giving one label to a
+        second epoch, raises ``CatalogError``."""
         if epoch < 0:
             raise ValueError(f"epochs are non-negative, got {epoch}")
         t = epochs_table
         try:
             with self._write() as conn:
+                if label is not None:
+                    self._label_epoch(conn, circuit, epoch, label)
                 state = conn.execute(
                     sa.select(t.c.state).where(t.c.circuit == circuit, t.c.epoch == epoch)
                 ).scalar_one_or_none()
@@ -352,6 +380,32 @@ class Catalog:
             )
             return True
 
+    @staticmethod
+    def _label_epoch(conn: Connection, circuit: str, epoch: int, label: str) -> None:
+        t = epoch_labels_table
+        mine = conn.execute(
+            sa.select(t.c.label).where(t.c.circuit == circuit, t.c.epoch == epoch)
+        ).scalar_one_or_none()
+        if mine is not None:
+            if mine != label:
+                raise CatalogError(f"epoch {epoch} of circuit {circuit!r} is {mine}, not {label}")
+            return
+        other = conn.execute(
+            sa.select(t.c.epoch).where(t.c.circuit == circuit, t.c.label == label)
+        ).scalar_one_or_none()
+        if other is not None:
+            raise CatalogError(f"{label} is already epoch {other} of circuit {circuit!r}")
+        conn.execute(t.insert().values(circuit=circuit, epoch=epoch, label=label))
+
+    def epoch_labels(self, circuit: str) -> dict[int, str]:
+        """Every labelled epoch of ``circuit`` and its label."""
+        t = epoch_labels_table
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(t.c.epoch, t.c.label).where(t.c.circuit == circuit).order_by(t.c.epoch)
+            )
+            return {int(epoch): label for epoch, label in rows}
+
     def epoch_state(self, circuit: str, epoch: int) -> str | None:
         t = epochs_table
         with self.engine.connect() as conn:
@@ -380,12 +434,14 @@ class Catalog:
         supersede: Iterable[int] = (),
         loop_iteration: LoopIteration | None = None,
         frontiers: Mapping[str, Iterable[Sequence[int]]] | None = None,
+        input_fingerprint: str | None = None,
     ) -> bool:
         """Commit one stage's work at ``time`` in one transaction.
 
         Registers ``new_batches`` (files already written), marks the batches whose ids are
         in ``supersede`` as replaced by this commit, records ``loop_iteration`` and
-        ``frontiers`` (collection -> times) if given, and inserts the ``stage_runs`` row.
+        ``frontiers`` (collection -> times) if given, the ``input_fingerprint`` of the
+        batch an ingest unit consumed, and inserts the ``stage_runs`` row.
         Returns False, changing nothing, when this stage already committed at ``time``.
         Anything invalid (a superseded batch that is missing, already superseded or of
         another circuit; a batch of another circuit) raises and rolls everything back.
@@ -435,6 +491,15 @@ class Catalog:
                         )
                 if loop_iteration is not None:
                     self._insert_loop_iteration(conn, circuit, loop_iteration, now)
+                if input_fingerprint is not None:
+                    conn.execute(
+                        unit_inputs_table.insert().values(
+                            circuit=circuit,
+                            stage=stage,
+                            time=time_text,
+                            fingerprint=input_fingerprint,
+                        )
+                    )
                 for collection, times in (frontiers or {}).items():
                     self._set_frontier(conn, circuit, collection, times, now)
                 return True
@@ -442,6 +507,16 @@ class Catalog:
             if self.stage_done(circuit, stage, time):
                 return False  # lost a race against another attempt of the same stage
             raise CatalogError(f"commit of stage {stage!r} at {time_text} failed: {err}") from err
+
+    def input_fingerprint(self, circuit: str, stage: str, time: Sequence[int]) -> str | None:
+        """The fingerprint of the input a committed unit consumed, if it recorded one."""
+        t = unit_inputs_table
+        with self.engine.connect() as conn:
+            return conn.execute(
+                sa.select(t.c.fingerprint).where(
+                    t.c.circuit == circuit, t.c.stage == stage, t.c.time == encode_time(time)
+                )
+            ).scalar_one_or_none()
 
     def stage_done(self, circuit: str, stage: str, time: Sequence[int]) -> bool:
         with self.engine.connect() as conn:
