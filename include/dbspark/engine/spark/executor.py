@@ -183,11 +183,16 @@ class SparkEngine:
     def last_committed_epoch(self) -> int:
         return self.catalog.last_committed_epoch(self.circuit.name)
 
-    def open_epoch(self, epoch: int) -> bool:
-        """Open ``epoch``; False if it is already committed (the run is a no-op)."""
+    def open_epoch(self, epoch: int, label: str | None = None) -> bool:
+        """Open ``epoch``; False if it is already committed (the run is a no-op).
+
+        ``label`` says what the epoch stands for (an Airflow data interval); the catalog
+        keeps it and refuses to give one label two epochs."""
         name = self.circuit.name
         state = self.catalog.epoch_state(name, epoch)
         if state == "committed":
+            if label is not None:
+                self.catalog.open_epoch(name, epoch, label)  # checks the label matches
             log.info("epoch %s of %s is already committed: nothing to do", epoch, name)
             return False
         last = self.last_committed_epoch()
@@ -197,8 +202,8 @@ class SparkEngine:
                 f"circuit {name!r}: epoch {epoch} cannot run before epoch {missing} commits "
                 f"(last committed: {last})"
             )
-        if state is None:
-            self.catalog.open_epoch(name, epoch)
+        if state is None or label is not None:
+            self.catalog.open_epoch(name, epoch, label)
         return True
 
     def run_epoch(self, epoch: int, inputs: Mapping[str, Any] | None = None) -> EpochReport:
@@ -268,7 +273,9 @@ class SparkEngine:
         stage = self.plan.stage_of(node.id)
         t = (epoch,)
         unit_name = stage.name
-        if self.catalog.stage_done(self.circuit.name, unit_name, t):
+        done = self.catalog.stage_done(self.circuit.name, unit_name, t)
+        committed = self.catalog.input_fingerprint(self.circuit.name, unit_name, t)
+        if done and committed is None:
             return UnitReport(unit_name, t, skipped=True)
         unit = _Unit()
         if isinstance(batch, (FileBatch, DataFrame)):
@@ -276,6 +283,17 @@ class SparkEngine:
         if isinstance(batch, CheckedFrame):
             file = file or batch.file_label()
         frame = self._input_frame(node, batch, file)
+        fingerprint = frame_fingerprint(frame)
+        if done:
+            if fingerprint != committed:
+                raise InputError(
+                    source,
+                    f"epoch {epoch} already ingested a different batch (fingerprint "
+                    f"{committed}, this one {fingerprint}); a committed epoch's input cannot "
+                    "change: deliver late rows with a later epoch",
+                    file,
+                )
+            return UnitReport(unit_name, t, skipped=True, note="same batch as committed")
         rows_in = 0
         if node.op == "zset_source":
             delta = frame
@@ -301,7 +319,7 @@ class SparkEngine:
             rows_in = unit.records[-1].rows
         frames = {(node.id, t): delta}
         report = UnitReport(unit_name, t, rows_in=rows_in)
-        self._finish_stage(stage, t, frames, unit, report, start=1)
+        self._finish_stage(stage, t, frames, unit, report, start=1, fingerprint=fingerprint)
         return report
 
     def _input_frame(self, node: Node, batch: Any, file: str | None) -> DataFrame:
@@ -429,6 +447,7 @@ class SparkEngine:
         report: UnitReport,
         start: int,
         commit: bool = True,
+        fingerprint: str | None = None,
     ) -> None:
         for node_id in stage.nodes[start:]:
             frames[(node_id, t)] = self._evaluate(
@@ -452,7 +471,9 @@ class SparkEngine:
             if record:
                 report.paths.append(record.path)
         if commit:
-            self.catalog.commit(self.circuit.name, stage.name, t, unit.records)
+            self.catalog.commit(
+                self.circuit.name, stage.name, t, unit.records, input_fingerprint=fingerprint
+            )
             log.info("%s", report.describe())
 
     # ================================================================================ reading
@@ -917,17 +938,43 @@ class SparkEngine:
         log.info("%s", report.describe())
         return report
 
-    def view_frame(self, name: str) -> DataFrame:
-        """The view's contents as of the last committed epoch (consolidated), with ``__w``.
+    def view_frame(self, name: str, epoch: int | None = None) -> DataFrame:
+        """The view's contents (consolidated, with ``__w``) as of the last committed epoch,
+        or as of ``epoch`` once that epoch's publish has committed.
 
         A view's batch for an epoch is registered by ``publish`` before the epoch commits;
-        readers must not see it until the epoch does."""
+        readers must not see it until the epoch does: only the publishing task, which
+        exports it, asks for an uncommitted epoch explicitly."""
         node = self.circuit.node(self.circuit.views[name])
-        records = self.catalog.batches(
-            self.circuit.name, f"view.{name}", max_epoch=self.last_committed_epoch()
-        )
+        if epoch is None:
+            epoch = self.last_committed_epoch()
+        else:
+            self._require_published(epoch)
+        records = self.catalog.batches(self.circuit.name, f"view.{name}", max_epoch=epoch)
         frame = self.warehouse.read(self.spark, records, self._schema_of(node, 1))
         return consolidate(frame.drop(*time_columns(1)), list(node.schema.names))
+
+    def view_change(self, name: str, epoch: int) -> DataFrame:
+        """The view's change at ``epoch`` (consolidated, ``__w`` = +inserted / -deleted).
+
+        Compaction at the close of the epoch merges the batch into older ones, so the
+        change is read between ``publish`` and ``close_epoch``."""
+        node = self.circuit.node(self.circuit.views[name])
+        self._require_published(epoch)
+        if self.catalog.epoch_state(self.circuit.name, epoch) == "committed":
+            raise EpochOrderError(
+                f"circuit {self.circuit.name!r}: epoch {epoch} is committed and its view "
+                f"batches may be compacted; read a change between publish and close_epoch"
+            )
+        records = self.catalog.batches(self.circuit.name, f"view.{name}", epoch=epoch)
+        frame = self.warehouse.read(self.spark, records, self._schema_of(node, 1))
+        return consolidate(frame.drop(*time_columns(1)), list(node.schema.names))
+
+    def _require_published(self, epoch: int) -> None:
+        if not self.catalog.stage_done(self.circuit.name, "publish", (epoch,)):
+            raise EpochOrderError(
+                f"circuit {self.circuit.name!r}: the views of epoch {epoch} are not published"
+            )
 
     def view(self, name: str) -> ZSet:
         node = self.circuit.node(self.circuit.views[name])
@@ -1091,6 +1138,24 @@ def _lexicographic_greater(left: Sequence[str], right: Sequence[str]) -> Any:
         greater = (ca.isNotNull() & cb.isNull()) | (ca.isNotNull() & cb.isNotNull() & (ca > cb))
         result = greater | (ca.eqNullSafe(cb) & result)
     return result
+
+
+def frame_fingerprint(frame: DataFrame) -> str:
+    """An order-independent hash of a frame's rows (a multiset hash: the sum of row
+    hashes, with the count), computed by one Spark job."""
+    cols = sorted(frame.columns)
+    row = frame.select(
+        F.count(F.lit(1)).alias("n"),
+        # xxhash64 skips NULLs, so which columns are NULL is hashed as well.
+        F.sum(
+            F.xxhash64(
+                *[F.col(c) for c in cols],
+                F.concat_ws("", *[F.col(c).isNull().cast("int").cast("string") for c in cols]),
+            ).cast("decimal(38,0)")
+        ).alias("h"),
+    ).first()
+    text = f"{','.join(cols)}|{row['n']}|{row['h'] or 0}"
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
 def records_rows(records: Iterable[BatchRecord]) -> int:

@@ -48,7 +48,7 @@ DEFAULT_CONNECT_PORT = 15002
 _CONNECT_MODE_FLAG = "SPARK_CONNECT_MODE_ENABLED"
 
 #: Settings every session gets (runtime-settable, so they also apply to a reused one).
-_RUNTIME_DEFAULTS = {
+RUNTIME_DEFAULTS = {
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.adaptive.enabled": "true",
     "spark.sql.adaptive.coalescePartitions.enabled": "true",
@@ -82,7 +82,7 @@ def session_conf(
     master: str | None = None, *, remote: str | None = None, conf: Mapping[str, Any] | None = None
 ) -> dict[str, str]:
     """The configuration ``spark_session`` applies (user ``conf`` overrides the defaults)."""
-    settings: dict[str, str] = dict(_RUNTIME_DEFAULTS)
+    settings: dict[str, str] = dict(RUNTIME_DEFAULTS)
     settings["spark.sql.shuffle.partitions"] = str(shuffle_partitions())
     if remote is None:
         settings["spark.ui.enabled"] = "true" if _ui_enabled() else "false"
