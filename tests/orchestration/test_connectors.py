@@ -1,0 +1,378 @@
+"""Source connectors: landed files and table pulls give the batches the engine takes.
+
+Files and tables are written here with pyarrow/csv/json and SQLAlchemy directly where
+the point is reading (so a bug in ``land`` cannot hide one in ``batch``), and through
+``LandingDirectory.land`` where the point is the round trip. SqlTable runs against real
+SQLite files and, when one can be had, a real PostgreSQL server.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import sqlalchemy as sa
+
+from dbspark.engine.batches import InputError, upsert_batch
+from dbspark.engine.spark.files import FileBatch
+from dbspark.examples.circuits import orders
+from dbspark.orchestration.connectors import (
+    LandingDirectory,
+    SourceConnector,
+    SqlTable,
+    source_columns,
+)
+from dbspark.orchestration.intervals import Interval
+
+DAY0 = Interval(datetime(2026, 1, 1, tzinfo=UTC), datetime(2026, 1, 2, tzinfo=UTC))
+DAY1 = Interval(DAY0.end, DAY0.end + timedelta(days=1))
+CUSTOMERS = ("cust_id", "region", "ts", "deleted")
+ORDERS = ("order_id", "cust_id", "amount", "ts", "deleted_at")
+
+
+def write_parquet(path: Path, rows: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+# ==================================================================================== landing
+def test_the_partition_is_per_source_and_interval_start(tmp_path: Path) -> None:
+    landing = LandingDirectory(tmp_path)
+    assert landing.partition("orders", DAY0) == tmp_path / "orders" / "interval=20260101T000000Z"
+    assert ":" not in landing.partition("orders", DAY0).name
+    assert str(landing.partition("orders", DAY0)) in landing.describe("orders", DAY0)
+    with pytest.raises(ValueError, match="cannot be a directory name"):
+        landing.partition("../orders", DAY0)
+
+
+def test_a_missing_partition_is_nothing_unless_required(tmp_path: Path) -> None:
+    assert LandingDirectory(tmp_path).batch("orders", DAY0) is None
+    expected = tmp_path / "orders" / "interval=20260101T000000Z"
+    with pytest.raises(InputError, match="does not exist") as error:
+        LandingDirectory(tmp_path, require_partition=True).batch("orders", DAY0)
+    assert str(expected) in str(error.value)
+    assert "source 'orders'" in str(error.value)
+
+
+def test_markers_and_hidden_files_are_not_data(tmp_path: Path) -> None:
+    landing = LandingDirectory(tmp_path, require_partition=True)
+    partition = landing.partition("orders", DAY0)
+    partition.mkdir(parents=True)
+    (partition / "_SUCCESS").write_text("")
+    (partition / "_temporary").mkdir()
+    assert landing.batch("orders", DAY0) is None  # the writer finished and landed nothing
+    write_parquet(partition / "part-00001.parquet", [{"order_id": 2}])
+    write_parquet(partition / "part-00000.snappy.parquet", [{"order_id": 1}])
+    (partition / ".part-00000.snappy.parquet.crc").write_bytes(b"\0")
+    batch = landing.batch("orders", DAY0)
+    assert batch == FileBatch(
+        [partition / "part-00000.snappy.parquet", partition / "part-00001.parquet"], "parquet"
+    )
+
+
+def test_the_format_comes_from_extensions_or_is_declared(tmp_path: Path) -> None:
+    partition = LandingDirectory(tmp_path).partition("words", DAY0)
+    partition.mkdir(parents=True)
+    (partition / "a.json").write_text('{"word": "x"}\n')
+    (partition / "b.jsonl.gz").write_bytes(b"")
+    assert LandingDirectory(tmp_path).batch("words", DAY0).format == "jsonl"
+
+    (partition / "c.txt").write_text('{"word": "y"}\n')
+    with pytest.raises(InputError, match=r"cannot tell the format of \['c.txt'\]") as error:
+        LandingDirectory(tmp_path).batch("words", DAY0)
+    assert str(partition) in str(error.value)
+    # Declared, a file without a known extension is taken to be of that format.
+    assert len(LandingDirectory(tmp_path, "jsonl").batch("words", DAY0).paths) == 3
+    with pytest.raises(InputError, match="declared csv, but holds other files"):
+        LandingDirectory(tmp_path, "csv").batch("words", DAY0)
+    with pytest.raises(ValueError, match="not one of parquet, csv, jsonl"):
+        LandingDirectory(tmp_path, "orc")
+
+
+def test_mixed_formats_in_one_partition_are_refused(tmp_path: Path) -> None:
+    landing = LandingDirectory(tmp_path)
+    landing.land("orders", DAY0, [(1, 1, 10, 1, None)], ORDERS, "csv")
+    landing.land("orders", DAY0, [(2, 1, 10, 1, None)], ORDERS, "parquet")
+    with pytest.raises(InputError, match="mixes file formats") as error:
+        landing.batch("orders", DAY0)
+    message = str(error.value)
+    assert str(landing.partition("orders", DAY0)) in message
+    assert "part-00000.csv" in message and "part-00001.parquet" in message
+
+
+def test_landing_writes_whole_files_under_fresh_names(tmp_path: Path) -> None:
+    landing = LandingDirectory(tmp_path)
+    rows = [(1, "north", 1, False), {"cust_id": 2, "region": "a,b", "ts": 1}]
+    first = landing.land("customers", DAY0, rows, CUSTOMERS, "csv")
+    second = landing.land("customers", DAY0, rows, CUSTOMERS, "jsonl", name="late")
+    assert first.name == "part-00000.csv" and second.name == "late.jsonl"
+    assert sorted(p.name for p in first.parent.iterdir()) == ["late.jsonl", "part-00000.csv"]
+    assert first.read_text().splitlines() == [
+        "cust_id,region,ts,deleted",
+        "1,north,1,false",
+        '2,"a,b",1,',
+    ]
+    assert [json.loads(line) for line in second.read_text().splitlines()][1] == {
+        "cust_id": 2,
+        "region": "a,b",
+        "ts": 1,
+        "deleted": None,
+    }
+    with pytest.raises(ValueError, match="has 2 values for the 4 columns"):
+        landing.land("customers", DAY0, [(1, "x")], CUSTOMERS)
+    with pytest.raises(ValueError, match=r"unknown column\(s\) \['colour'\]"):
+        landing.land("customers", DAY0, [{"colour": "red"}], CUSTOMERS)
+    with pytest.raises(ValueError, match="CSV cannot hold"):
+        landing.land("tags", DAY0, [([1, 2],)], ["tags"], "csv")
+    # A failed write leaves no file behind, not even a hidden temporary one.
+    assert list(landing.partition("tags", DAY0).iterdir()) == []
+
+
+# ==================================================================================== fingerprints
+def at(hour: int, minute: int = 0, microsecond: int = 0) -> datetime:
+    """A naive UTC time on DAY0's date (DAY0 is midnight to midnight)."""
+    return datetime(2026, 1, 1, hour, minute, 0, microsecond)
+
+
+def make_orders_table(url: str | sa.URL, *, table: str = "orders_cdc", aware: bool = False):
+    """An operational orders table whose ``changed_at`` is a TIMESTAMP, ``changed_ms``
+    the same instant in epoch milliseconds and ``changed_s`` in epoch seconds."""
+    engine = sa.create_engine(url)
+    meta = sa.MetaData()
+    t = sa.Table(
+        table,
+        meta,
+        sa.Column("order_id", sa.BigInteger, primary_key=True),
+        sa.Column("cust_id", sa.BigInteger),
+        sa.Column("amount", sa.BigInteger),
+        sa.Column("ts", sa.BigInteger),
+        sa.Column("deleted_at", sa.BigInteger),
+        sa.Column("changed_at", sa.DateTime(timezone=aware)),
+        sa.Column("changed_ms", sa.BigInteger),
+        sa.Column("changed_s", sa.Integer),
+        sa.Column("note", sa.String),
+    )
+    moments = {
+        1: at(0) - timedelta(microseconds=1),  # just before the interval
+        2: at(0),  # exactly at its start: in
+        3: at(12, 30),
+        4: DAY0.end.replace(tzinfo=None) - timedelta(microseconds=1),  # last instant in
+        5: DAY0.end.replace(tzinfo=None),  # exactly at its end: out
+    }
+    rows = []
+    for order_id, moment in moments.items():
+        instant = moment.replace(tzinfo=UTC)
+        rows.append(
+            {
+                "order_id": order_id,
+                "cust_id": 7,
+                "amount": 10 * order_id,
+                "ts": order_id,
+                "deleted_at": None,
+                "changed_at": instant if aware else moment,
+                "changed_ms": int(instant.timestamp() * 1000),
+                "changed_s": int(instant.timestamp()),  # floor: 4 lands on 23:59:59
+                "note": "n",
+            }
+        )
+    with engine.begin() as conn:
+        meta.create_all(conn)
+        conn.execute(t.insert(), rows)
+    engine.dispose()
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    url = f"sqlite:///{tmp_path / 'operational.db'}"
+    make_orders_table(url)
+    return url
+
+
+def pulled_ids(connector: SqlTable, interval: Interval = DAY0) -> list[int]:
+    return [row[0] for row in connector.batch("orders", interval, columns=ORDERS)]
+
+
+def test_a_table_pull_is_the_half_open_interval(sqlite_url: str) -> None:
+    connector = SqlTable(sqlite_url, table="orders_cdc", watermark_column="changed_at")
+    rows = connector.batch("orders", DAY0, columns=ORDERS)
+    assert rows == [(2, 7, 20, 2, None), (3, 7, 30, 3, None), (4, 7, 40, 4, None)]
+    # What the engine's check of a Python batch takes, unchanged.
+    circuit = orders()
+    assert source_columns(circuit, "orders") == ORDERS
+    schema = circuit.node(circuit.sources["orders"]).params["user_schema"]
+    assert upsert_batch("orders", schema, rows) == rows
+    with pytest.raises(KeyError, match="no source 'order'"):
+        source_columns(circuit, "order")
+    assert pulled_ids(connector, DAY1) == [5]
+    assert "orders_cdc" in connector.describe("orders", DAY0)
+
+
+def test_integer_watermarks_in_seconds_and_milliseconds(sqlite_url: str) -> None:
+    ms = SqlTable(
+        sqlite_url, table="orders_cdc", watermark_column="changed_ms", watermark_unit="ms"
+    )
+    assert pulled_ids(ms) == [2, 3, 4]
+    seconds = SqlTable(
+        sqlite_url, table="orders_cdc", watermark_column="changed_s", watermark_unit="s"
+    )
+    assert pulled_ids(seconds) == [2, 3, 4]
+    # A bound inside a second: the second that starts before it is not in the interval.
+    late = Interval(DAY0.start + timedelta(microseconds=1), DAY0.end + timedelta(microseconds=1))
+    assert pulled_ids(seconds, late) == [3, 4, 5]
+    assert pulled_ids(ms, late) == [3, 4, 5]
+
+
+def test_columns_are_the_sources_in_its_order_and_may_be_renamed(sqlite_url: str) -> None:
+    connector = SqlTable(
+        sqlite_url,
+        table="orders_cdc",
+        watermark_column="changed_at",
+        columns={"deleted_at": "changed_s"},
+    )
+    rows = connector.batch("orders", DAY0, columns=["amount", "order_id", "deleted_at"])
+    assert rows[0] == (20, 2, int(DAY0.start.timestamp()))
+    weighted = SqlTable(
+        sqlite_url, table="orders_cdc", watermark_column="changed_at", weight_column="cust_id"
+    )
+    assert weighted.batch("orders", DAY0, columns=["order_id"]) == [((2,), 7), ((3,), 7), ((4,), 7)]
+
+
+def test_a_missing_table_or_column_is_named(sqlite_url: str) -> None:
+    def pull(**options: object) -> None:
+        settings = {"table": "orders_cdc", "watermark_column": "changed_at", **options}
+        SqlTable(sqlite_url, **settings).batch("orders", DAY0, columns=ORDERS)
+
+    with pytest.raises(InputError, match="table 'no_such_table' does not exist") as error:
+        pull(table="no_such_table")
+    assert "operational.db" in str(error.value)
+    with pytest.raises(InputError, match="the watermark column 'changed' is not in table"):
+        pull(watermark_column="changed")
+    with pytest.raises(InputError, match="the source column 'total' is not in table 'orders_cdc'"):
+        pull(columns={"amount": "total"})
+    with pytest.raises(InputError, match=r"is BIGINT, not a TIMESTAMP \(give watermark_unit"):
+        pull(watermark_column="changed_ms")
+    with pytest.raises(InputError, match="is DATETIME, not an integer of epoch s"):
+        pull(watermark_unit="s")
+    with pytest.raises(ValueError, match="exactly one of url and conn_id"):
+        SqlTable(sqlite_url, conn_id="x", table="t", watermark_column="w")
+    with pytest.raises(ValueError, match="watermark_unit 'us'"):
+        SqlTable(sqlite_url, table="t", watermark_column="w", watermark_unit="us")
+
+
+def test_a_connection_is_resolved_when_pulling(
+    sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    conn_id = f"dbspark_test_{uuid.uuid4().hex[:8]}"
+    # Built before the connection exists: DAG parsing must not need it.
+    connector = SqlTable(conn_id=conn_id, table="orders_cdc", watermark_column="changed_at")
+    assert conn_id in connector.describe("orders", DAY0)
+    with pytest.raises(LookupError, match=f"AIRFLOW_CONN_{conn_id.upper()}"):
+        connector.batch("orders", DAY0, columns=ORDERS)
+
+    assert sqlite_url.startswith("sqlite:////")  # the URI form of an absolute path
+    monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", sqlite_url)
+    assert pulled_ids(connector) == [2, 3, 4]
+    # The JSON form, with the file in ``host`` as Airflow's SQLite hook has it.
+    other = tmp_path / "other.db"
+    make_orders_table(f"sqlite:///{other}")
+    monkeypatch.setenv(
+        f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps({"conn_type": "sqlite", "host": str(other)})
+    )
+    assert pulled_ids(connector, DAY1) == [5]
+
+
+@pytest.fixture
+def postgres_table(postgres_url: str) -> Iterator[str]:
+    table = f"orders_cdc_{uuid.uuid4().hex[:8]}"
+    make_orders_table(postgres_url, table=table)
+    make_orders_table(postgres_url, table=f"{table}_tz", aware=True)
+    yield table
+    engine = sa.create_engine(postgres_url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(f'DROP TABLE "{table}"')
+        conn.exec_driver_sql(f'DROP TABLE "{table}_tz"')
+    engine.dispose()
+
+
+def test_a_postgres_connection_pulls_the_interval(
+    postgres_url: str, postgres_table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through an Airflow ``postgres://`` URI (mapped to psycopg 3), with a session time
+    zone far from UTC: naive and aware timestamps both keep their UTC bounds."""
+    url = sa.make_url(postgres_url)
+    airflow_uri = url.set(drivername="postgres").render_as_string(hide_password=False)
+    conn_id = f"dbspark_pg_{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", airflow_uri)
+    monkeypatch.setenv("PGTZ", "America/New_York")  # libpq sets the session's TimeZone
+    for table in (postgres_table, f"{postgres_table}_tz"):
+        connector = SqlTable(conn_id=conn_id, table=table, watermark_column="changed_at")
+        assert pulled_ids(connector) == [2, 3, 4], table
+        assert pulled_ids(connector, DAY1) == [5], table
+    millis = SqlTable(
+        postgres_url, table=postgres_table, watermark_column="changed_ms", watermark_unit="ms"
+    )
+    assert millis.batch("orders", DAY0, columns=ORDERS)[0] == (2, 7, 20, 2, None)
+    with pytest.raises(InputError, match="column 'nope' is not in table"):
+        SqlTable(postgres_url, table=postgres_table, watermark_column="nope").batch(
+            "orders", DAY0, columns=ORDERS
+        )
+
+
+# ==================================================================================== end to end
+@pytest.mark.slow
+def test_connectors_feed_epochs_of_the_orders_circuit(
+    spark, tmp_path: Path, sqlite_url: str
+) -> None:
+    """Day 0: customers as parquet, orders as CSV (with a _SUCCESS marker). Day 1:
+    customers as JSON lines, orders pulled from a table. Each batch goes to the engine as
+    the connector returned it."""
+    from dbspark.engine.spark.executor import SparkEngine
+
+    circuit = orders()
+    landing = LandingDirectory(tmp_path / "landing")
+    landing.land(
+        "customers", DAY0, [(1, "north", 1, False), (2, "south", 1, False)], CUSTOMERS, "parquet"
+    )
+    landing.land("orders", DAY0, [(10, 1, 100, 1, None), (11, 2, 50, 1, None)], ORDERS, "csv")
+    (landing.partition("orders", DAY0) / "_SUCCESS").write_text("")
+    landing.land(
+        "customers", DAY1, [(2, "north", 2, False), (3, "west", 2, False)], CUSTOMERS, "jsonl"
+    )
+    # Of the table's rows only order 5 (stamped at DAY0.end) is in day 1: make it customer
+    # 3's order, and add a day-1 update of order 10 (landed as CSV on day 0).
+    table = SqlTable(sqlite_url, table="orders_cdc", watermark_column="changed_at")
+    engine = sa.create_engine(sqlite_url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "UPDATE orders_cdc SET cust_id = 3, amount = 5, ts = 2 WHERE order_id = 5"
+        )
+        conn.exec_driver_sql(
+            "INSERT INTO orders_cdc (order_id, cust_id, amount, ts, changed_at) "
+            "VALUES (10, 1, 70, 2, '2026-01-02 08:00:00.000000')"
+        )
+    engine.dispose()
+
+    connectors: list[dict[str, SourceConnector]] = [
+        {"customers": landing, "orders": landing},
+        {"customers": landing, "orders": table},
+    ]
+    spark_engine = SparkEngine(circuit, tmp_path / "warehouse", spark=spark)
+    for epoch, interval in enumerate([DAY0, DAY1]):
+        batches = {
+            source: connector.batch(
+                source, interval, columns=source_columns(circuit, source), spark=spark
+            )
+            for source, connector in connectors[epoch].items()
+        }
+        assert all(b is not None for b in batches.values())
+        spark_engine.run_epoch(epoch, batches)
+
+    totals = {row: w for row, w in spark_engine.view("region_totals").items()}
+    assert totals == {("north", 2, 120, 70): 1, ("west", 1, 5, 5): 1}
