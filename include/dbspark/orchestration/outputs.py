@@ -1,0 +1,829 @@
+"""Exporting a circuit's views after each epoch, for readers outside dbspark.
+
+The engine keeps a view as a log of weighted batches in its warehouse, which is
+private: its layout changes under compaction and its catalog decides what is
+visible. Downstream readers get three stable outputs instead, written by the
+publish task between ``engine.publish(epoch)`` and ``engine.close_epoch(epoch)``
+(the only window in which the epoch's change can still be read on its own):
+
+``<root>/<circuit>/<view>/snapshot/epoch=<n>/``
+    the whole view as of epoch ``n``: the view's columns plus ``__w``, the row's
+    multiplicity (never 0). Written by Spark's Parquet writer, never collected.
+``<root>/<circuit>/<view>/changes/epoch=<n>/``
+    the epoch's change: the view's columns plus ``__w`` (positive: copies
+    inserted, negative: copies deleted). An empty change is still written, as a
+    Parquet dataset with no rows and the right schema, so that "nothing changed"
+    differs from "not exported yet". Summing ``__w`` per row over epochs
+    ``0..n`` gives the snapshot of epoch ``n``.
+a SQL serving table per view (optional)
+    ``<prefix><view>`` with the view's columns plus ``__w BIGINT``, kept in step
+    by applying each epoch's change to the rows it touches, in one transaction
+    with a bookkeeping row (``dbspark_serving_epochs``) that records the epoch
+    the table is at.
+
+Both directory outputs are published atomically: Spark writes into a hidden
+sibling (``.epoch=<n>.tmp-<id>``, which Spark and Arrow readers skip), a
+``_dbspark.json`` marker (epoch, rows, columns) is added, and one ``rename``
+makes data and marker visible together. A directory with its marker is
+complete, so a retried task skips it; readers must likewise only trust
+directories that have the marker. Reading ``<view>/changes`` as one dataset gives
+an ``epoch`` partition column.
+
+The serving table is idempotent per epoch: applying the epoch the table is
+already at does nothing, and applying any epoch other than the next one is
+refused (a fresh table is at epoch -1; :func:`initialize_serving` or
+:meth:`ServingTarget.initialize` (re)load it from a full snapshot).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+import uuid
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from dbspark.circuit.types import BIGINT, BOOLEAN, DOUBLE, STRING, Schema, element_type, is_array
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from dbspark.engine.spark.executor import SparkEngine
+
+log = logging.getLogger("dbspark.outputs")
+
+WEIGHT = "__w"
+MARKER = "_dbspark.json"
+SNAPSHOT = "snapshot"
+CHANGES = "changes"
+KINDS = (SNAPSHOT, CHANGES)
+SERVING_EPOCHS_TABLE = "dbspark_serving_epochs"
+
+#: One row of a view in schema order, and its weight (a multiplicity or a change).
+WeightedRow = tuple[tuple[Any, ...], int]
+
+
+class ExportError(RuntimeError):
+    """An export cannot be written or read as asked."""
+
+
+class ServingError(RuntimeError):
+    """A serving table cannot take a change: wrong epoch, other circuit, out of sync."""
+
+
+class ServingEpochError(ServingError):
+    """A change was applied out of order (the table is not at the epoch before it)."""
+
+    def __init__(self, table: str, at: int, epoch: int) -> None:
+        super().__init__(
+            f"serving table {table!r} is at epoch {at}; epoch {epoch} can only be applied "
+            f"at epoch {epoch - 1}. Apply the missing epochs in order, or reload the table "
+            f"from a snapshot with initialize_serving"
+        )
+        self.table = table
+        self.at = at
+        self.epoch = epoch
+
+
+# ==================================================================================== paths
+def output_dir(
+    root: str | os.PathLike[str], circuit: str, view: str, kind: str, epoch: int
+) -> Path:
+    """``<root>/<circuit>/<view>/<kind>/epoch=<n>``; ``kind`` is ``snapshot`` or ``changes``."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown export kind {kind!r}; use one of {', '.join(KINDS)}")
+    return Path(root) / circuit / view / kind / f"epoch={int(epoch)}"
+
+
+def read_marker(path: Path) -> dict[str, Any] | None:
+    """The completion marker of an export directory, or None when it is not complete."""
+    try:
+        return json.loads((path / MARKER).read_text())
+    except FileNotFoundError:
+        return None
+
+
+def exported_epochs(
+    root: str | os.PathLike[str], circuit: str, view: str, kind: str = CHANGES
+) -> list[int]:
+    """The epochs whose ``kind`` export of ``view`` is complete, ascending."""
+    base = output_dir(root, circuit, view, kind, 0).parent
+    if not base.is_dir():
+        return []
+    epochs = []
+    for child in base.iterdir():
+        # Hidden temporaries (".epoch=3.tmp-...") are never complete exports.
+        if child.name.startswith("epoch=") and read_marker(child) is not None:
+            epochs.append(int(child.name.removeprefix("epoch=")))
+    return sorted(epochs)
+
+
+# ==================================================================================== reports
+@dataclass
+class DirectoryExport:
+    """One snapshot or change directory: where it is and what is in it."""
+
+    kind: str
+    path: Path | None  # None: computed for serving only, not written
+    rows: int
+    skipped: bool = False
+    inserted: int = 0  # changes only: sum of the positive weights
+    deleted: int = 0  # changes only: sum of the negative weights, as a positive count
+
+    def describe(self) -> str:
+        where = "not written" if self.path is None else str(self.path)
+        where += " (already exported)" if self.skipped else ""
+        if self.kind == SNAPSHOT:
+            return f"snapshot {self.rows} rows -> {where}"
+        return f"change +{self.inserted}/-{self.deleted} in {self.rows} rows -> {where}"
+
+
+@dataclass
+class ServingResult:
+    """What applying (or loading) one epoch did to one serving table."""
+
+    table: str
+    epoch: int
+    database: str = ""  # the URL, password hidden
+    skipped: bool = False
+    initialized: bool = False
+    inserted: int = 0
+    updated: int = 0
+    deleted: int = 0
+
+    def describe(self) -> str:
+        table = f"serving table {self.table}" + (f" in {self.database}" if self.database else "")
+        if self.skipped:
+            return f"{table} already at epoch {self.epoch}"
+        if self.initialized:
+            return f"{table} reloaded from the snapshot of epoch {self.epoch}: {self.inserted} rows"
+        return (
+            f"{table} -> epoch {self.epoch}: {self.inserted} inserted, "
+            f"{self.updated} updated, {self.deleted} deleted"
+        )
+
+
+@dataclass
+class ViewExport:
+    view: str
+    snapshot: DirectoryExport | None = None
+    changes: DirectoryExport | None = None
+    serving: ServingResult | None = None
+
+
+@dataclass
+class ExportReport:
+    """What :func:`export_epoch` wrote, per view; ``describe()`` is for task logs."""
+
+    circuit: str
+    epoch: int
+    views: dict[str, ViewExport] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        lines = [f"export of circuit {self.circuit!r}, epoch {self.epoch}:"]
+        for name, view in self.views.items():
+            parts = [
+                part.describe()
+                for part in (view.snapshot, view.changes, view.serving)
+                if part is not None
+            ]
+            lines.append(f"  {name}: " + ("; ".join(parts) if parts else "nothing to export"))
+        return "\n".join(lines)
+
+
+# ==================================================================================== Parquet
+def _publish_dir(
+    final: Path,
+    write: Callable[[Path], Mapping[str, Any]],
+    marker: Mapping[str, Any],
+) -> tuple[bool, dict[str, Any]]:
+    """Write a directory atomically: ``write(tmp)`` fills a hidden sibling, which gets the
+    marker and is renamed into place. Returns (skipped, marker of the final directory)."""
+    existing = read_marker(final)
+    if existing is not None:
+        return True, existing
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".{final.name}.tmp-{uuid.uuid4().hex[:12]}"
+    try:
+        stats = write(tmp)
+        content = {**marker, **stats, "written_at": datetime.now(UTC).isoformat()}
+        (tmp / MARKER).write_text(json.dumps(content, indent=1, sort_keys=True) + "\n")
+        try:
+            tmp.rename(final)
+        except OSError:
+            # Either a concurrent attempt won the race (its directory is complete, keep
+            # it), or a directory without marker is in the way: not ours to trust.
+            winner = read_marker(final)
+            if winner is not None:
+                return True, winner
+            stale = final.parent / f".{final.name}.stale-{uuid.uuid4().hex[:12]}"
+            final.rename(stale)
+            shutil.rmtree(stale, ignore_errors=True)
+            tmp.rename(final)
+        return False, content
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _write_frame(frame: DataFrame, columns: Sequence[str], tmp: Path) -> dict[str, int]:
+    from dbspark.storage.warehouse import parquet_stats, spark_path
+
+    # Spark writes one empty part file with the schema for an empty frame, which is
+    # what lets readers tell an empty change from a missing one.
+    frame.select(*columns).write.mode("error").parquet(spark_path(tmp))
+    rows, size = parquet_stats(tmp)
+    return {"rows": rows, "bytes": size}
+
+
+def _marker(circuit: str, view: str, kind: str, epoch: int, schema: Schema) -> dict[str, Any]:
+    return {
+        "format": 1,
+        "circuit": circuit,
+        "view": view,
+        "kind": kind,
+        "epoch": int(epoch),
+        "columns": [[name, type_name] for name, type_name in schema.fields] + [[WEIGHT, BIGINT]],
+    }
+
+
+def read_change_rows(path: Path, schema: Schema) -> list[WeightedRow]:
+    """The rows of one complete change directory, on the driver (a change is small)."""
+    if read_marker(path) is None:
+        raise ExportError(f"{path} is not a complete export (no {MARKER})")
+    return _parquet_rows(path, schema)
+
+
+def _parquet_rows(path: Path, schema: Schema) -> list[WeightedRow]:
+    import pyarrow.parquet as pq
+
+    # Arrow skips "_"- and "."-prefixed files (_SUCCESS, the marker, .crc) like Spark.
+    table = pq.read_table(path, columns=[*schema.names, WEIGHT])
+    return [
+        (tuple(_from_arrow(record[n], t) for n, t in schema.fields), int(record[WEIGHT]))
+        for record in table.to_pylist()
+    ]
+
+
+def _from_arrow(value: Any, type_name: str) -> Any:
+    if value is None:
+        return None
+    if is_array(type_name):
+        inner = element_type(type_name)
+        return tuple(_from_arrow(v, inner) for v in value)
+    return value
+
+
+def read_changes(
+    spark: SparkSession,
+    root: str | os.PathLike[str],
+    circuit: str,
+    view: str,
+    epochs: Iterable[int] | None = None,
+) -> DataFrame:
+    """The exported changes of ``view`` for ``epochs`` (default: every complete one) as one
+    frame: the view's columns, ``__w`` and ``epoch``. A missing epoch is an error."""
+    from dbspark.storage.warehouse import spark_path
+
+    available = exported_epochs(root, circuit, view, CHANGES)
+    wanted = available if epochs is None else sorted({int(e) for e in epochs})
+    missing = sorted(set(wanted) - set(available))
+    if missing:
+        raise ExportError(
+            f"the changes of view {view!r} of circuit {circuit!r} are not exported for "
+            f"epochs {missing} (exported: {available or 'none'})"
+        )
+    if not wanted:
+        raise ExportError(f"no exported changes of view {view!r} of circuit {circuit!r}")
+    paths = [output_dir(root, circuit, view, CHANGES, e) for e in wanted]
+    base = paths[0].parent
+    return spark.read.option("basePath", spark_path(base)).parquet(*(spark_path(p) for p in paths))
+
+
+def read_snapshot(
+    spark: SparkSession, root: str | os.PathLike[str], circuit: str, view: str, epoch: int
+) -> DataFrame:
+    """The exported snapshot of ``view`` at ``epoch`` (view columns and ``__w``)."""
+    from dbspark.storage.warehouse import spark_path
+
+    path = output_dir(root, circuit, view, SNAPSHOT, epoch)
+    if read_marker(path) is None:
+        raise ExportError(
+            f"the snapshot of view {view!r} of circuit {circuit!r} at epoch {epoch} is not "
+            f"exported (no complete {path})"
+        )
+    return spark.read.parquet(spark_path(path))
+
+
+# ==================================================================================== SQL serving
+def _sql_type(type_name: str) -> sa.types.TypeEngine[Any]:
+    if type_name == BIGINT:
+        return sa.BigInteger()
+    if type_name == DOUBLE:
+        return sa.Double()
+    if type_name == STRING:
+        return sa.Text()
+    if type_name == BOOLEAN:
+        return sa.Boolean(create_constraint=False)
+    if is_array(type_name):
+        # Arrays travel as canonical JSON text: comparable with "=" on every database
+        # (PostgreSQL's json type has no equality), so rows still match exactly.
+        return sa.Text()
+    raise ServingError(f"no SQL type for dbspark column type {type_name!r}")
+
+
+def _to_sql(value: Any, type_name: str) -> Any:
+    if value is None:
+        return None
+    if is_array(type_name):
+        return json.dumps(_jsonable(value, element_type(type_name)), separators=(",", ":"))
+    if type_name == DOUBLE:
+        return float(value)
+    return value
+
+
+def _jsonable(values: Sequence[Any], type_name: str) -> list[Any]:
+    out = []
+    for v in values:
+        if v is None:
+            out.append(None)
+        elif is_array(type_name):
+            out.append(_jsonable(v, element_type(type_name)))
+        elif type_name == DOUBLE and not math.isfinite(v):
+            out.append(repr(float(v)))  # JSON has no NaN/inf literals
+        else:
+            out.append(v)
+    return out
+
+
+def _from_sql(value: Any, type_name: str) -> Any:
+    if value is None:
+        return None
+    if is_array(type_name):
+        return _from_json(json.loads(value), element_type(type_name))
+    return value
+
+
+def _from_json(values: list[Any], type_name: str) -> tuple[Any, ...]:
+    out: list[Any] = []
+    for v in values:
+        if v is None:
+            out.append(None)
+        elif is_array(type_name):
+            out.append(_from_json(v, element_type(type_name)))
+        elif type_name == DOUBLE:
+            out.append(float(v))
+        else:
+            out.append(v)
+    return tuple(out)
+
+
+def _key(values: Sequence[Any]) -> tuple[Any, ...]:
+    # NaN != NaN in Python, but a view holds one NaN per row value: match it by name.
+    return tuple(("nan",) if isinstance(v, float) and math.isnan(v) else v for v in values)
+
+
+@dataclass
+class ServingTarget:
+    """A SQL database holding one serving table per view (SQLAlchemy URL or Engine).
+
+    ``views`` limits which views are served (default: all); ``index`` adds an index over
+    the view's columns so that a change's rows are found without a scan (drop it for
+    views with very long strings: PostgreSQL's btree refuses entries over ~2.7 kB).
+    """
+
+    url: str | Engine
+    prefix: str = "dbspark_"
+    views: Collection[str] | None = None
+    epochs_table: str = SERVING_EPOCHS_TABLE
+    index: bool = True
+    _engine: Engine | None = field(default=None, init=False, repr=False)
+    _tables: dict[str, sa.Table] = field(default_factory=dict, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._metadata = sa.MetaData()
+        self._epochs = sa.Table(
+            self.epochs_table,
+            self._metadata,
+            sa.Column("table_name", sa.String(200), primary_key=True),
+            sa.Column("circuit", sa.String(200), nullable=False),
+            sa.Column("view", sa.String(200), nullable=False),
+            sa.Column("epoch", sa.BigInteger, nullable=False),
+            sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+        )
+
+    # --- naming -------------------------------------------------------------------------
+    @property
+    def engine(self) -> Engine:
+        if self._engine is None:
+            self._engine = self.url if isinstance(self.url, Engine) else sa.create_engine(self.url)
+        return self._engine
+
+    def table_name(self, view: str) -> str:
+        return f"{self.prefix}{view}"
+
+    def serves(self, view: str) -> bool:
+        return self.views is None or view in self.views
+
+    @property
+    def database(self) -> str:
+        """The database's URL with the password hidden, for logs."""
+        return self.engine.url.render_as_string(hide_password=True)
+
+    # --- tables -------------------------------------------------------------------------
+    def table(self, circuit: str, view: str, schema: Schema) -> sa.Table:
+        """The serving table of ``view`` (created if missing, with its bookkeeping row at
+        epoch -1); refuses a table that belongs to another circuit or has other columns."""
+        name = self.table_name(view)
+        if name in self._tables:
+            return self._tables[name]
+        columns = [sa.Column(n, _sql_type(t), nullable=True) for n, t in schema.fields]
+        table = sa.Table(
+            name, self._metadata, *columns, sa.Column(WEIGHT, sa.BigInteger, nullable=False)
+        )
+        if self.index:
+            sa.Index(f"ix_{name}"[:63], *(table.c[n] for n in schema.names))
+        self._metadata.create_all(self.engine, tables=[self._epochs, table], checkfirst=True)
+        found = {c["name"] for c in sa.inspect(self.engine).get_columns(name)}
+        wanted = {*schema.names, WEIGHT}
+        if found != wanted:
+            raise ServingError(
+                f"serving table {name!r} has columns {sorted(found)}, view {view!r} needs "
+                f"{sorted(wanted)}; drop or rename the table to re-create it"
+            )
+        with self.engine.begin() as conn:
+            row = conn.execute(
+                sa.select(self._epochs.c.circuit).where(self._epochs.c.table_name == name)
+            ).first()
+            if row is None:
+                if conn.execute(sa.select(sa.func.count()).select_from(table)).scalar_one():
+                    raise ServingError(
+                        f"serving table {name!r} has rows but no bookkeeping row in "
+                        f"{self.epochs_table!r}; reload it with initialize_serving"
+                    )
+                self._insert_bookkeeping(conn, name, circuit, view, -1)
+            elif row.circuit != circuit:
+                raise ServingError(
+                    f"serving table {name!r} serves circuit {row.circuit!r}, not {circuit!r}"
+                )
+        self._tables[name] = table
+        return table
+
+    def _insert_bookkeeping(
+        self, conn: Connection, name: str, circuit: str, view: str, epoch: int
+    ) -> None:
+        conn.execute(
+            sa.insert(self._epochs).values(
+                table_name=name,
+                circuit=circuit,
+                view=view,
+                epoch=epoch,
+                updated_at=datetime.now(UTC),
+            )
+        )
+
+    def epoch_of(self, view: str) -> int:
+        """The epoch the serving table of ``view`` is at (-1: fresh or not created)."""
+        if not sa.inspect(self.engine).has_table(self.epochs_table):
+            return -1
+        with self.engine.connect() as conn:
+            value = conn.execute(
+                sa.select(self._epochs.c.epoch).where(
+                    self._epochs.c.table_name == self.table_name(view)
+                )
+            ).scalar_one_or_none()
+        return -1 if value is None else int(value)
+
+    def contents(self, circuit: str, view: str, schema: Schema) -> list[WeightedRow]:
+        """Every row of the serving table with its multiplicity (for checks and demos)."""
+        table = self.table(circuit, view, schema)
+        with self.engine.connect() as conn:
+            result = conn.execute(sa.select(*(table.c[n] for n in schema.names), table.c[WEIGHT]))
+            return [
+                (
+                    tuple(_from_sql(v, t) for v, t in zip(r[:-1], schema.types, strict=True)),
+                    int(r[-1]),
+                )
+                for r in result
+            ]
+
+    # --- applying -----------------------------------------------------------------------
+    def apply(
+        self,
+        circuit: str,
+        view: str,
+        schema: Schema,
+        epoch: int,
+        change: Iterable[WeightedRow],
+    ) -> ServingResult:
+        """Apply epoch ``epoch``'s change (rows with weight deltas) in one transaction.
+
+        Only the changed rows are touched: a row's multiplicity becomes old + delta; a new
+        row is inserted, a row reaching 0 is deleted. A no-op if the table is already at
+        ``epoch``; :class:`ServingEpochError` unless it is at ``epoch - 1``."""
+        table = self.table(circuit, view, schema)
+        name = table.name
+        result = ServingResult(name, epoch, self.database)
+        deltas: dict[tuple[Any, ...], tuple[list[Any], int]] = {}
+        for row, weight in change:
+            values = [_to_sql(v, t) for v, t in zip(row, schema.types, strict=True)]
+            key = _key(values)
+            old = deltas.get(key, (values, 0))[1]
+            deltas[key] = (values, old + int(weight))
+        with self.engine.begin() as conn:
+            # Compare-and-set on the bookkeeping row first: it takes the row's lock, so a
+            # concurrent attempt at the same epoch waits and then finds it applied.
+            moved = conn.execute(
+                sa.update(self._epochs)
+                .where(self._epochs.c.table_name == name, self._epochs.c.epoch == epoch - 1)
+                .values(epoch=epoch, updated_at=datetime.now(UTC))
+            ).rowcount
+            if moved != 1:
+                at = conn.execute(
+                    sa.select(self._epochs.c.epoch).where(self._epochs.c.table_name == name)
+                ).scalar_one()
+                if at == epoch:
+                    result.skipped = True
+                    return result
+                raise ServingEpochError(name, int(at), epoch)
+            changes = [(values, d) for values, d in deltas.values() if d != 0]
+            old = _lookup(conn, table, schema.names, [values for values, _ in changes])
+            inserts, updates, deletes = [], [], []
+            for values, delta in changes:
+                before = old.get(_key(values), 0)
+                after = before + delta
+                if after < 0:
+                    raise ServingError(
+                        f"serving table {name!r} at epoch {epoch - 1} holds row {values} "
+                        f"{before} times; epoch {epoch} deletes {-delta}: the table is out "
+                        f"of sync, reload it with initialize_serving"
+                    )
+                if before == 0:
+                    inserts.append((values, after))
+                elif after == 0:
+                    deletes.append(values)
+                else:
+                    updates.append((values, after))
+            names = list(schema.names)
+            if inserts:
+                conn.execute(
+                    sa.insert(table),
+                    [{**dict(zip(names, v, strict=True)), WEIGHT: w} for v, w in inserts],
+                )
+            _by_pattern(conn, table, names, updates, update=True)
+            _by_pattern(conn, table, names, [(v, 0) for v in deletes], update=False)
+        result.inserted, result.updated, result.deleted = len(inserts), len(updates), len(deletes)
+        return result
+
+    def initialize(
+        self,
+        circuit: str,
+        view: str,
+        schema: Schema,
+        epoch: int,
+        rows: Iterable[WeightedRow],
+        *,
+        batch_size: int = 5000,
+    ) -> ServingResult:
+        """Replace the table's contents with a full snapshot at ``epoch`` (first use, or
+        recovery), in one transaction. ``rows`` is consumed as a stream, in batches."""
+        table = self.table(circuit, view, schema)
+        name = table.name
+        names = list(schema.names)
+        total = 0
+        with self.engine.begin() as conn:
+            # The bookkeeping row first, as in apply: concurrent appliers wait on its lock.
+            moved = conn.execute(
+                sa.update(self._epochs)
+                .where(self._epochs.c.table_name == name)
+                .values(epoch=epoch, circuit=circuit, updated_at=datetime.now(UTC))
+            ).rowcount
+            if moved != 1:
+                self._insert_bookkeeping(conn, name, circuit, view, epoch)
+            conn.execute(sa.delete(table))
+            batch: list[dict[str, Any]] = []
+            for row, weight in rows:
+                if weight == 0:
+                    continue
+                if weight < 0:
+                    raise ServingError(
+                        f"snapshot of view {view!r} at epoch {epoch} has row {row} with "
+                        f"multiplicity {weight}; a snapshot holds positive multiplicities"
+                    )
+                values = [_to_sql(v, t) for v, t in zip(row, schema.types, strict=True)]
+                batch.append({**dict(zip(names, values, strict=True)), WEIGHT: int(weight)})
+                if len(batch) >= batch_size:
+                    conn.execute(sa.insert(table), batch)
+                    total += len(batch)
+                    batch = []
+            if batch:
+                conn.execute(sa.insert(table), batch)
+                total += len(batch)
+        return ServingResult(name, epoch, self.database, initialized=True, inserted=total)
+
+
+def _pattern(values: Sequence[Any]) -> tuple[bool, ...]:
+    return tuple(v is None for v in values)
+
+
+def _match(table: sa.Table, names: Sequence[str], nulls: Sequence[bool]) -> list[Any]:
+    """IS NOT DISTINCT FROM, spelled per NULL pattern as ``col IS NULL`` / ``col = :v``:
+    the same rows for known values, but indexable (PostgreSQL never uses an index for
+    IS NOT DISTINCT FROM)."""
+    return [
+        table.c[n].is_(None) if null else table.c[n] == sa.bindparam(f"k_{n}")
+        for n, null in zip(names, nulls, strict=True)
+    ]
+
+
+def _lookup(
+    conn: Connection, table: sa.Table, names: Sequence[str], rows: Sequence[Sequence[Any]]
+) -> dict[tuple[Any, ...], int]:
+    """The current multiplicity of each of ``rows`` that the table holds (one query per
+    NULL pattern and chunk, a row-value IN over the non-NULL columns)."""
+    found: dict[tuple[Any, ...], int] = {}
+    groups: dict[tuple[bool, ...], list[Sequence[Any]]] = {}
+    for values in rows:
+        groups.setdefault(_pattern(values), []).append(values)
+    chunk = max(1, 500 // max(1, len(names)))
+    for nulls, members in groups.items():
+        present = [i for i, null in enumerate(nulls) if not null]
+        for start in range(0, len(members), chunk):
+            part = members[start : start + chunk]
+            where = [table.c[names[i]].is_(None) for i, null in enumerate(nulls) if null]
+            if len(present) == 1:
+                where.append(table.c[names[present[0]]].in_([v[present[0]] for v in part]))
+            elif present:
+                columns = sa.tuple_(*(table.c[names[i]] for i in present))
+                where.append(columns.in_([tuple(v[i] for i in present) for v in part]))
+            query = sa.select(*(table.c[n] for n in names), table.c[WEIGHT]).where(*where)
+            for record in conn.execute(query):
+                key = _key(record[:-1])
+                if key in found:
+                    raise ServingError(
+                        f"serving table {table.name!r} holds row {list(record[:-1])} more "
+                        f"than once; reload it with initialize_serving"
+                    )
+                found[key] = int(record[-1])
+    return found
+
+
+def _by_pattern(
+    conn: Connection,
+    table: sa.Table,
+    names: Sequence[str],
+    rows: Sequence[tuple[Sequence[Any], int]],
+    *,
+    update: bool,
+) -> None:
+    """UPDATE (set ``__w``) or DELETE the given rows, one executemany per NULL pattern."""
+    groups: dict[tuple[bool, ...], list[dict[str, Any]]] = {}
+    for values, weight in rows:
+        params = {f"k_{n}": v for n, v in zip(names, values, strict=True) if v is not None}
+        params["new_w"] = weight
+        groups.setdefault(_pattern(values), []).append(params)
+    for nulls, params in groups.items():
+        where = _match(table, names, nulls)
+        if update:
+            statement: Any = sa.update(table).where(*where).values({WEIGHT: sa.bindparam("new_w")})
+        else:
+            statement = sa.delete(table).where(*where)
+            params = [{k: v for k, v in p.items() if k != "new_w"} for p in params]
+        touched = conn.execute(statement, params).rowcount
+        sane = conn.dialect.supports_sane_multi_rowcount or len(params) == 1
+        if sane and touched != len(params):
+            raise ServingError(
+                f"serving table {table.name!r}: {'update' if update else 'delete'} of "
+                f"{len(params)} rows matched {touched}; the table changed underneath"
+            )
+
+
+# ==================================================================================== entry points
+def export_epoch(
+    engine: SparkEngine,
+    epoch: int,
+    *,
+    root: str | os.PathLike[str] | None = None,
+    serving: ServingTarget | None = None,
+    views: Collection[str] | None = None,
+) -> ExportReport:
+    """Export every view (or ``views``) of ``engine``'s circuit for ``epoch``: snapshot and
+    change directories under ``root``, and the serving tables of ``serving``.
+
+    Call it after ``engine.publish(epoch)`` and before ``engine.close_epoch(epoch)``. Every
+    output that is already complete is skipped, so a retried task redoes only what is
+    missing (after the close, only complete outputs can be skipped: the change is gone).
+    """
+    circuit = engine.circuit.name
+    report = ExportReport(circuit, epoch)
+    names = list(engine.circuit.views) if views is None else list(views)
+    for name in names:
+        if name not in engine.circuit.views:
+            raise ExportError(f"circuit {circuit!r} has no view {name!r}")
+    for name in names:
+        schema = engine.circuit.node(engine.circuit.views[name]).schema
+        columns = [*schema.names, WEIGHT]
+        item = ViewExport(name)
+        report.views[name] = item
+        change_dir: Path | None = None
+        if root is not None:
+            snap_dir = output_dir(root, circuit, name, SNAPSHOT, epoch)
+            skipped, marker = _publish_dir(
+                snap_dir,
+                lambda tmp, n=name, c=columns: _write_frame(engine.view_frame(n, epoch), c, tmp),
+                _marker(circuit, name, SNAPSHOT, epoch, schema),
+            )
+            item.snapshot = DirectoryExport(SNAPSHOT, snap_dir, int(marker["rows"]), skipped)
+            change_dir = output_dir(root, circuit, name, CHANGES, epoch)
+            skipped, marker = _publish_dir(
+                change_dir,
+                lambda tmp, n=name, s=schema, c=columns: _write_change(engine, n, epoch, s, c, tmp),
+                _marker(circuit, name, CHANGES, epoch, schema),
+            )
+            item.changes = DirectoryExport(
+                CHANGES,
+                change_dir,
+                int(marker["rows"]),
+                skipped,
+                inserted=int(marker.get("inserted", 0)),
+                deleted=int(marker.get("deleted", 0)),
+            )
+        if serving is not None and serving.serves(name):
+            if serving.epoch_of(name) == epoch:
+                item.serving = ServingResult(
+                    serving.table_name(name), epoch, serving.database, skipped=True
+                )
+                continue
+            if change_dir is not None:
+                # The exported change is what readers of the feed see: serve exactly that.
+                change = read_change_rows(change_dir, schema)
+            else:
+                from dbspark.engine.spark.frames import frame_to_zset
+
+                change = list(frame_to_zset(engine.view_change(name, epoch), schema).items())
+            item.serving = serving.apply(circuit, name, schema, epoch, change)
+            if item.changes is None:
+                item.changes = DirectoryExport(
+                    CHANGES,
+                    None,
+                    len(change),
+                    inserted=sum(w for _, w in change if w > 0),
+                    deleted=-sum(w for _, w in change if w < 0),
+                )
+    log.info("%s", report.describe())
+    return report
+
+
+def _write_change(
+    engine: SparkEngine, view: str, epoch: int, schema: Schema, columns: Sequence[str], tmp: Path
+) -> dict[str, int]:
+    stats = _write_frame(engine.view_change(view, epoch), columns, tmp)
+    # A change is small: its +/- sizes are read back from the files just written.
+    rows = _parquet_rows(tmp, schema)
+    stats["inserted"] = sum(w for _, w in rows if w > 0)
+    stats["deleted"] = -sum(w for _, w in rows if w < 0)
+    return stats
+
+
+def initialize_serving(
+    engine: SparkEngine,
+    serving: ServingTarget,
+    *,
+    epoch: int | None = None,
+    root: str | os.PathLike[str] | None = None,
+    views: Collection[str] | None = None,
+) -> dict[str, ServingResult]:
+    """(Re)load serving tables from a full snapshot at ``epoch`` (default: the last
+    committed one): the exported snapshot under ``root`` when given, else the engine's
+    view. Rows stream to the database one Spark partition at a time."""
+    circuit = engine.circuit.name
+    epoch = engine.last_committed_epoch() if epoch is None else int(epoch)
+    names = [n for n in (views or engine.circuit.views) if serving.serves(n)]
+    results = {}
+    for name in names:
+        schema = engine.circuit.node(engine.circuit.views[name]).schema
+        if root is not None:
+            frame = read_snapshot(engine.spark, root, circuit, name, epoch)
+        else:
+            frame = engine.view_frame(name, epoch)
+        results[name] = serving.initialize(circuit, name, schema, epoch, _stream(frame, schema))
+        log.info("%s", results[name].describe())
+    return results
+
+
+def _stream(frame: DataFrame, schema: Schema) -> Iterator[WeightedRow]:
+    from dbspark.engine.spark.frames import from_spark_value
+
+    selected = frame.select(*schema.names, WEIGHT)
+    # One partition on the driver at a time, never the whole snapshot.
+    for record in selected.toLocalIterator(prefetchPartitions=False):
+        values = tuple(from_spark_value(record[i], t) for i, t in enumerate(schema.types))
+        yield values, int(record[len(schema)])

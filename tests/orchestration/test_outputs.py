@@ -1,0 +1,330 @@
+"""Exported views: Parquet snapshots and change feeds per epoch, and SQL serving tables.
+
+The SQL tests feed changes straight to a ``ServingTarget`` (SQLite, and PostgreSQL when
+the ``postgres_url`` fixture finds a server); the Spark tests run a few epochs of real
+circuits and export between ``publish`` and ``close_epoch``, as the DAG's publish task does.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+import sqlalchemy as sa
+
+from dbspark.circuit.builder import Circuit
+from dbspark.circuit.types import Schema
+from dbspark.core.zset import ZSet
+from dbspark.examples.circuits import orders
+from dbspark.orchestration.outputs import (
+    MARKER,
+    ExportError,
+    ExportReport,
+    ServingEpochError,
+    ServingError,
+    ServingTarget,
+    _publish_dir,
+    export_epoch,
+    exported_epochs,
+    initialize_serving,
+    output_dir,
+    read_change_rows,
+    read_changes,
+    read_snapshot,
+)
+
+SCHEMA = Schema.of(
+    {"tag": "string", "n": "bigint", "x": "double", "ok": "boolean", "xs": "array<bigint>"},
+    what="test",
+)
+
+
+# ==================================================================================== SQL serving
+@pytest.fixture(params=["sqlite", "postgres"])
+def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ServingTarget]:
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'serving.db'}"
+    else:
+        url = request.getfixturevalue("postgres_url")
+    # A fresh prefix and bookkeeping table per test: the PostgreSQL database is shared.
+    tag = uuid.uuid4().hex[:8]
+    serving = ServingTarget(url, prefix=f"t{tag}_", epochs_table=f"epochs_{tag}")
+    yield serving
+    serving.engine.dispose()
+
+
+def contents(target: ServingTarget, view: str = "v", circuit: str = "c") -> ZSet:
+    return ZSet(target.contents(circuit, view, SCHEMA))
+
+
+def test_serving_applies_changes_null_safely(target: ServingTarget) -> None:
+    a = ("a", 1, 1.5, True, (1, 2))
+    nulls = (None, None, None, None, None)
+    half = ("b", None, None, False, ())
+    assert target.epoch_of("v") == -1
+    first = target.apply("c", "v", SCHEMA, 0, [(a, 2), (nulls, 1), (half, 1)])
+    assert (first.inserted, first.updated, first.deleted) == (3, 0, 0)
+    assert contents(target) == ZSet([(a, 2), (nulls, 1), (half, 1)])
+
+    # An update of a row of NULLs and a delete of a half-NULL row must find exactly them.
+    second = target.apply(
+        "c", "v", SCHEMA, 1, [(nulls, 2), (half, -1), (a, -1), (("c", 3, None, None, None), 1)]
+    )
+    assert (second.inserted, second.updated, second.deleted) == (1, 2, 1)
+    assert target.epoch_of("v") == 1
+    want = ZSet([(a, 1), (nulls, 3), (("c", 3, None, None, None), 1)])
+    assert contents(target) == want
+
+    again = target.apply("c", "v", SCHEMA, 1, [(a, 5)])
+    assert again.skipped
+    assert "already at epoch 1" in again.describe()
+    assert contents(target) == want
+
+
+def test_serving_refuses_out_of_order_and_inconsistent_changes(target: ServingTarget) -> None:
+    a = ("a", 1, None, None, None)
+    target.apply("c", "v", SCHEMA, 0, [(a, 1)])
+    with pytest.raises(ServingEpochError, match=r"at epoch 0; epoch 2 can only be applied"):
+        target.apply("c", "v", SCHEMA, 2, [])
+    # Deleting more copies than the table holds: nothing of the epoch may stay behind.
+    with pytest.raises(ServingError, match="out of sync"):
+        target.apply("c", "v", SCHEMA, 1, [(("b", 1, None, None, None), 1), (a, -2)])
+    assert target.epoch_of("v") == 0
+    assert contents(target) == ZSet([(a, 1)])
+    with pytest.raises(ServingError, match="serves circuit 'c'"):
+        ServingTarget(target.engine, prefix=target.prefix, epochs_table=target.epochs_table).apply(
+            "other", "v", SCHEMA, 1, []
+        )
+
+
+def test_serving_initialize_reloads_a_table(target: ServingTarget) -> None:
+    target.apply("c", "v", SCHEMA, 0, [(("old", 1, None, None, None), 1)])
+    snapshot = [(("a", 1, 0.5, True, (3,)), 2), ((None, 2, None, None, None), 1)]
+    loaded = target.initialize("c", "v", SCHEMA, 7, iter(snapshot), batch_size=1)
+    assert loaded.initialized and loaded.inserted == 2
+    assert target.epoch_of("v") == 7
+    assert contents(target) == ZSet(snapshot)
+    target.apply("c", "v", SCHEMA, 8, [((None, 2, None, None, None), -1)])
+    assert contents(target) == ZSet(snapshot[:1])
+
+
+# ==================================================================================== atomic dirs
+def test_publish_dir_is_atomic_and_idempotent(tmp_path: Path) -> None:
+    final = output_dir(tmp_path, "c", "v", "changes", 3)
+    # A leftover of a killed attempt (hidden temporary) and a foreign, unmarked directory.
+    final.parent.mkdir(parents=True)
+    (final.parent / ".epoch=3.tmp-dead").mkdir()
+    final.mkdir()
+    (final / "junk.parquet").write_text("not ours")
+    assert exported_epochs(tmp_path, "c", "v") == []
+    calls = []
+
+    def write(tmp: Path) -> dict[str, int]:
+        calls.append(tmp)
+        tmp.mkdir()
+        (tmp / "part-0.parquet").write_text("data")
+        return {"rows": 1}
+
+    skipped, marker = _publish_dir(final, write, {"epoch": 3})
+    assert not skipped and marker["rows"] == 1
+    assert sorted(p.name for p in final.iterdir()) == [MARKER, "part-0.parquet"]
+    assert exported_epochs(tmp_path, "c", "v") == [3]
+    skipped, again = _publish_dir(final, write, {"epoch": 3})
+    assert skipped and again == marker and len(calls) == 1
+    # Only the dead attempt's temporary remains: no temporary of ours is left behind.
+    assert sorted(p.name for p in final.parent.iterdir()) == [".epoch=3.tmp-dead", "epoch=3"]
+
+
+# ==================================================================================== Spark
+def run_and_export(
+    engine: Any, epoch: int, inputs: Mapping[str, Any], **export: Any
+) -> list[ExportReport]:
+    """``SparkEngine.run_epoch`` with exports between publish and close (as the DAG does).
+    ``export`` maps a label to the keyword arguments of one ``export_epoch`` call."""
+    checked = {name: engine.check_batch(name, batch) for name, batch in inputs.items()}
+    assert engine.open_epoch(epoch)
+    t = (epoch,)
+    for stage in engine.plan.stages_in_scope(0):
+        anchor = engine.circuit.node(stage.anchor)
+        if anchor.op in ("zset_source", "upsert_source"):
+            engine.ingest(anchor.label, epoch, checked.get(anchor.label))
+            continue
+        if anchor.op == "leave":
+            engine.run_loop(engine.plan.loops[anchor.params["loop"]], t)
+        engine.run_stage(stage.id, t)
+    engine.publish(epoch)
+    reports = [export_epoch(engine, epoch, **kwargs) for kwargs in export.values()]
+    engine.close_epoch(epoch)
+    return reports
+
+
+def tags() -> Circuit:
+    """A view with multiplicities above 1 and NULLs: the tags of items."""
+    c = Circuit("tags")
+    items = c.zset_source("items", {"tag": "string", "qty": "bigint"})
+    c.view("tags", items.select("tag"))
+    return c
+
+
+AUDIT = """
+CREATE TRIGGER audit_{op} AFTER {op} ON {table}
+BEGIN INSERT INTO audit VALUES ('{op}', {row}.tag); END
+"""
+
+
+def audited(engine: sa.Engine, table: str) -> None:
+    """Record every row statement on ``table`` in ``audit``: which rows an epoch touched."""
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE audit (op TEXT, tag TEXT)")
+        for op, row in (("INSERT", "NEW"), ("UPDATE", "NEW"), ("DELETE", "OLD")):
+            conn.exec_driver_sql(AUDIT.format(op=op, table=table, row=row))
+
+
+def touched(engine: sa.Engine) -> set[tuple[str, str | None]]:
+    with engine.begin() as conn:
+        rows = {tuple(r) for r in conn.exec_driver_sql("SELECT op, tag FROM audit")}
+        conn.exec_driver_sql("DELETE FROM audit")
+    return rows
+
+
+def test_export_epochs_of_a_view_with_multiplicities(spark: Any, tmp_path: Path) -> None:
+    from dbspark.engine.spark.executor import SparkEngine
+    from dbspark.engine.spark.frames import frame_to_zset
+
+    engine = SparkEngine(tags(), tmp_path / "wh", spark=spark)
+    root = tmp_path / "out"
+    serving = ServingTarget(f"sqlite:///{tmp_path / 'serving.db'}")
+    schema = engine.circuit.node(engine.circuit.views["tags"]).schema
+    epochs = [
+        [[("a", 1), 1], [("a", 2), 1], [(None, 5), 1], [("b", 1), 1]],
+        # one "a" goes (update), a NULL tag comes (update of the NULL row), "b" goes
+        # (delete), "c" comes (insert)
+        [[("a", 1), -1], [(None, 6), 1], [("b", 1), -1], [("c", 1), 1]],
+        [],  # nothing changes
+    ]
+    want = [
+        ZSet([(("a",), 2), ((None,), 1), (("b",), 1)]),
+        ZSet([(("a",), 1), ((None,), 2), (("c",), 1)]),
+        ZSet([(("a",), 1), ((None,), 2), (("c",), 1)]),
+    ]
+    want_touched = [
+        None,
+        {("UPDATE", "a"), ("UPDATE", None), ("DELETE", "b"), ("INSERT", "c")},
+        set(),
+    ]
+    for epoch, batch in enumerate(epochs):
+        [report] = run_and_export(
+            engine, epoch, {"items": batch}, main={"root": root, "serving": serving}
+        )
+        view = engine.view("tags")
+        assert view == want[epoch], f"epoch {epoch}"
+        snapshot = frame_to_zset(read_snapshot(spark, root, "tags", "tags", epoch), schema)
+        assert snapshot == view, f"snapshot of epoch {epoch}"
+        assert ZSet(serving.contents("tags", "tags", schema)) == view, f"serving, epoch {epoch}"
+        if epoch == 0:
+            audited(serving.engine, serving.table_name("tags"))
+        else:
+            assert touched(serving.engine) == want_touched[epoch], f"rows touched, epoch {epoch}"
+        text = report.describe()
+        snap_dir = output_dir(root, "tags", "tags", "snapshot", epoch)
+        assert f"snapshot {len(view)} rows -> {snap_dir}" in text
+        assert str(output_dir(root, "tags", "tags", "changes", epoch)) in text
+        assert f"serving table dbspark_tags in sqlite:///{tmp_path}" in text
+
+    item = report.views["tags"]
+    assert item.snapshot is not None and item.snapshot.rows == 3
+    changes = [
+        read_change_rows(output_dir(root, "tags", "tags", "changes", e), schema) for e in range(3)
+    ]
+    assert ZSet(changes[1]) == ZSet([(("a",), -1), ((None,), 1), (("b",), -1), (("c",), 1)])
+    marker = json.loads((output_dir(root, "tags", "tags", "changes", 1) / MARKER).read_text())
+    assert (marker["rows"], marker["inserted"], marker["deleted"]) == (4, 2, 2)
+    # The empty change is a complete, typed, empty dataset, not a missing one.
+    empty = output_dir(root, "tags", "tags", "changes", 2)
+    assert changes[2] == []
+    assert json.loads((empty / MARKER).read_text())["rows"] == 0
+    assert list(empty.glob("part-*.parquet"))
+    assert pq.read_table(empty).schema.names == ["tag", "__w"]
+    assert "change +0/-0 in 0 rows" in report.describe()
+    # Summing the feed gives the snapshot; Spark reads it with an epoch column.
+    feed = read_changes(spark, root, "tags", "tags")
+    assert sorted({r["epoch"] for r in feed.select("epoch").collect()}) == [0, 1]
+    assert frame_to_zset(feed, schema) == want[2]
+    with pytest.raises(ExportError, match=r"not exported for epochs \[5\]"):
+        read_changes(spark, root, "tags", "tags", [1, 5])
+
+    # A retried task, even after the epoch closed, finds every output done.
+    before = {p: p.stat().st_mtime_ns for p in root.rglob("*")}
+    retried = export_epoch(engine, 2, root=root, serving=serving)
+    item = retried.views["tags"]
+    assert item.snapshot.skipped and item.changes.skipped and item.serving.skipped
+    assert {p: p.stat().st_mtime_ns for p in root.rglob("*")} == before
+    assert touched(serving.engine) == set()
+    assert not list(root.rglob(".*tmp-*")), "a temporary directory was left behind"
+
+    # Recovery: the table reloaded from the exported snapshot equals it.
+    with serving.engine.begin() as conn:
+        conn.exec_driver_sql("DELETE FROM dbspark_tags")
+    [reloaded] = initialize_serving(engine, serving, epoch=2, root=root).values()
+    assert reloaded.inserted == 3
+    assert ZSet(serving.contents("tags", "tags", schema)) == want[2]
+    serving.engine.dispose()
+
+
+def test_export_upsert_deletions(spark: Any, tmp_path: Path) -> None:
+    from dbspark.engine.spark.executor import SparkEngine
+    from dbspark.engine.spark.frames import frame_to_zset
+
+    engine = SparkEngine(orders(), tmp_path / "wh", spark=spark)
+    root = tmp_path / "out"
+    with_root = ServingTarget(f"sqlite:///{tmp_path / 'a.db'}", views=["region_totals"])
+    # Without a root the change is collected from the engine instead of the files.
+    no_root = ServingTarget(f"sqlite:///{tmp_path / 'b.db'}")
+    epochs = [
+        {
+            "customers": [(1, "eu", 1, False), (2, "us", 1, False)],
+            "orders": [(10, 1, 5, 1, None), (11, 2, 7, 1, None), (12, 1, 3, 1, None)],
+        },
+        {"customers": [(2, "us", 2, True)], "orders": [(12, 1, 4, 2, None)]},
+    ]
+    for epoch, inputs in enumerate(epochs):
+        reports = run_and_export(
+            engine,
+            epoch,
+            inputs,
+            files={"root": root, "serving": with_root},
+            sql={"serving": no_root},
+        )
+        for name in engine.circuit.views:
+            schema = engine.circuit.node(engine.circuit.views[name]).schema
+            view = engine.view(name)
+            assert frame_to_zset(read_snapshot(spark, root, "orders", name, epoch), schema) == view
+            assert ZSet(no_root.contents("orders", name, schema)) == view, name
+        totals = engine.circuit.node(engine.circuit.views["region_totals"]).schema
+        assert ZSet(with_root.contents("orders", "region_totals", totals)) == engine.view(
+            "region_totals"
+        )
+        assert reports[0].views["customers_current"].serving is None  # not in views=
+    schema = engine.circuit.node(engine.circuit.views["customers_current"]).schema
+    change = read_change_rows(output_dir(root, "orders", "customers_current", "changes", 1), schema)
+    assert change == [((2, "us"), -1)]
+    totals_change = ZSet(
+        read_change_rows(output_dir(root, "orders", "region_totals", "changes", 1), totals)
+    )
+    assert ZSet([(("us", 1, 7, 7), -1), (("eu", 2, 8, 5), -1), (("eu", 2, 9, 5), 1)]) == (
+        totals_change
+    )
+    assert reports[1].views["region_totals"].serving.deleted == 2
+    # First use of a serving table at a later epoch: loaded from the engine's view.
+    late = ServingTarget(f"sqlite:///{tmp_path / 'c.db'}")
+    [loaded] = initialize_serving(engine, late, views=["region_totals"]).values()
+    assert (loaded.epoch, loaded.inserted) == (1, 1)
+    assert ZSet(late.contents("orders", "region_totals", totals)) == engine.view("region_totals")
+    late.engine.dispose()
+    with_root.engine.dispose()
+    no_root.engine.dispose()
