@@ -3,10 +3,25 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+# --- Airflow (orchestration layer) ---------------------------------------------------------
+# Airflow reads its home and DAG folder when first imported, so they are set before any
+# test module imports it: a throwaway home (SQLite metadata database) for the whole run,
+# and the tests' own DAG files (the example circuits without retries).
+AIRFLOW_TEST_HOME = Path(tempfile.mkdtemp(prefix="dbspark-test-airflow-"))
+AIRFLOW_TEST_DAGS = Path(__file__).parent / "orchestration" / "dags"
+os.environ["AIRFLOW_HOME"] = str(AIRFLOW_TEST_HOME)
+os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(AIRFLOW_TEST_DAGS)
+os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
+os.environ.pop("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", None)
 
 # --- Spark and PostgreSQL (storage layer) --------------------------------------------------
 
@@ -72,3 +87,15 @@ def postgres_url() -> Iterator[str]:
         yield server.url()
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def airflow_db() -> Iterator[Path]:
+    """Airflow's metadata database (SQLite in the test home), migrated once per run."""
+    airflow = Path(sys.executable).with_name("airflow")
+    done = subprocess.run(
+        [str(airflow), "db", "migrate"], capture_output=True, text=True, env=os.environ.copy()
+    )
+    assert done.returncode == 0, f"airflow db migrate failed:\n{done.stderr[-3000:]}"
+    yield AIRFLOW_TEST_HOME
+    shutil.rmtree(AIRFLOW_TEST_HOME, ignore_errors=True)

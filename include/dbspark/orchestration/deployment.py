@@ -1,0 +1,164 @@
+"""Where a DAG's tasks find the warehouse, the catalog, Spark and the serving database.
+
+Nothing here is decided when the DAG file is parsed: a task resolves its deployment
+when it runs, from the ``build_dag`` arguments, then ``airflow.cfg`` (section
+``[dbspark]``, or ``AIRFLOW__DBSPARK__*`` environment variables), then Airflow
+Connections, so one DAG file serves a laptop and a cluster alike.
+
+| setting | ``build_dag`` argument | ``[dbspark]`` key | default |
+| --- | --- | --- | --- |
+| warehouse (traces) | ``warehouse`` | ``warehouse`` | ``$AIRFLOW_HOME/dbspark/warehouse`` |
+| published outputs | ``outputs`` | ``outputs`` | ``<warehouse>/published`` |
+| catalog | ``catalog_conn_id`` | ``catalog_conn_id`` | SQLite in the warehouse |
+| Spark | ``spark_conn_id`` | ``spark_conn_id`` | local Spark in the worker |
+| serving tables | ``serving_conn_id`` | ``serving_conn_id`` | none |
+
+The Spark connection decides where Spark work runs: of type ``spark_connect`` (the
+Spark provider's), every task is a Spark Connect client of that server; of type
+``spark``, every Spark task is a ``spark-submit`` of ``spark_jobs/run_unit.py`` to that
+master; without one, each worker process runs Spark in local mode.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("dbspark.airflow")
+
+DEFAULT_SPARK_CONN_ID = "dbspark_spark"
+DEFAULT_CATALOG_CONN_ID = "dbspark_catalog"
+
+
+@dataclass(frozen=True)
+class DeploymentOptions:
+    """What ``build_dag`` was told; ``None`` defers to ``airflow.cfg`` and Connections."""
+
+    warehouse: str | None = None
+    outputs: str | None = None
+    catalog_conn_id: str | None = None
+    spark_conn_id: str | None = None
+    serving_conn_id: str | None = None
+    serving_table_prefix: str = "dbspark_"
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """The resolved places one task works with."""
+
+    warehouse: Path
+    outputs: Path
+    catalog_url: str | None
+    spark_remote: str | None
+    spark_submit_conn_id: str | None
+    serving_url: str | None
+    serving_table_prefix: str
+
+    def describe(self) -> str:
+        spark = "local Spark in the worker"
+        if self.spark_remote:
+            spark = f"Spark Connect at {self.spark_remote}"
+        elif self.spark_submit_conn_id:
+            spark = f"spark-submit through connection {self.spark_submit_conn_id!r}"
+        catalog = _safe_url(self.catalog_url) if self.catalog_url else "SQLite in the warehouse"
+        parts = [f"warehouse {self.warehouse}", f"catalog {catalog}", spark]
+        if self.serving_url:
+            parts.append(f"serving tables in {_safe_url(self.serving_url)}")
+        return "; ".join(parts)
+
+
+def _config(key: str) -> str | None:
+    from airflow.sdk.configuration import conf
+
+    value = conf.get("dbspark", key, fallback=None)
+    return value or None
+
+
+def _connection(conn_id: str | None, *, required: bool) -> Any | None:
+    if not conn_id:
+        return None
+    from airflow.sdk import BaseHook
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    try:
+        return BaseHook.get_connection(conn_id)
+    except AirflowNotFoundException:
+        if required:
+            raise
+        return None
+
+
+def _database_url(connection: Any | None) -> str | None:
+    from dbspark.orchestration.connectors import airflow_connection_url
+
+    if connection is None:
+        return None
+    return airflow_connection_url(connection.conn_id).render_as_string(hide_password=False)
+
+
+def resolve(options: DeploymentOptions) -> Deployment:
+    """Resolve a task's deployment (see the module docstring for the order)."""
+    home = Path(os.environ.get("AIRFLOW_HOME", Path.home() / "airflow"))
+    warehouse = Path(
+        options.warehouse or _config("warehouse") or home / "dbspark" / "warehouse"
+    ).resolve()
+    outputs = Path(options.outputs or _config("outputs") or warehouse / "published").resolve()
+
+    # An explicitly named connection must exist; the default names are optional.
+    catalog_id = options.catalog_conn_id or _config("catalog_conn_id")
+    catalog = _connection(catalog_id or DEFAULT_CATALOG_CONN_ID, required=bool(catalog_id))
+    spark_id = options.spark_conn_id or _config("spark_conn_id")
+    spark = _connection(spark_id or DEFAULT_SPARK_CONN_ID, required=bool(spark_id))
+    serving_id = options.serving_conn_id or _config("serving_conn_id")
+    serving = _connection(serving_id, required=True)
+
+    remote = submit = None
+    if spark is not None and spark.conn_type == "spark_connect":
+        from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
+
+        remote = SparkConnectHook(conn_id=spark.conn_id).get_connection_url()
+    elif spark is not None and spark.conn_type == "spark":
+        submit = spark.conn_id
+    elif spark is not None:
+        raise ValueError(
+            f"Airflow connection {spark.conn_id!r} has type {spark.conn_type!r}; dbspark tasks "
+            "use a 'spark_connect' connection (Spark Connect), a 'spark' one (spark-submit) "
+            "or none (local Spark in the worker)"
+        )
+    return Deployment(
+        warehouse=warehouse,
+        outputs=outputs,
+        catalog_url=_database_url(catalog),
+        spark_remote=remote,
+        spark_submit_conn_id=submit,
+        serving_url=_database_url(serving),
+        serving_table_prefix=options.serving_table_prefix,
+    )
+
+
+@contextmanager
+def spark_for(deployment: Deployment) -> Iterator[Any]:
+    """The task's Spark session: a Connect client for the length of the task, or the
+    worker's local session (reused by every task ``dag.test()`` runs in one process)."""
+    from dbspark.engine.spark.session import connect_session, spark_session
+
+    if deployment.spark_remote:
+        with connect_session(deployment.spark_remote, app_name="dbspark-airflow") as spark:
+            yield spark
+    else:
+        yield spark_session(app_name="dbspark-airflow")
+
+
+def _safe_url(url: str) -> str:
+    """A URL without its password, for logs."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # not a SQLAlchemy URL: say nothing of it rather than leak it
+        return "<url>"

@@ -1,0 +1,46 @@
+"""spark-submit entry point: run one unit of an epoch (an ingest, a stage, a loop
+iteration, the publish step or the close) of a dbspark circuit.
+
+    spark-submit --master spark://HOST:7077 spark_jobs/run_unit.py --unit-file PATH
+
+The Airflow task that submits it (``dbspark.orchestration.tasks``, when the Spark
+connection has type ``spark``) writes the unit file: the circuit and the unit, pickled.
+The job opens the engine on the same warehouse and catalog, runs the unit through
+``dbspark.orchestration.units.execute_unit`` (the code a local task runs), and writes
+the result beside the unit file. It imports no Airflow.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="run_unit.py")
+    parser.add_argument("--unit-file", required=True, type=Path)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+
+    from pyspark.sql import SparkSession
+
+    from dbspark.engine.spark.session import RUNTIME_DEFAULTS
+    from dbspark.orchestration.units import run_unit_file
+
+    # spark-submit chose the master; dbspark's semantics (UTC, ANSI overflow) are set here.
+    spark = SparkSession.builder.appName(f"dbspark-unit-{args.unit_file.stem}").getOrCreate()
+    for key, value in RUNTIME_DEFAULTS.items():
+        spark.conf.set(key, value)
+    spark.sparkContext.setLogLevel("WARN")
+    try:
+        result = run_unit_file(args.unit_file, spark)
+    finally:
+        spark.stop()
+    print(f"dbspark unit done: {result}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

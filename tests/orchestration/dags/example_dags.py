@@ -1,0 +1,61 @@
+"""Airflow DAGs for the tests: the example circuits on landing directories, without
+retries (a failure must show at once), and one loop whose bound is too small."""
+
+from datetime import UTC, datetime
+
+from dbspark.circuit.builder import Circuit
+from dbspark.circuit.expressions import col
+from dbspark.examples.circuits import orders, reachability, word_count
+from dbspark.orchestration import LandingDirectory, build_dag
+
+START = datetime(2026, 1, 1, tzinfo=UTC)
+landing = LandingDirectory()
+
+
+def doubling_with_a_low_bound() -> Circuit:
+    """X = distinct(numbers + 2X below 1000): from 1 it needs ten iterations, not three."""
+    c = Circuit("doubling_low_bound")
+    numbers = c.zset_source("numbers", {"n": "bigint"})
+    series = numbers.iterate(
+        lambda x: numbers.plus(x.select(n=col("n") * 2)).filter(col("n") < 1000).distinct(),
+        name="doubling",
+        max_iterations=3,
+    )
+    c.view("series", series)
+    return c
+
+
+reachability_dag = build_dag(
+    reachability,
+    dag_id="test_reachability",
+    schedule="@daily",
+    start_date=START,
+    sources={"edges": landing, "roots": landing},
+    iteration_tasks=6,
+    retries=0,
+)
+orders_dag = build_dag(
+    orders,
+    dag_id="test_orders",
+    schedule="@daily",
+    start_date=START,
+    sources={"customers": landing, "orders": landing},
+    retries=0,
+)
+bounded_dag = build_dag(
+    doubling_with_a_low_bound,
+    dag_id="test_bounded_loop",
+    schedule="@daily",
+    start_date=START,
+    sources={"numbers": landing},
+    iteration_tasks=2,
+    retries=0,
+)
+word_count_dag = build_dag(
+    word_count,
+    dag_id="test_word_count",
+    schedule="@daily",
+    start_date=START,
+    sources={"words": landing},
+    retries=0,
+)

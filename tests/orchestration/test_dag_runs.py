@@ -1,0 +1,191 @@
+"""Example circuits run as Airflow DAG runs (``dag.test()``: Airflow's own task runner,
+task instances and metadata database, in this process), epoch after epoch, checked
+against the reference engine's full refresh of everything landed so far."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from dbspark.core.zset import ZSet
+from dbspark.engine.reference.full_refresh import full_refresh
+from dbspark.orchestration.connectors import LandingDirectory
+from dbspark.orchestration.dag import circuit_of
+from dbspark.orchestration.intervals import Interval
+from dbspark.orchestration.outputs import CHANGES, SNAPSHOT, output_dir, read_change_rows
+from dbspark.storage.catalog import Catalog
+
+pytestmark = pytest.mark.slow
+
+DAGS = Path(__file__).parent / "dags"
+START = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def day(n: int) -> Interval:
+    return Interval(START + timedelta(days=n), START + timedelta(days=n + 1))
+
+
+@pytest.fixture(scope="module")
+def test_dags(airflow_db):
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(str(DAGS))
+    assert bag.import_errors == {}
+    return bag.dags
+
+
+@pytest.fixture
+def place(tmp_path, monkeypatch, spark):
+    """A fresh warehouse, landing directory and outputs, as airflow.cfg would give them."""
+    where = SimpleNamespace(
+        warehouse=tmp_path / "warehouse",
+        landing=LandingDirectory(tmp_path / "landing"),
+        outputs=tmp_path / "published",
+    )
+    monkeypatch.setenv("AIRFLOW__DBSPARK__WAREHOUSE", str(where.warehouse))
+    monkeypatch.setenv("AIRFLOW__DBSPARK__LANDING", str(tmp_path / "landing"))
+    monkeypatch.setenv("AIRFLOW__DBSPARK__OUTPUTS", str(where.outputs))
+    return where
+
+
+def run(dag, epoch: int):
+    """One DAG run for the data interval of ``epoch`` (a manual run covers the interval
+    that ends at its logical date); returns it with its task instances' states."""
+    dag_run = dag.test(logical_date=day(epoch).end)
+    states = {
+        (ti.task_id, ti.map_index): str(getattr(ti.state, "value", ti.state))
+        for ti in dag_run.get_task_instances()
+    }
+    return str(getattr(dag_run.state, "value", dag_run.state)), states
+
+
+def published(place, circuit, view: str, kind: str, epoch: int) -> ZSet:
+    schema = circuit.node(circuit.views[view]).schema
+    return ZSet(
+        read_change_rows(output_dir(place.outputs, circuit.name, view, kind, epoch), schema)
+    )
+
+
+def check_against_full_refresh(place, circuit, history, epoch):
+    expected = full_refresh(circuit, history, epoch)
+    for view in circuit.views:
+        assert published(place, circuit, view, SNAPSHOT, epoch) == expected[view], view
+        before = full_refresh(circuit, history, epoch - 1)[view] if epoch else ZSet()
+        assert published(place, circuit, view, CHANGES, epoch) == expected[view] - before, view
+
+
+def test_reachability_epochs_with_edge_deletions_equal_full_refresh(test_dags, place):
+    dag = test_dags["test_reachability"]
+    circuit = circuit_of("test_reachability")
+    batches = [
+        {
+            "edges": [(("a", "b"), 1), (("b", "c"), 1), (("c", "a"), 1), (("c", "d"), 1)],
+            "roots": [(("a",), 1)],
+        },
+        # Deleting a->b: the cycle b->c->a must not keep b, c and d reachable.
+        {"edges": [(("a", "b"), -1), (("d", "e"), 1)]},
+        {"roots": [(("c",), 1)]},  # no edge files at all this interval
+    ]
+    history = []
+    for epoch, batch in enumerate(batches):
+        for source, rows in batch.items():
+            columns = [*circuit.node(circuit.sources[source]).schema.names, "__w"]
+            flat = [(*row, weight) for row, weight in rows]
+            place.landing.land(source, day(epoch), flat, columns, "parquet")
+        history.append(batch)
+        state, tasks = run(dag, epoch)
+        assert state == "success", tasks
+        iterations = [s for (task, _), s in tasks.items() if task == "loop_reach.iterate"]
+        # One mapped instance per iteration slot; those after convergence skip.
+        assert len(iterations) == 6 and "skipped" in iterations, iterations
+        check_against_full_refresh(place, circuit, history, epoch)
+    reach = published(place, circuit, "reach", SNAPSHOT, 2)
+    assert reach == ZSet({("a",): 1, ("c",): 1, ("d",): 1, ("e",): 1, ("b",): 0})
+
+    catalog = Catalog.for_warehouse(place.warehouse)
+    batches_before = len(catalog.all_batches(circuit.name))
+    # A run for a committed epoch is a no-op: every task skips, nothing is written.
+    state, tasks = run(dag, 1)
+    assert state == "success"
+    assert set(tasks.values()) == {"skipped"}, tasks
+    assert len(catalog.all_batches(circuit.name)) == batches_before
+    assert catalog.last_committed_epoch(circuit.name) == 2
+    catalog.close()
+
+
+def test_bad_input_fails_its_ingest_task_and_the_fixed_input_completes_the_epoch(
+    test_dags, place, capfd
+):
+    dag = test_dags["test_orders"]
+    circuit = circuit_of("test_orders")
+    customers = ["cust_id", "region", "ts", "deleted"]
+    orders = ["order_id", "cust_id", "amount", "ts", "deleted_at"]
+    place.landing.land(
+        "customers", day(0), [(1, "EU", 1, False), (2, "US", 1, False)], customers, "jsonl"
+    )
+    place.landing.land(
+        "orders", day(0), [(10, 1, 5, 1, None), (11, 2, 7, 1, None)], orders, "jsonl"
+    )
+    state, _ = run(dag, 0)
+    assert state == "success"
+
+    # Epoch 1: customer 2 is deleted, but the orders file has a broken line.
+    place.landing.land("customers", day(1), [(2, "US", 2, True)], customers, "jsonl", name="c")
+    bad = place.landing.partition("orders", day(1)) / "part-bad.jsonl"
+    bad.parent.mkdir(parents=True)
+    bad.write_text('{"order_id": 12, "cust_id": 1, "amount": 3, "ts": 2}\n{"order_id": 13,\n')
+    capfd.readouterr()
+    state, tasks = run(dag, 1)
+    assert state == "failed"
+    assert tasks[("ingest.orders", -1)] == "failed"
+    assert tasks[("ingest.customers", -1)] == "success"
+    assert tasks[("epoch.close", -1)] == "upstream_failed"
+    logs = capfd.readouterr().out
+    assert "source 'orders'" in logs and "part-bad.jsonl" in logs and "line 2" in logs
+    catalog = Catalog.for_warehouse(place.warehouse)
+    assert catalog.epoch_state(circuit.name, 1) == "open"
+    assert catalog.last_committed_epoch(circuit.name) == 0
+
+    # Changing an input that a committed ingest already consumed is refused, loudly.
+    place.landing.land("customers", day(1), [(2, "US", 3, True)], customers, "jsonl", name="c")
+    capfd.readouterr()
+    state, tasks = run(dag, 1)
+    assert tasks[("ingest.customers", -1)] == "failed"
+    assert "already ingested a different batch" in capfd.readouterr().out
+
+    # Put customers back, fix the orders file: the same interval's run completes.
+    place.landing.land("customers", day(1), [(2, "US", 2, True)], customers, "jsonl", name="c")
+    bad.write_text('{"order_id": 12, "cust_id": 1, "amount": 3, "ts": 2}\n')
+    state, tasks = run(dag, 1)
+    assert state == "success", tasks
+    assert catalog.last_committed_epoch(circuit.name) == 1
+    catalog.close()
+    history = [
+        {
+            "customers": [(1, "EU", 1, False), (2, "US", 1, False)],
+            "orders": [(10, 1, 5, 1, None), (11, 2, 7, 1, None)],
+        },
+        {"customers": [(2, "US", 2, True)], "orders": [(12, 1, 3, 2, None)]},
+    ]
+    check_against_full_refresh(place, circuit, history, 1)
+    totals = published(place, circuit, "region_totals", SNAPSHOT, 1)
+    assert totals == ZSet({("EU", 2, 8, 5): 1})
+
+
+def test_a_loop_that_exceeds_its_bound_fails_the_convergence_check(test_dags, place, capfd):
+    dag = test_dags["test_bounded_loop"]
+    place.landing.land("numbers", day(0), [(1, 1)], ["n", "__w"], "parquet")
+    capfd.readouterr()
+    state, tasks = run(dag, 0)
+    assert state == "failed"
+    assert tasks[("loop_doubling.converged", -1)] == "failed"
+    assert tasks[("epoch.close", -1)] == "upstream_failed"
+    logs = capfd.readouterr().out
+    assert "loop doubling of circuit doubling_low_bound did not converge at epoch 0" in logs
+    assert "max_iterations=3" in logs
+    catalog = Catalog.for_warehouse(place.warehouse)
+    assert catalog.epoch_state("doubling_low_bound", 0) == "open"
+    catalog.close()

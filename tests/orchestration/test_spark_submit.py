@@ -1,0 +1,57 @@
+"""With a Spark connection of type ``spark``, every Spark task is a ``spark-submit`` of
+``spark_jobs/run_unit.py`` (here to a ``local[1]`` master: a real spark-submit, a new
+driver JVM per task), and the epoch comes out as it does in the worker."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from dbspark.core.zset import ZSet
+from dbspark.orchestration.connectors import LandingDirectory
+from dbspark.orchestration.intervals import Interval
+from dbspark.orchestration.outputs import SNAPSHOT, output_dir, read_change_rows
+from dbspark.storage.catalog import Catalog
+
+pytestmark = pytest.mark.slow
+
+DAGS = Path(__file__).parent / "dags"
+START = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def test_an_epoch_through_spark_submit(airflow_db, tmp_path, monkeypatch, capfd):
+    from airflow.dag_processing.dagbag import DagBag
+
+    monkeypatch.setenv("AIRFLOW__DBSPARK__WAREHOUSE", str(tmp_path / "warehouse"))
+    monkeypatch.setenv("AIRFLOW__DBSPARK__LANDING", str(tmp_path / "landing"))
+    monkeypatch.setenv("AIRFLOW__DBSPARK__OUTPUTS", str(tmp_path / "published"))
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_DBSPARK_SPARK", json.dumps({"conn_type": "spark", "host": "local[1]"})
+    )
+    day0 = Interval(START, START + timedelta(days=1))
+    rows = [("to", 1), ("be", 1), ("or", 1), ("not", 1), ("to", 1), ("be", 1)]
+    LandingDirectory(tmp_path / "landing").land("words", day0, rows, ["word", "__w"], "csv")
+
+    dag = DagBag(str(DAGS)).dags["test_word_count"]
+    capfd.readouterr()
+    run = dag.test(logical_date=day0.end)
+    logs = capfd.readouterr().out
+    assert str(getattr(run.state, "value", run.state)) == "success", logs[-5000:]
+    # The jobs really went through spark-submit, and each reported back.
+    assert logs.count("dbspark unit done") >= 4
+    assert "spark-submit" in logs
+
+    catalog = Catalog.for_warehouse(tmp_path / "warehouse")
+    assert catalog.last_committed_epoch("word_count") == 0
+    catalog.close()
+    from dbspark.examples.circuits import word_count
+
+    schema = word_count().node(word_count().views["counts"]).schema
+    counts = output_dir(tmp_path / "published", "word_count", "counts", SNAPSHOT, 0)
+    assert ZSet(read_change_rows(counts, schema)) == ZSet(
+        {("to", 2): 1, ("be", 2): 1, ("or", 1): 1, ("not", 1): 1}
+    )
+    assert not list((tmp_path / "warehouse" / "_units").rglob("*.unit"))
