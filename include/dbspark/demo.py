@@ -389,7 +389,7 @@ def _rows_word(n: int) -> str:
 # --- running -----------------------------------------------------------------------------
 
 
-def _engine_inputs(circuit: Circuit, inputs: Inputs) -> Inputs:
+def engine_inputs(circuit: Circuit, inputs: Inputs) -> Inputs:
     """Upsert dicts become tuples in schema order (missing = NULL); Z-set batches stay."""
     result: Inputs = {}
     for source, batch in inputs.items():
@@ -402,7 +402,7 @@ def _engine_inputs(circuit: Circuit, inputs: Inputs) -> Inputs:
     return result
 
 
-def _verify(
+def verify_views(
     full_refresh: FullRefresh,
     circuit: Circuit,
     history: list[Inputs],
@@ -562,7 +562,7 @@ def run_scenario(
     history: list[Inputs] = []
     previous: dict[str, ZSet] = {}
     for index, (what, raw_inputs) in enumerate(scenario.epochs(epochs)):
-        inputs = _engine_inputs(circuit, raw_inputs)
+        inputs = engine_inputs(circuit, raw_inputs)
         history.append(inputs)
         if index <= committed:
             continue
@@ -594,7 +594,9 @@ def run_scenario(
                 for line in format_table(schema, delta, indent="      "):
                     say(line)
         previous = outcome.views
-        problems = outcome.problems + _verify(full_refresh, circuit, history, index, outcome.views)
+        problems = outcome.problems + verify_views(
+            full_refresh, circuit, history, index, outcome.views
+        )
         if problems:
             ok = False
             for problem in problems:
