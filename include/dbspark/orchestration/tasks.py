@@ -117,6 +117,14 @@ class EpochTasks:
             raise _skip(f"epoch {run.epoch} {run.interval} is already committed: nothing to do")
         return deployment, run
 
+    def _iterations(self, deployment: Deployment, loop: LoopPlan, epoch: int) -> list[Any]:
+        """The loop's iterations at ``epoch`` so far, from the catalog (no Spark)."""
+        catalog = self._catalog(deployment)
+        try:
+            return catalog.loop_iterations(self.name, loop.name, (epoch,))
+        finally:
+            catalog.close()
+
     def loop(self, scope: int) -> LoopPlan:
         return self.plan.loops[scope]
 
@@ -202,11 +210,7 @@ class EpochTasks:
         """Run the loop's next pending iteration; skip once it converged."""
         loop = self.loop(scope)
         deployment, run = self._current(context)
-        catalog = self._catalog(deployment)
-        try:
-            done = catalog.loop_iterations(self.name, loop.name, (run.epoch,))
-        finally:
-            catalog.close()
+        done = self._iterations(deployment, loop, run.epoch)
         if done and done[-1].converged:
             raise _skip(
                 f"loop {loop.name} at epoch {run.epoch} converged after "
@@ -229,11 +233,7 @@ class EpochTasks:
     def check_convergence(self, scope: int, context: Mapping[str, Any]) -> dict[str, Any]:
         loop = self.loop(scope)
         deployment, run = self._current(context)
-        catalog = self._catalog(deployment)
-        try:
-            done = catalog.loop_iterations(self.name, loop.name, (run.epoch,))
-        finally:
-            catalog.close()
+        done = self._iterations(deployment, loop, run.epoch)
         sizes = ", ".join(f"{it.iteration}: {it.delta_rows}" for it in done) or "none"
         if not done or not done[-1].converged:
             last = done[-1].reason if done else "no iteration ran"
