@@ -89,10 +89,6 @@ def source_columns(circuit: Circuit, source: str) -> tuple[str, ...]:
     return tuple(schema.names)
 
 
-# ==================================================================================== fingerprint
-_CHUNK = 1 << 20
-
-
 #: File extensions by format; compressed files are told by the extension before ``.gz``.
 _EXTENSIONS = {".parquet": "parquet", ".csv": "csv", ".jsonl": "jsonl", ".json": "jsonl"}
 _COMPRESSED = {".gz", ".bz2"}

@@ -27,6 +27,7 @@ from typing import Any
 
 from dbspark.circuit.builder import Circuit
 from dbspark.circuit.planner import LoopPlan, Plan, plan
+from dbspark.orchestration.connectors import source_columns
 from dbspark.orchestration.deployment import Deployment, DeploymentOptions, resolve, spark_for
 from dbspark.orchestration.epochs import EpochOfRun, next_epoch, require_epoch
 from dbspark.orchestration.intervals import Interval
@@ -193,11 +194,8 @@ class EpochTasks:
     def ingest(self, source: str, context: Mapping[str, Any]) -> dict[str, Any]:
         deployment, run = self._current(context)
         connector = self.sources[source]
-        node = self.circuit.node(self.circuit.sources[source])
-        columns = list(
-            (node.schema if node.op == "zset_source" else node.params["user_schema"]).names
-        )
         log.info("%s", connector.describe(source, run.interval))
+        columns = source_columns(self.circuit, source)
         batch = connector.batch(source, run.interval, columns=columns)
         unit = self._unit("ingest", run.epoch, source=source, batch=batch)
         return self._execute(deployment, unit)
