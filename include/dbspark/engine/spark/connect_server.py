@@ -14,62 +14,56 @@ inside this Python process's JVM): the point is to exercise what a real deployme
 does, a client that only speaks gRPC to a JVM somewhere else, and to let tests and
 tools start, stop and inspect that JVM (its log, its exit status) like any server.
 
-The server runs in its own process group, writes stdout and stderr to one log file
-(``log_path``), and by default receives SIGTERM when the thread that started it exits
-(Linux), so a killed test run does not leave a JVM behind. :meth:`stop` terminates the
-whole group (the ``spark-submit`` launcher, the JVM, any Python workers), escalating to
-SIGKILL after a grace period.
+Its life cycle (own process group, one log file, SIGTERM when its starter dies, stop
+escalating to SIGKILL) is :class:`~dbspark.engine.spark.processes.SparkProcess`'s.
+With ``master`` a standalone cluster's URL (``spark://host:7077``, see
+``standalone.py``) the server is that cluster's driver, and the executors on its
+workers do the work: that is the multi-machine deployment's Spark endpoint.
 
-From a shell, ``python -m dbspark.engine.spark.connect_server [--port N] [--master M]``
-runs one in the foreground, prints its address, and stops it on Ctrl-C or SIGTERM.
+From a shell, ``python -m dbspark.engine.spark.connect_server [--port N] [--master M]
+[--ui-port P] [--conf k=v ...]`` runs one in the foreground, prints its address, and
+stops it on Ctrl-C or SIGTERM (``docker-compose.yml`` starts it this way).
 """
 
 from __future__ import annotations
 
-import contextlib
-import importlib.util
-import logging
-import os
 import shlex
-import signal
-import socket
-import subprocess
 import sys
-import tempfile
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger(__name__)
+from dbspark.engine.spark.processes import (
+    DEFAULT_JAVA_OPTIONS,
+    DEFAULT_STARTUP_TIMEOUT,
+    LOOPBACK,
+    SparkProcess,
+    SparkProcessError,
+    conf_value,
+    free_port,
+    is_loopback,
+    parse_conf,
+    run_in_foreground,
+)
+from dbspark.engine.spark.processes import spark_home as _spark_home
+
+__all__ = ["ConnectServerError", "LocalConnectServer", "free_port", "spark_home"]
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
-LOOPBACK = "127.0.0.1"
 DEFAULT_MASTER = "local[2]"
-#: The JVM's optimizing compiler (C2) costs more start-up CPU than short runs win back.
-DEFAULT_JAVA_OPTIONS: tuple[str, ...] = ("-XX:TieredStopAtLevel=1",)
-DEFAULT_STARTUP_TIMEOUT = 120.0
-#: How many lines of the server's log an error message quotes.
-LOG_TAIL_LINES = 40
-_BIND_FAILURES = ("Address already in use", "BindException", "Failed to bind")
 
 
-class ConnectServerError(RuntimeError):
+class ConnectServerError(SparkProcessError):
     """The Spark Connect server could not be started (the message quotes its log)."""
 
 
 def spark_home() -> Path:
-    """The Spark distribution inside the installed ``pyspark`` package.
-
-    ``SPARK_HOME`` is not used on purpose: the server must match the client's version,
-    and the wheel always carries a matching one.
-    """
-    spec = importlib.util.find_spec("pyspark")
-    if spec is None or not spec.submodule_search_locations:
-        raise ConnectServerError("pyspark is not installed")
-    home = Path(next(iter(spec.submodule_search_locations)))
-    if not (home / "bin" / "spark-submit").exists():
-        raise ConnectServerError(f"pyspark at {home} ships no bin/spark-submit")
+    """The Spark distribution inside the installed ``pyspark`` package, checked to carry
+    the Spark Connect server jar."""
+    try:
+        home = _spark_home()
+    except SparkProcessError as err:
+        raise ConnectServerError(str(err)) from None
     if not list((home / "jars").glob("spark-connect_*.jar")):
         raise ConnectServerError(
             f"pyspark at {home} ships no Spark Connect server jar (jars/spark-connect_*.jar)"
@@ -77,42 +71,20 @@ def spark_home() -> Path:
     return home
 
 
-def free_port(host: str = LOOPBACK) -> int:
-    """A TCP port that was free on ``host`` a moment ago (the server may still lose a
-    race for it; :meth:`LocalConnectServer.start` then retries with another port)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def _port_open(host: str, port: int) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=1.0):
-            return True
-    except OSError:
-        return False
-
-
-def _parent_death_signal() -> None:
-    """In the child, before exec: SIGTERM when the starting thread dies (Linux only)."""
-    import ctypes
-
-    pr_set_pdeathsig = 1
-    with contextlib.suppress(Exception):
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
-
-
-class LocalConnectServer:
+class LocalConnectServer(SparkProcess):
     """One Spark Connect server process (see the module docstring).
 
     ``port`` None picks a free one. ``master`` is the server's Spark master (``local[N]``
     or a cluster URL). ``java_options`` go to the server JVM. ``conf`` adds or overrides
-    Spark settings of the server. ``log_path`` receives the server's stdout and stderr
-    (default: a fresh temporary directory, kept after :meth:`stop` so a failure can be
-    read). ``startup_timeout`` bounds the wait for the port to accept connections.
-    ``die_with_parent`` (Linux) sends the server SIGTERM when the thread that started it
-    exits; turn it off when a short-lived thread starts a server that must outlive it.
+    Spark settings of the server. ``ui_port`` turns the driver's web UI (and its REST
+    API, ``/api/v1``) on at that port, 0 meaning a free one; None leaves it off.
+    ``log_path``, ``startup_timeout``, ``die_with_parent`` and ``env``: see
+    :class:`~dbspark.engine.spark.processes.SparkProcess`.
     """
+
+    kind = "Spark Connect server"
+    default_log_name = "server.log"
+    error = ConnectServerError
 
     def __init__(
         self,
@@ -122,123 +94,52 @@ class LocalConnectServer:
         master: str = DEFAULT_MASTER,
         java_options: Sequence[str] = DEFAULT_JAVA_OPTIONS,
         conf: Mapping[str, Any] | None = None,
+        ui_port: int | None = None,
         log_path: Path | str | None = None,
         startup_timeout: float = DEFAULT_STARTUP_TIMEOUT,
         die_with_parent: bool = True,
         env: Mapping[str, str] | None = None,
     ) -> None:
-        self.host = host
-        self.requested_port = port
-        self.port: int | None = None
+        super().__init__(
+            port=port,
+            host=host,
+            log_path=log_path,
+            startup_timeout=startup_timeout,
+            die_with_parent=die_with_parent,
+            env=env,
+        )
         self.master = master
         self.java_options = tuple(java_options)
-        self.conf = {k: _conf_value(v) for k, v in (conf or {}).items()}
-        self.log_path = Path(log_path) if log_path is not None else None
-        self.startup_timeout = startup_timeout
-        self.die_with_parent = die_with_parent
-        self.env = dict(env or {})
-        self._proc: subprocess.Popen[bytes] | None = None
+        self.conf = {k: conf_value(v) for k, v in (conf or {}).items()}
+        self.requested_ui_port = ui_port
+        self.ui_port: int | None = None
 
-    # --- lifecycle ---------------------------------------------------------------------
-    def start(self) -> LocalConnectServer:
-        """Start the server and wait until its gRPC port accepts connections.
+    def choose_ports(self) -> None:
+        super().choose_ports()
+        if self.requested_ui_port is not None:
+            self.ui_port = self.requested_ui_port or free_port(self.host)
 
-        Raises ``ConnectServerError`` with the tail of the server's log when the
-        process exits early or the port does not open within ``startup_timeout``.
-        A port lost to another process between choosing and binding it is retried
-        with a new port (only when the port was not given).
-        """
-        if self._proc is not None:
-            raise ConnectServerError(f"the server is already started ({self.url()})")
-        home = spark_home()
-        if self.log_path is None:
-            self.log_path = Path(tempfile.mkdtemp(prefix="dbspark-connect-")) / "server.log"
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        attempts = 1 if self.requested_port is not None else 3
-        for attempt in range(1, attempts + 1):
-            self.port = self.requested_port or free_port(self.host)
-            try:
-                self._launch(home)
-                self._wait_until_ready()
-                return self
-            except ConnectServerError:
-                log_text = self.log_tail()
-                self.stop()
-                if attempt == attempts or not any(m in log_text for m in _BIND_FAILURES):
-                    raise
-        raise AssertionError("unreachable")  # pragma: no cover
+    def start(self, *, wait: bool = True) -> LocalConnectServer:
+        super().start(wait=wait)
+        return self
 
-    def stop(self, timeout: float = 30.0) -> None:
-        """Stop the server's whole process group: SIGTERM, then SIGKILL after ``timeout``.
-
-        Safe to call more than once and on a server that never started.
-        """
-        proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10.0)):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, sig)
-            try:
-                proc.wait(timeout=wait)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        # The JVM may be gone while others in its group linger (e.g. Python workers):
-        # kill them and wait (briefly) until the group is empty.
-        deadline = time.monotonic() + 10.0
-        while time.monotonic() < deadline:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                return
-            time.sleep(0.1)
-        log.warning("processes of the Spark Connect server's group %s did not go away", proc.pid)
+    def __enter__(self) -> LocalConnectServer:
+        return self.start()
 
     def url(self) -> str:
         """The Spark Connect address, ``sc://host:port``, for ``spark_session(remote=...)``."""
         if self.port is None:
             raise ConnectServerError("the server has not been started")
-        return f"sc://{self.host}:{self.port}"
+        host = LOOPBACK if self.host == "0.0.0.0" else self.host
+        return f"sc://{host}:{self.port}"
 
-    @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
+    def ui_url(self) -> str:
+        """The driver's web UI (its REST API is under ``/api/v1``)."""
+        if self.ui_port is None:
+            raise ConnectServerError("the server's web UI is off (give ui_port)")
+        host = LOOPBACK if self.host == "0.0.0.0" else self.host
+        return f"http://{host}:{self.ui_port}"
 
-    @property
-    def pid(self) -> int | None:
-        """The server's process id (also its process group id), while it runs."""
-        return self._proc.pid if self._proc is not None else None
-
-    def wait(self, timeout: float | None = None) -> int | None:
-        """Wait for the server process to exit; its status, or None on timeout."""
-        if self._proc is None:
-            raise ConnectServerError("the server has not been started")
-        try:
-            return self._proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return None
-
-    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
-        """The last ``lines`` lines of the server's log ('' when there is none)."""
-        if self.log_path is None:
-            return ""
-        try:
-            with open(self.log_path, "rb") as handle:
-                handle.seek(0, os.SEEK_END)
-                handle.seek(max(0, handle.tell() - 64 * 1024))
-                text = handle.read().decode("utf-8", errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
-
-    def __enter__(self) -> LocalConnectServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    # --- internals ---------------------------------------------------------------------
     def command(self, home: Path | None = None) -> list[str]:
         """The ``spark-submit`` command line that starts the server."""
         home = home or spark_home()
@@ -251,7 +152,13 @@ class LocalConnectServer:
             "spark.ui.showConsoleProgress": "false",
             "spark.sql.session.timeZone": "UTC",
         }
-        if _is_local(self.master) and _is_loopback(self.host):
+        if self.ui_port is not None:
+            settings["spark.ui.enabled"] = "true"
+            settings["spark.ui.port"] = str(self.ui_port)
+            settings["spark.port.maxRetries"] = "0"
+        if is_loopback(self.host):
+            # Executors (local threads, or a cluster's workers on this machine) reach the
+            # driver on loopback.
             settings["spark.driver.host"] = self.host
             settings["spark.driver.bindAddress"] = self.host
         settings.update(self.conf)
@@ -270,67 +177,6 @@ class LocalConnectServer:
             cmd += ["--conf", f"{key}={value}"]
         return cmd
 
-    def _launch(self, home: Path) -> None:
-        env = dict(os.environ)
-        env["SPARK_HOME"] = str(home)
-        # Python UDFs run in workers the server starts: use this interpreter (it has pyspark).
-        env.setdefault("PYSPARK_PYTHON", sys.executable)
-        if _is_loopback(self.host):
-            env["SPARK_LOCAL_IP"] = self.host
-        # The client's Connect settings must not leak into the server's own session.
-        for name in ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED", "SPARK_LOCAL_REMOTE"):
-            env.pop(name, None)
-        env.update(self.env)
-        assert self.log_path is not None
-        with open(self.log_path, "ab") as log_file:
-            log_file.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} starting: ".encode())
-            log_file.write(shlex.join(self.command(home)).encode() + b"\n")
-            log_file.flush()
-            self._proc = subprocess.Popen(
-                self.command(home),
-                stdin=subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                env=env,
-                cwd=self.log_path.parent,
-                start_new_session=True,  # its own process group, for stop()
-                preexec_fn=_parent_death_signal
-                if self.die_with_parent and sys.platform.startswith("linux")
-                else None,
-            )
-
-    def _wait_until_ready(self) -> None:
-        assert self._proc is not None and self.port is not None
-        deadline = time.monotonic() + self.startup_timeout
-        while time.monotonic() < deadline:
-            code = self._proc.poll()
-            if code is not None:
-                raise ConnectServerError(
-                    f"the Spark Connect server exited with status {code} before listening "
-                    f"on {self.host}:{self.port}; log {self.log_path}:\n{self.log_tail()}"
-                )
-            if _port_open(self.host, self.port):
-                return
-            time.sleep(0.25)
-        raise ConnectServerError(
-            f"the Spark Connect server did not listen on {self.host}:{self.port} within "
-            f"{self.startup_timeout:g}s; log {self.log_path}:\n{self.log_tail()}"
-        )
-
-
-def _is_local(master: str) -> bool:
-    return master == "local" or master.startswith("local[")
-
-
-def _is_loopback(host: str) -> bool:
-    return host in ("localhost", "::1") or host.startswith("127.")
-
-
-def _conf_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
-
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run a server in the foreground until Ctrl-C/SIGTERM (or until it dies)."""
@@ -343,31 +189,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--port", type=int, help="gRPC port (default: a free one)")
     parser.add_argument("--host", default=LOOPBACK, help=f"address to bind (default {LOOPBACK})")
     parser.add_argument("--master", default=DEFAULT_MASTER, help="default: %(default)s")
-    parser.add_argument("--log", type=Path, help="server log file (default: a temporary one)")
+    parser.add_argument("--ui-port", type=int, help="serve the driver's web UI on this port")
+    parser.add_argument(
+        "--conf", action="append", metavar="KEY=VALUE", help="a Spark setting (repeatable)"
+    )
+    parser.add_argument("--log", help="log file ('-' or none: this process's output)")
     parser.add_argument("--startup-timeout", type=float, default=DEFAULT_STARTUP_TIMEOUT)
     args = parser.parse_args(argv)
+    try:
+        conf = parse_conf(args.conf)
+    except ValueError as err:
+        parser.error(str(err))
     server = LocalConnectServer(
         port=args.port,
         host=args.host,
         master=args.master,
-        log_path=args.log,
+        conf=conf,
+        ui_port=args.ui_port,
+        log_path=args.log or "-",
         startup_timeout=args.startup_timeout,
     )
-    # SIGTERM takes the same way out as Ctrl-C, so the server is stopped either way.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    try:
-        server.start()
-        print(f"{server.url()}  (log: {server.log_path})", flush=True)
-        code = server.wait()
-        print(f"the server exited with status {code}; log {server.log_path}", file=sys.stderr)
-        return 1
-    except ConnectServerError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 0
-    finally:
-        server.stop()
+    return run_in_foreground(server, lambda: f"{server.url()}  (master {server.master})")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,349 @@
+"""Spark's JVM daemons as child processes: the common life cycle.
+
+A Spark Connect server (``connect_server.py``) and a standalone master and worker
+(``standalone.py``) are each one long-lived JVM started from the Spark distribution
+inside the ``pyspark`` wheel. They share everything but their command line and what
+"ready" means, and that shared part lives here:
+
+- the process runs in a session and process group of its own, with stdout and stderr in
+  one log file, so :meth:`SparkProcess.stop` can end the whole group (launcher, JVM,
+  Python workers, executors a worker started) and a failure can be read afterwards;
+- by default it receives SIGTERM when the thread that started it exits (Linux), so a
+  killed test run does not leave JVMs behind;
+- :meth:`SparkProcess.start` waits until the daemon's port accepts connections (and
+  until the subclass's own readiness check passes), and otherwise raises with the tail
+  of the log.
+
+``SPARK_HOME`` from the environment is not used on purpose: a daemon must match the
+client's version, and the wheel always carries a matching distribution.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import logging
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+LOOPBACK = "127.0.0.1"
+#: The JVM's optimizing compiler (C2) costs more start-up CPU than short runs win back.
+DEFAULT_JAVA_OPTIONS: tuple[str, ...] = ("-XX:TieredStopAtLevel=1",)
+DEFAULT_STARTUP_TIMEOUT = 120.0
+#: How many lines of a daemon's log an error message quotes.
+LOG_TAIL_LINES = 40
+BIND_FAILURES = ("Address already in use", "BindException", "Failed to bind")
+
+
+class SparkProcessError(RuntimeError):
+    """A Spark daemon could not be started (the message quotes its log)."""
+
+
+def spark_home() -> Path:
+    """The Spark distribution inside the installed ``pyspark`` package."""
+    spec = importlib.util.find_spec("pyspark")
+    if spec is None or not spec.submodule_search_locations:
+        raise SparkProcessError("pyspark is not installed")
+    home = Path(next(iter(spec.submodule_search_locations)))
+    for tool in ("spark-submit", "spark-class"):
+        if not (home / "bin" / tool).exists():
+            raise SparkProcessError(f"pyspark at {home} ships no bin/{tool}")
+    return home
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    """A TCP port that was free on ``host`` a moment ago (a daemon may still lose a race
+    for it; :meth:`SparkProcess.start` then retries with another port)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def port_open(host: str, port: int) -> bool:
+    connect_to = LOOPBACK if host in ("0.0.0.0", "") else host
+    try:
+        with socket.create_connection((connect_to, port), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
+def is_local_master(master: str) -> bool:
+    return master == "local" or master.startswith("local[")
+
+
+def is_loopback(host: str) -> bool:
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def conf_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def parse_conf(pairs: list[str] | None) -> dict[str, str]:
+    """``["k=v", ...]`` from a command line as a dict; a pair without ``=`` is an error."""
+    settings: dict[str, str] = {}
+    for pair in pairs or ():
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--conf {pair!r}: expected key=value")
+        settings[key.strip()] = value
+    return settings
+
+
+def _parent_death_signal() -> None:
+    """In the child, before exec: SIGTERM when the starting thread dies (Linux only)."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
+class SparkProcess:
+    """One Spark daemon process. Subclasses give :meth:`command` and may refine
+    :meth:`ready`; ``port`` is the port that must accept connections when it is up.
+
+    ``port`` None picks a free one (and a bind failure is retried with another).
+    ``log_path`` receives stdout and stderr (default: a fresh temporary directory, kept
+    after :meth:`stop` so a failure can be read; ``"-"``: this process's own stdout and
+    stderr, as a container wants). ``env`` adds variables for the process.
+    """
+
+    #: A short name for messages ("Spark Connect server", "Spark master", ...).
+    kind = "Spark process"
+    #: The log file's name when no ``log_path`` is given.
+    default_log_name = "spark.log"
+    #: What a failure raises (subclasses name their own).
+    error: type[SparkProcessError] = SparkProcessError
+
+    def __init__(
+        self,
+        *,
+        port: int | None = None,
+        host: str = LOOPBACK,
+        log_path: Path | str | None = None,
+        startup_timeout: float = DEFAULT_STARTUP_TIMEOUT,
+        die_with_parent: bool = True,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.host = host
+        self.requested_port = port
+        self.port: int | None = None
+        self.inherit_output = str(log_path) == "-"
+        self.log_path = Path(log_path) if log_path is not None and not self.inherit_output else None
+        self.startup_timeout = startup_timeout
+        self.die_with_parent = die_with_parent
+        self.env = dict(env or {})
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    # --- what subclasses say -----------------------------------------------------------
+    def command(self, home: Path | None = None) -> list[str]:
+        raise NotImplementedError
+
+    def ready(self) -> bool:
+        """Whether the daemon serves (called once its port accepts connections)."""
+        return True
+
+    def choose_ports(self) -> None:
+        """Pick this start's ports (more than one for daemons with a web UI)."""
+        self.port = self.requested_port or free_port(self.host)
+
+    # --- lifecycle ---------------------------------------------------------------------
+    def start(self, *, wait: bool = True) -> SparkProcess:
+        """Start the daemon and wait until it serves.
+
+        ``wait=False`` only launches it (no retry on a lost port): start several side by
+        side, then call :meth:`wait_until_ready` on each.
+
+        Raises ``SparkProcessError`` with the tail of the log when the process exits
+        early or does not serve within ``startup_timeout``. A port lost to another
+        process between choosing and binding it is retried with new ports (only when
+        the port was not given).
+        """
+        if self._proc is not None:
+            raise self.error(f"the {self.kind} is already started (port {self.port})")
+        home = spark_home()
+        if self.inherit_output:
+            pass
+        elif self.log_path is None:
+            self.log_path = Path(tempfile.mkdtemp(prefix="dbspark-spark-")) / self.default_log_name
+        if self.log_path is not None:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        attempts = 1 if self.requested_port is not None else 3
+        for attempt in range(1, attempts + 1):
+            self.choose_ports()
+            try:
+                self._launch(home)
+                if wait:
+                    self.wait_until_ready()
+                return self
+            except self.error:
+                log_text = self.log_tail()
+                self.stop()
+                if attempt == attempts or not any(m in log_text for m in BIND_FAILURES):
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop the daemon's whole process group: SIGTERM, then SIGKILL after
+        ``timeout``. Safe to call more than once and on a daemon that never started."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10.0)):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, sig)
+            try:
+                proc.wait(timeout=wait)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        # The JVM may be gone while others in its group linger (Python workers, a
+        # worker's executors): kill them and wait (briefly) until the group is empty.
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                return
+            time.sleep(0.1)
+        log.warning("processes of the %s's group %s did not go away", self.kind, proc.pid)
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        """The daemon's process id (also its process group id), while it runs."""
+        return self._proc.pid if self._proc is not None else None
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        """Wait for the process to exit; its status, or None on timeout."""
+        if self._proc is None:
+            raise self.error(f"the {self.kind} has not been started")
+        try:
+            return self._proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        """The last ``lines`` lines of the log ('' when there is none)."""
+        if self.log_path is None:
+            return ""
+        try:
+            with open(self.log_path, "rb") as handle:
+                handle.seek(0, os.SEEK_END)
+                handle.seek(max(0, handle.tell() - 64 * 1024))
+                text = handle.read().decode("utf-8", errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def __enter__(self) -> SparkProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # --- internals ---------------------------------------------------------------------
+    def _environment(self, home: Path) -> dict[str, str]:
+        env = dict(os.environ)
+        env["SPARK_HOME"] = str(home)
+        # Python UDFs run in workers the JVM starts: this interpreter has pyspark.
+        env.setdefault("PYSPARK_PYTHON", sys.executable)
+        if is_loopback(self.host):
+            env["SPARK_LOCAL_IP"] = self.host
+        # A Spark Connect client mode of the caller must not leak into a JVM's session.
+        for name in ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED", "SPARK_LOCAL_REMOTE"):
+            env.pop(name, None)
+        env.update(self.env)
+        return env
+
+    def _launch(self, home: Path) -> None:
+        command = self.command(home)
+        with contextlib.ExitStack() as stack:
+            output: Any = None  # inherit this process's stdout and stderr
+            if self.log_path is not None:
+                output = stack.enter_context(open(self.log_path, "ab"))
+                output.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} starting: ".encode())
+                output.write(shlex.join(command).encode() + b"\n")
+                output.flush()
+            else:
+                print(f"starting: {shlex.join(command)}", file=sys.stderr, flush=True)
+            self._proc = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=output,
+                stderr=subprocess.STDOUT if output is not None else None,
+                env=self._environment(home),
+                cwd=self.log_path.parent if self.log_path is not None else None,
+                start_new_session=True,  # its own process group, for stop()
+                preexec_fn=_parent_death_signal
+                if self.die_with_parent and sys.platform.startswith("linux")
+                else None,
+            )
+
+    def wait_until_ready(self) -> None:
+        """Wait until the launched daemon serves; raise (quoting its log) otherwise, after
+        stopping it."""
+        try:
+            self._wait_until_ready()
+        except self.error:
+            self.stop()
+            raise
+
+    def _wait_until_ready(self) -> None:
+        assert self._proc is not None and self.port is not None
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            code = self._proc.poll()
+            if code is not None:
+                raise self.error(
+                    f"the {self.kind} exited with status {code} before serving on "
+                    f"{self.host}:{self.port}; log {self.log_path}:\n{self.log_tail()}"
+                )
+            if port_open(self.host, self.port) and self.ready():
+                return
+            time.sleep(0.25)
+        raise self.error(
+            f"the {self.kind} did not serve on {self.host}:{self.port} within "
+            f"{self.startup_timeout:g}s; log {self.log_path}:\n{self.log_tail()}"
+        )
+
+
+def run_in_foreground(process: SparkProcess, describe: Callable[[], str]) -> int:
+    """Run ``process`` until Ctrl-C/SIGTERM (or until it dies), for the modules' CLIs."""
+    # SIGTERM takes the same way out as Ctrl-C, so the daemon is stopped either way.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        process.start()
+        where = f"  (log: {process.log_path})" if process.log_path is not None else ""
+        print(f"{describe()}{where}", flush=True)
+        code = process.wait()
+        print(
+            f"the {process.kind} exited with status {code}; log {process.log_path}",
+            file=sys.stderr,
+        )
+        return 1
+    except SparkProcessError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        process.stop()
