@@ -77,11 +77,12 @@ def interval(epoch: int) -> Any:
     return Interval(START + epoch * STEP, START + (epoch + 1) * STEP)
 
 
-def land(circuit: Circuit, epoch: int, inputs: Inputs) -> list[str]:
-    """Write one epoch's batches as files in the landing directory (idempotently)."""
+def land(circuit: Circuit, epoch: int, inputs: Inputs, landing: Any = None) -> list[str]:
+    """Write one epoch's batches as files in the landing directory (idempotently);
+    ``landing`` None is the configured one (``[dbspark] landing``)."""
     from dbspark.orchestration.connectors import LandingDirectory
 
-    landing = LandingDirectory()
+    landing = landing or LandingDirectory()
     written = []
     for source, batch in inputs.items():
         if not batch:

@@ -306,6 +306,29 @@ class RestClient:
             body["note"] = note
         return Run.of(self._send("POST", f"/api/v2/dags/{self._quote(dag_id)}/dagRuns", body))
 
+    def backfill(
+        self,
+        dag_id: str,
+        from_date: datetime | str,
+        to_date: datetime | str,
+        *,
+        reprocess_behavior: str = "failed",
+        max_active_runs: int = 1,
+    ) -> dict[str, Any]:
+        """Create a backfill as the UI's backfill dialog does (``POST /api/v2/backfills``):
+        runs for the intervals whose start lies in ``[from_date, to_date]``. The defaults
+        differ from the API's for the reasons given at :meth:`LocalAirflow.backfill`."""
+        body = {
+            "dag_id": dag_id,
+            "from_date": _iso(from_date),
+            "to_date": _iso(to_date),
+            "run_backwards": False,
+            "dag_run_conf": {},
+            "reprocess_behavior": reprocess_behavior,
+            "max_active_runs": max_active_runs,
+        }
+        return dict(self._send("POST", "/api/v2/backfills", body))
+
     def runs(self, dag_id: str) -> list[Run]:
         """Every run of the DAG, oldest logical date first."""
         path = f"/api/v2/dags/{self._quote(dag_id)}/dagRuns?limit=100&order_by=logical_date"
@@ -419,6 +442,55 @@ class _Component:
     proc: subprocess.Popen[bytes] | None = None
 
 
+def async_database_setting(url: str) -> dict[str, str]:
+    """Airflow's async engine for a PostgreSQL metadata database on psycopg 3.
+
+    Airflow derives its async URL from the sync one as ``postgresql+asyncpg``, a driver
+    dbspark does not install; psycopg 3 has an async mode of its own.
+    """
+    scheme, sep, rest = url.partition("://")
+    if scheme in ("postgresql+psycopg", "postgresql+psycopg_async"):
+        return {"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC": f"postgresql+psycopg_async{sep}{rest}"}
+    return {}
+
+
+@dataclass(frozen=True)
+class CeleryOptions:
+    """The CeleryExecutor's settings: ``workers`` worker processes taking tasks from
+    ``broker_url`` (e.g. Redis), each running up to ``concurrency`` tasks at once."""
+
+    broker_url: str
+    workers: int = 1
+    concurrency: int = 1
+    result_backend: str | None = None
+
+    def environment(self, database_url: str) -> dict[str, str]:
+        # Celery's database result backend is SQLAlchemy with a "db+" prefix.
+        backend = self.result_backend or f"db+{database_url}"
+        return {
+            "AIRFLOW__CELERY__BROKER_URL": self.broker_url,
+            "AIRFLOW__CELERY__RESULT_BACKEND": backend,
+            "AIRFLOW__CELERY__WORKER_CONCURRENCY": str(self.concurrency),
+        }
+
+    def components(self) -> list[_Component]:
+        return [
+            _Component(
+                f"celery-worker-{n}",
+                [
+                    "celery",
+                    "worker",
+                    "--concurrency",
+                    str(self.concurrency),
+                    "--celery-hostname",
+                    f"worker{n}@%h",
+                    "--skip-serve-logs",
+                ],
+            )
+            for n in range(1, self.workers + 1)
+        ]
+
+
 class LocalAirflow:
     """One local Airflow deployment (see the module docstring).
 
@@ -428,6 +500,12 @@ class LocalAirflow:
     ``AIRFLOW_CONN_*``, ``PYSPARK_PYTHON``, overrides of the settings here). ``port``
     None picks a free one. ``triggerer`` starts ``airflow triggerer`` too (only
     deferrable tasks need it; dbspark's do not).
+
+    ``database_url`` puts the metadata database elsewhere than SQLite in the home (a
+    PostgreSQL URL, as in a multi-machine deployment). ``celery`` switches from the
+    LocalExecutor to the CeleryExecutor: ``celery.workers`` ``airflow celery worker``
+    processes take the tasks from the broker ``celery.broker_url``, results go to
+    ``celery.result_backend`` (default: the metadata database).
     """
 
     def __init__(
@@ -445,6 +523,8 @@ class LocalAirflow:
         parallelism: int = 4,
         startup_timeout: float = DEFAULT_STARTUP_TIMEOUT,
         die_with_parent: bool = True,
+        database_url: str | None = None,
+        celery: CeleryOptions | None = None,
     ) -> None:
         self.home = Path(home).resolve()
         self.dags_folder = Path(dags_folder).resolve()
@@ -459,6 +539,8 @@ class LocalAirflow:
         self.parallelism = parallelism
         self.startup_timeout = startup_timeout
         self.die_with_parent = die_with_parent
+        self.database_url = database_url
+        self.celery = celery
         self._components: list[_Component] = []
         self._env: dict[str, str] | None = None
         self._api: RestClient | None = None
@@ -483,8 +565,15 @@ class LocalAirflow:
 
     @property
     def database(self) -> Path:
-        """The SQLite metadata database."""
+        """The SQLite metadata database (unless ``database_url`` names another)."""
         return self.home / "airflow.db"
+
+    @property
+    def sql_alchemy_conn(self) -> str:
+        # Every component writes to the one SQLite file; a writer waits up to a minute
+        # for the lock instead of SQLite's 5 s (on a busy machine the backfill's run
+        # inserts lost that race: "database is locked").
+        return self.database_url or f"sqlite:///{self.database}?timeout={SQLITE_BUSY_TIMEOUT:g}"
 
     @property
     def passwords_file(self) -> Path:
@@ -510,14 +599,10 @@ class LocalAirflow:
                 "AIRFLOW_HOME": str(self.home),
                 "AIRFLOW__CORE__DAGS_FOLDER": str(self.dags_folder),
                 "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-                "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+                "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor" if self.celery else "LocalExecutor",
                 "AIRFLOW__CORE__PARALLELISM": str(self.parallelism),
-                # Every component writes to the one SQLite file; a writer waits up to a
-                # minute for the lock instead of SQLite's 5 s (on a busy machine the
-                # backfill's run inserts lost that race: "database is locked").
-                "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": (
-                    f"sqlite:///{self.database}?timeout={SQLITE_BUSY_TIMEOUT:g}"
-                ),
+                "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": self.sql_alchemy_conn,
+                **async_database_setting(self.sql_alchemy_conn),
                 "AIRFLOW__CORE__AUTH_MANAGER": (
                     "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager"
                 ),
@@ -540,6 +625,8 @@ class LocalAirflow:
                 "PYTHONUNBUFFERED": "1",
             }
         )
+        if self.celery is not None:
+            env.update(self.celery.environment(self.sql_alchemy_conn))
         env.update(self.extra_env)
         return env
 
@@ -586,6 +673,8 @@ class LocalAirflow:
         put it in WAL mode (kept in the file): readers (the UI, the scheduler's
         queries) then no longer block the one writer, nor it them."""
         self.cli("db", "migrate")
+        if self.database_url:
+            return
         with contextlib.closing(sqlite3.connect(self.database, timeout=SQLITE_BUSY_TIMEOUT)) as db:
             db.execute("PRAGMA journal_mode=WAL")
 
@@ -664,9 +753,13 @@ class LocalAirflow:
             ]
             if self.triggerer:
                 components.append(_Component("triggerer", ["triggerer", "--skip-serve-logs"]))
+            if self.celery is not None:
+                components += self.celery.components()
             for component in components:
                 self._launch(component)
             self.wait_until_ready()
+            if self.celery is not None:
+                self._wait_for_celery_workers()
         except BaseException:
             self.stop()
             raise
@@ -734,6 +827,22 @@ class LocalAirflow:
                 raise LocalAirflowError(
                     f"Airflow at {self.url} was not ready within {timeout:g}s "
                     f"(health: {health}):\n{logs}"
+                )
+            time.sleep(0.5)
+
+    def _wait_for_celery_workers(self) -> None:
+        """Each Celery worker says "ready" in its log once it consumes from the broker."""
+        deadline = time.monotonic() + self.startup_timeout
+        waiting = [c.name for c in self._components if c.name.startswith("celery-worker")]
+        while waiting:
+            self.check_alive()
+            waiting = [n for n in waiting if " ready." not in tail(self.process_log(n), 200)]
+            if not waiting:
+                return
+            if time.monotonic() >= deadline:
+                raise LocalAirflowError(
+                    f"Celery workers {waiting} were not ready within "
+                    f"{self.startup_timeout:g}s:\n{tail(self.process_log(waiting[0]))}"
                 )
             time.sleep(0.5)
 

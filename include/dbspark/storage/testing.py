@@ -90,8 +90,9 @@ def _set_parent_death_signal() -> None:
 class LocalPostgres:
     """A PostgreSQL server in a temporary directory (see the module docstring)."""
 
-    def __init__(self, *, startup_timeout: float = 60.0) -> None:
+    def __init__(self, *, startup_timeout: float = 60.0, max_connections: int = 50) -> None:
         self.startup_timeout = startup_timeout
+        self.max_connections = max_connections
         self.port: int | None = None
         self.tmp: Path | None = None
         self._proc: subprocess.Popen[bytes] | None = None
@@ -154,7 +155,7 @@ class LocalPostgres:
                     "-c",
                     "full_page_writes=off",
                     "-c",
-                    "max_connections=50",
+                    f"max_connections={self.max_connections}",
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -192,6 +193,11 @@ class LocalPostgres:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+    @property
+    def pid(self) -> int | None:
+        """The postmaster's process id, while it runs."""
+        return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
 
     # --- use -----------------------------------------------------------------------------
     def url(self, database: str = "postgres") -> str:
