@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -23,8 +24,10 @@ import pytest
 from vectors import VECTOR_DIR, VECTORS, replay_vector
 
 from dbspark.conformance.vector import parse_vector
+from dbspark.engine.spark import connect_server as connect_server_module
 from dbspark.engine.spark.connect_server import ConnectServerError, LocalConnectServer, free_port
 from dbspark.engine.spark.executor import SparkEngine
+from dbspark.engine.spark.processes import BIND_FAILURES
 from dbspark.engine.spark.session import connect_session, is_connect
 
 pytestmark = pytest.mark.slow
@@ -100,6 +103,35 @@ def test_a_server_that_cannot_start_says_why(tmp_path: Path) -> None:
         server.start()
     assert "nonsense://nowhere" in str(caught.value)  # from the log tail
     assert not server.running and server.pid is None  # stop() ran
+
+
+def test_a_web_ui_port_lost_to_another_process_is_chosen_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The UI port is chosen before the JVM binds it; another process may take it in
+    between. The server is launched again with a new UI port, keeping the Connect port
+    (already handed to clients after ``start(wait=False)``)."""
+    taken = socket.socket()
+    taken.bind(("0.0.0.0", 0))
+    taken.listen()
+    lost = taken.getsockname()[1]
+    choices = iter([lost])
+    monkeypatch.setattr(
+        connect_server_module, "free_port", lambda host: next(choices, None) or free_port(host)
+    )
+    server = LocalConnectServer(master="local[1]", ui_port=0, log_path=tmp_path / "server.log")
+    try:
+        server.start(wait=False)
+        grpc_port = server.port
+        server.wait_until_ready()
+        assert server.port == grpc_port
+        assert server.ui_port not in (None, lost)
+        log_text = (tmp_path / "server.log").read_text()
+        assert log_text.count("starting: ") == 2
+        assert any(marker in log_text for marker in BIND_FAILURES)
+    finally:
+        server.stop()
+        taken.close()
 
 
 def test_conformance_command_over_connect(connect_server: LocalConnectServer) -> None:

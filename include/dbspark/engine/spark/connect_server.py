@@ -114,8 +114,8 @@ class LocalConnectServer(SparkProcess):
         self.requested_ui_port = ui_port
         self.ui_port: int | None = None
 
-    def choose_ports(self) -> None:
-        super().choose_ports()
+    def choose_ports(self, *, keep_main: bool = False) -> None:
+        super().choose_ports(keep_main=keep_main)
         if self.requested_ui_port is not None:
             self.ui_port = self.requested_ui_port or free_port(self.host)
 

@@ -44,6 +44,12 @@ DEFAULT_STARTUP_TIMEOUT = 120.0
 #: How many lines of a daemon's log an error message quotes.
 LOG_TAIL_LINES = 40
 BIND_FAILURES = ("Address already in use", "BindException", "Failed to bind")
+#: Launches of one start when ports are lost to other processes.
+BIND_ATTEMPTS = 3
+#: A failure message quotes up to this many error lines from above the log's tail.
+ERROR_LINES = 5
+ERROR_WORDS = ("Exception", " ERROR ", "Error:")
+MAX_LAUNCH_LOG_BYTES = 4 * 1024 * 1024
 
 
 class SparkProcessError(RuntimeError):
@@ -149,6 +155,11 @@ class SparkProcess:
         self.die_with_parent = die_with_parent
         self.env = dict(env or {})
         self._proc: subprocess.Popen[bytes] | None = None
+        self._home: Path | None = None
+        self._launches = 0
+        self._launch_offset = 0
+        # True while start(wait=True) waits: its retries may pick a new main port.
+        self._ready_waits_in_start = False
 
     # --- what subclasses say -----------------------------------------------------------
     def command(self, home: Path | None = None) -> list[str]:
@@ -158,21 +169,22 @@ class SparkProcess:
         """Whether the daemon serves (called once its port accepts connections)."""
         return True
 
-    def choose_ports(self) -> None:
-        """Pick this start's ports (more than one for daemons with a web UI)."""
-        self.port = self.requested_port or free_port(self.host)
+    def choose_ports(self, *, keep_main: bool = False) -> None:
+        """Pick this launch's ports (more than one for daemons with a web UI);
+        ``keep_main`` keeps :attr:`port` and picks only the others again."""
+        if not (keep_main and self.port is not None):
+            self.port = self.requested_port or free_port(self.host)
 
     # --- lifecycle ---------------------------------------------------------------------
     def start(self, *, wait: bool = True) -> SparkProcess:
         """Start the daemon and wait until it serves.
 
-        ``wait=False`` only launches it (no retry on a lost port): start several side by
-        side, then call :meth:`wait_until_ready` on each.
+        ``wait=False`` only launches it: start several side by side, then call
+        :meth:`wait_until_ready` on each.
 
-        Raises ``SparkProcessError`` with the tail of the log when the process exits
-        early or does not serve within ``startup_timeout``. A port lost to another
-        process between choosing and binding it is retried with new ports (only when
-        the port was not given).
+        Raises ``SparkProcessError`` quoting the log when the process exits early or does
+        not serve within ``startup_timeout``. A port lost to another process between
+        choosing and binding it is retried with new ports, for ports not given.
         """
         if self._proc is not None:
             raise self.error(f"the {self.kind} is already started (port {self.port})")
@@ -183,20 +195,17 @@ class SparkProcess:
             self.log_path = Path(tempfile.mkdtemp(prefix="dbspark-spark-")) / self.default_log_name
         if self.log_path is not None:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        attempts = 1 if self.requested_port is not None else 3
-        for attempt in range(1, attempts + 1):
-            self.choose_ports()
+        self._home = home
+        self._launches = 0
+        self.choose_ports()
+        self._launch(home)
+        if wait:
+            self._ready_waits_in_start = True
             try:
-                self._launch(home)
-                if wait:
-                    self.wait_until_ready()
-                return self
-            except self.error:
-                log_text = self.log_tail()
-                self.stop()
-                if attempt == attempts or not any(m in log_text for m in BIND_FAILURES):
-                    raise
-        raise AssertionError("unreachable")  # pragma: no cover
+                self.wait_until_ready()
+            finally:
+                self._ready_waits_in_start = False
+        return self
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop the daemon's whole process group: SIGTERM, then SIGKILL after
@@ -278,8 +287,10 @@ class SparkProcess:
         command = self.command(home)
         with contextlib.ExitStack() as stack:
             output: Any = None  # inherit this process's stdout and stderr
+            self._launches += 1
             if self.log_path is not None:
                 output = stack.enter_context(open(self.log_path, "ab"))
+                self._launch_offset = output.tell()
                 output.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} starting: ".encode())
                 output.write(shlex.join(command).encode() + b"\n")
                 output.flush()
@@ -300,12 +311,57 @@ class SparkProcess:
 
     def wait_until_ready(self) -> None:
         """Wait until the launched daemon serves; raise (quoting its log) otherwise, after
-        stopping it."""
+        stopping it.
+
+        A bind failure ("Address already in use") on a port this object chose is retried
+        with fresh ports, up to ``BIND_ATTEMPTS`` launches. After ``start(wait=False)``
+        the main port may already have been handed out (to clients' settings), so only
+        the other ports (web UIs) are chosen again then.
+        """
+        waited_separately = not self._ready_waits_in_start
+        while True:
+            try:
+                self._wait_until_ready()
+                return
+            except self.error:
+                lost_port = self.bind_failed()
+                self.stop()
+                if not lost_port or self._launches >= BIND_ATTEMPTS or self._home is None:
+                    raise
+            log.warning("the %s lost a port to another process; starting it again", self.kind)
+            keep_main = waited_separately or self.requested_port is not None
+            self.choose_ports(keep_main=keep_main)
+            self._launch(self._home)
+
+    def bind_failed(self) -> bool:
+        """Whether the last launch's log says it could not bind a port."""
+        return any(marker in self.launch_log() for marker in BIND_FAILURES)
+
+    def launch_log(self) -> str:
+        """The log of the last launch only (the file collects every launch)."""
+        if self.log_path is None:
+            return ""
         try:
-            self._wait_until_ready()
-        except self.error:
-            self.stop()
-            raise
+            with open(self.log_path, "rb") as handle:
+                handle.seek(self._launch_offset)
+                text = handle.read(MAX_LAUNCH_LOG_BYTES)
+        except OSError:
+            return ""
+        return text.decode("utf-8", errors="replace")
+
+    def failure_excerpt(self) -> str:
+        """The log's tail, preceded by the launch's first error lines when a long stack
+        trace pushed them out of the tail (they name the cause)."""
+        tail = self.log_tail()
+        causes = [
+            line
+            for line in self.launch_log().splitlines()
+            if any(word in line for word in ERROR_WORDS)
+        ][:ERROR_LINES]
+        missing = [line for line in causes if line not in tail]
+        if not missing:
+            return tail
+        return "\n".join([*missing, "...", tail])
 
     def _wait_until_ready(self) -> None:
         assert self._proc is not None and self.port is not None
@@ -315,14 +371,14 @@ class SparkProcess:
             if code is not None:
                 raise self.error(
                     f"the {self.kind} exited with status {code} before serving on "
-                    f"{self.host}:{self.port}; log {self.log_path}:\n{self.log_tail()}"
+                    f"{self.host}:{self.port}; log {self.log_path}:\n{self.failure_excerpt()}"
                 )
             if port_open(self.host, self.port) and self.ready():
                 return
             time.sleep(0.25)
         raise self.error(
             f"the {self.kind} did not serve on {self.host}:{self.port} within "
-            f"{self.startup_timeout:g}s; log {self.log_path}:\n{self.log_tail()}"
+            f"{self.startup_timeout:g}s; log {self.log_path}:\n{self.failure_excerpt()}"
         )
 
 

@@ -95,8 +95,8 @@ class _Daemon(SparkProcess):
         self.requested_webui_port = webui_port
         self.webui_port: int | None = None
 
-    def choose_ports(self) -> None:
-        super().choose_ports()
+    def choose_ports(self, *, keep_main: bool = False) -> None:
+        super().choose_ports(keep_main=keep_main)
         self.webui_port = self.requested_webui_port or free_port(_reachable(self.host))
 
     @property
