@@ -99,6 +99,8 @@ class Warehouse:
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root).resolve()
         self.root.mkdir(parents=True, exist_ok=True)
+        # Batches never change, so a column's maximum is read from their footers once.
+        self._maxima: dict[tuple[str, str], int | None] = {}
 
     def __repr__(self) -> str:
         return f"Warehouse({str(self.root)!r})"
@@ -251,6 +253,14 @@ class Warehouse:
             df = semi_join(df, keys.distinct(), key_cols, broadcast=small)
         return df
 
+    def column_max(self, record: BatchRecord, column: str) -> int | None:
+        """The largest value of the integer ``column`` in a batch, from its Parquet
+        footers' statistics (no Spark job); None when some footer has none for it."""
+        cache_key = (record.path, column)
+        if cache_key not in self._maxima:
+            self._maxima[cache_key] = _footer_max(self.abspath(record.path), column)
+        return self._maxima[cache_key]
+
     def key_buckets(
         self, keys: DataFrame, key_cols: Sequence[str], bucket_counts: set[int]
     ) -> tuple[dict[int, set[int]], int | None]:
@@ -305,6 +315,31 @@ def parquet_stats(path: Path) -> tuple[int, int]:
             rows += pq.read_metadata(full).num_rows
             size += os.path.getsize(full)
     return rows, size
+
+
+def _footer_max(path: Path, column: str) -> int | None:
+    """The maximum of ``column`` over the Parquet files under ``path`` from their row group
+    statistics; None when a file lacks the column or a row group lacks statistics."""
+    top: int | None = None
+    for dirpath, dirs, files in os.walk(path):
+        dirs[:] = [d for d in dirs if not _hidden(d)]
+        for f in files:
+            if _hidden(f) or not f.endswith(".parquet"):
+                continue
+            meta = pq.read_metadata(os.path.join(dirpath, f))
+            names = [meta.schema.column(i).path for i in range(meta.num_columns)]
+            if column not in names:
+                return None
+            index = names.index(column)
+            for g in range(meta.num_row_groups):
+                group = meta.row_group(g)
+                if group.num_rows == 0:
+                    continue
+                stats = group.column(index).statistics
+                if stats is None or not stats.has_min_max:
+                    return None
+                top = int(stats.max) if top is None else max(top, int(stats.max))
+    return top
 
 
 def _hidden(name: str) -> bool:

@@ -31,7 +31,7 @@ from functools import reduce
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
 from dbspark.circuit.builder import STATEFUL_OPS, Circuit, Node
@@ -52,7 +52,7 @@ from dbspark.engine.spark.frames import (
     time_columns,
     time_fields,
 )
-from dbspark.engine.spark.session import spark_session
+from dbspark.engine.spark.session import is_connect, spark_session
 from dbspark.storage.catalog import BatchRecord, Catalog, LoopIteration
 from dbspark.storage.traces import TraceStore
 from dbspark.storage.warehouse import KeySet, Warehouse
@@ -62,6 +62,9 @@ log = logging.getLogger("dbspark.engine")
 
 #: A delta as a DataFrame, or None when it is known to be empty.
 Frame = DataFrame | None
+
+#: Gathered key sets an engine keeps for reuse (``SparkEngine._keys_of``), newest last.
+_KEY_SETS_KEPT = 64
 
 
 class EpochOrderError(RuntimeError):
@@ -178,6 +181,7 @@ class SparkEngine:
         self.catalog.register_circuit(circuit.name, circuit_fingerprint(circuit))
         self._specs = {n.id: upsert_spec(n) for n in circuit.nodes if n.op == "upsert_source"}
         self._stored = _stored_deltas(circuit, self.plan)
+        self._key_sets: dict[tuple[Any, ...], KeySet] = {}  # see _keys_of
 
     # ================================================================================ epochs
     def last_committed_epoch(self) -> int:
@@ -283,7 +287,9 @@ class SparkEngine:
         if isinstance(batch, CheckedFrame):
             file = file or batch.file_label()
         frame = self._input_frame(node, batch, file)
-        fingerprint = frame_fingerprint(frame)
+        # A first ingest takes the fingerprint while writing the input log (no job of its
+        # own); a check against a committed ingest, or Spark Connect, runs a job for it.
+        fingerprint = frame_fingerprint(frame) if done or is_connect(self.spark) else None
         if done:
             if fingerprint != committed:
                 raise InputError(
@@ -314,7 +320,13 @@ class SparkEngine:
                     error.key_columns,
                 ) from None
         # The raw input log lets full refresh replay every source from scratch.
-        unit.add(self.traces.write(f"n{node.id}.input", frame, t))
+        logged, observation = frame, None
+        if fingerprint is None:
+            observation = Observation(f"dbspark_fingerprint_{uuid.uuid4().hex}")
+            logged = frame.observe(observation, *_fingerprint_columns(frame))
+        unit.add(self.traces.write(f"n{node.id}.input", logged, t))
+        if observation is not None:
+            fingerprint = _fingerprint_text(frame, observation.get)
         if unit.records:
             rows_in = unit.records[-1].rows
         frames = {(node.id, t): delta}
@@ -717,18 +729,43 @@ class SparkEngine:
         self, node: Node, t: Time, unit: _Unit, port_keys: Sequence[Sequence[str]]
     ) -> KeySet:
         """Keys of any port with an update in t's epoch at or before t (named as port 0's keys)."""
-        frames = []
-        for port, input_id in enumerate(node.inputs):
-            records = self._records(
+        records = [
+            self._records(
                 unit,
                 f"n{node.id}.in{port}",
                 "trace",
                 lambda time: time[0] == t[0] and timestamps.less_equal(time, t),
             )
-            schema = self._schema_of(self.circuit.node(input_id), len(t))
-            rows = self.warehouse.read(self.spark, records, schema)
-            frames.append(rows.select(*_renamed(port_keys[port], port_keys[0])))
-        return self._gather(reduce(DataFrame.unionByName, frames))
+            for port in range(len(node.inputs))
+        ]
+        schemas = [self._schema_of(self.circuit.node(i), len(t)) for i in node.inputs]
+        return self._keys_of(node, records, port_keys, schemas)
+
+    def _keys_of(
+        self,
+        node: Node,
+        records: Sequence[Sequence[BatchRecord]],
+        port_keys: Sequence[Sequence[str]],
+        schemas: Sequence[Any],
+    ) -> KeySet:
+        """The keys in each port's ``records`` (named as port 0's keys), gathered by one
+        Spark job. Batches never change, so the same batches give the same keys: a loop
+        iteration that added no batch for the node reuses the previous gathering."""
+        memo = (node.id, tuple(tuple(sorted(r.path for r in rs)) for rs in records))
+        if memo in self._key_sets:
+            return self._key_sets[memo]
+        frames = [
+            self.warehouse.read(self.spark, rs, schemas[port]).select(
+                *_renamed(port_keys[port], port_keys[0])
+            )
+            for port, rs in enumerate(records)
+        ]
+        keys = self._gather(reduce(DataFrame.unionByName, frames))
+        if keys.buckets is not None:  # gathered to the driver: a local relation to keep
+            self._key_sets[memo] = keys
+            while len(self._key_sets) > _KEY_SETS_KEPT:
+                del self._key_sets[next(iter(self._key_sets))]
+        return keys
 
     # ================================================================================ loops
     def _leave(self, node: Node, t: Time, unit: _Unit, report: UnitReport) -> Frame:
@@ -814,12 +851,12 @@ class SparkEngine:
         # (every other delta in the iteration ends in one of those or has no effect).
         changed = sum(r.rows for r in written if tuple(r.time) == t)
         result_rows = inner_report.rows_out.get(self.circuit.node(loop.result).label, 0)
-        pending = -1 if changed else self._pending_depth(loop, prefix, unit)
+        pending = -1 if changed else self._pending_depth(loop, prefix, unit, iteration)
         converged = changed == 0 and pending <= iteration
         if converged:
             reason = (
                 f"converged: iteration {iteration} changed nothing and no correction is pending"
-                f" (history of the touched keys reaches iteration {pending})"
+                f" (history of the touched keys reaches iteration {pending} at most)"
             )
         elif changed:
             reason = f"continue: iteration {iteration} changed {changed} rows"
@@ -837,8 +874,14 @@ class SparkEngine:
             f"loop {loop.name!r} did not converge at {list(prefix)} within {loop.max_iterations}"
         )
 
-    def _pending_depth(self, loop: LoopPlan, prefix: Time, unit: _Unit) -> int:
-        """The deepest iteration at which this prefix may still owe output (-1: none)."""
+    def _pending_depth(self, loop: LoopPlan, prefix: Time, unit: _Unit, iteration: int) -> int:
+        """The deepest iteration at which this prefix may still owe output (-1: none), as
+        far as it decides whether ``iteration`` is the last: exact when it is deeper than
+        ``iteration``, otherwise possibly an upper bound.
+
+        A stateful node's bound comes from its batches alone (their times and the time
+        columns' maxima in their Parquet footers), with no Spark job; only a node whose
+        bound goes deeper than ``iteration`` is judged exactly (``_deepest_pending``)."""
         level = len(prefix)
         deepest = -1
         inside = self.circuit.nodes_within(loop.scope)
@@ -853,11 +896,41 @@ class SparkEngine:
             port_keys = _port_keys(self.circuit, node)
             depth = self.circuit.scope(node.scope).depth
             names = time_columns(depth)
+            bound = self._pending_bound(node, prefix, unit, names[level])
+            if bound is not None and bound <= iteration:
+                deepest = max(deepest, bound)
+                continue
             schemas = [self._schema_of(self.circuit.node(i), depth) for i in node.inputs]
             value = self._deepest_pending(node, prefix, unit, port_keys, names, schemas)
             if value is not None:
                 deepest = max(deepest, value)
         return deepest
+
+    def _pending_bound(self, node: Node, prefix: Time, unit: _Unit, column: str) -> int | None:
+        """An upper bound of ``_deepest_pending`` from the catalog and the Parquet footers:
+        -1 when no port has a batch in the prefix's epoch (nothing is pending), else the
+        largest ``column`` (the next coordinate) among the batches it would read; None
+        when a footer has no statistics."""
+        level = len(prefix)
+        ports = range(len(node.inputs))
+        if not any(
+            self._records(unit, f"n{node.id}.in{p}", "trace", lambda time: time[0] == prefix[0])
+            for p in ports
+        ):
+            return -1
+        bound = -1
+        for port in ports:
+            for record in self._records(
+                unit,
+                f"n{node.id}.in{port}",
+                "trace",
+                lambda time: all(a <= b for a, b in zip(time[:level], prefix, strict=True)),
+            ):
+                top = self.warehouse.column_max(record, column)
+                if top is None:
+                    return None
+                bound = max(bound, top)
+        return bound
 
     def _deepest_pending(
         self,
@@ -873,17 +946,13 @@ class SparkEngine:
         ``prefix`` exactly (so a correction may still be due under it)."""
         level = len(prefix)
         # Matching the epoch coordinate needs an update in this epoch: a cheap pruning set.
-        touched = []
-        for port in range(len(node.inputs)):
-            now = self._records(
-                unit, f"n{node.id}.in{port}", "trace", lambda time: time[0] == prefix[0]
-            )
-            if now:
-                rows = self.warehouse.read(self.spark, now, schemas[port])
-                touched.append(rows.select(*_renamed(port_keys[port], port_keys[0])))
-        if not touched:
+        now = [
+            self._records(unit, f"n{node.id}.in{port}", "trace", lambda time: time[0] == prefix[0])
+            for port in range(len(node.inputs))
+        ]
+        if not any(now):
             return None
-        keys = self._gather(reduce(DataFrame.unionByName, touched))
+        keys = self._keys_of(node, now, port_keys, schemas)
         below = reduce(
             lambda a, b: a & b,
             [F.col(n) <= v for n, v in zip(names[:level], prefix, strict=True)],
@@ -1143,8 +1212,14 @@ def _lexicographic_greater(left: Sequence[str], right: Sequence[str]) -> Any:
 def frame_fingerprint(frame: DataFrame) -> str:
     """An order-independent hash of a frame's rows (a multiset hash: the sum of row
     hashes, with the count), computed by one Spark job."""
+    row = frame.select(*_fingerprint_columns(frame)).first()
+    return _fingerprint_text(frame, row.asDict() if row is not None else {})
+
+
+def _fingerprint_columns(frame: DataFrame) -> list[Any]:
+    """The aggregates ``frame_fingerprint`` hashes (also usable as observed metrics)."""
     cols = sorted(frame.columns)
-    row = frame.select(
+    return [
         F.count(F.lit(1)).alias("n"),
         # xxhash64 skips NULLs, so which columns are NULL is hashed as well.
         F.sum(
@@ -1153,8 +1228,11 @@ def frame_fingerprint(frame: DataFrame) -> str:
                 F.concat_ws("", *[F.col(c).isNull().cast("int").cast("string") for c in cols]),
             ).cast("decimal(38,0)")
         ).alias("h"),
-    ).first()
-    text = f"{','.join(cols)}|{row['n']}|{row['h'] or 0}"
+    ]
+
+
+def _fingerprint_text(frame: DataFrame, values: Mapping[str, Any]) -> str:
+    text = f"{','.join(sorted(frame.columns))}|{values.get('n') or 0}|{values.get('h') or 0}"
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 

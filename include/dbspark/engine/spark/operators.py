@@ -193,10 +193,9 @@ def aggregate_delta(
         per_row.groupBy(*keys).agg(*per_corner_aggs) if keys else per_row.agg(*per_corner_aggs)
     )
     if user_columns:
-        # Read the trace once: the driver collects the touched groups, the join reuses them.
-        grouped = grouped.localCheckpoint()
-        computed = user_aggregates.evaluate(grouped, keys, schema, user_columns)
-        grouped = user_aggregates.attach(grouped, computed, keys)
+        # Read the trace once: the driver collects the touched groups, and the rest of the
+        # kernel runs on the collected rows with the functions' results.
+        grouped = user_aggregates.evaluate_collected(grouped, user_columns)
     for i, (sign, _) in enumerate(box):
         values = [
             F.col(f"{name}__{i}").cast(spark_type(out_schema.type_of(name))).alias(name)

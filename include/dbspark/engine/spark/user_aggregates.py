@@ -82,6 +82,35 @@ def evaluate(
     return spark.createDataFrame(rows, struct_type(Schema(tuple(fields))))
 
 
+def evaluate_collected(groups: DataFrame, columns: Sequence[UserAggregateColumn]) -> DataFrame:
+    """``groups`` with each ``gathered`` column replaced by its ``output``, as a frame of
+    the collected rows: one Spark job reads the groups, the driver applies the functions
+    (as ``evaluate`` does), and whatever uses the result needs neither the groups' lineage
+    again nor a join back on the keys."""
+    from pyspark.sql.types import StructType
+
+    spark = groups.sparkSession
+    aggregates = [
+        (column, user_defined(column.function, column.result_type, column.name))
+        for column in columns
+    ]
+    gathered = {c.gathered for c in columns}
+    kept = [f for f in groups.schema.fields if f.name not in gathered]
+    rows = []
+    for record in groups.collect():
+        results = []
+        for column, aggregate in aggregates:
+            pairs = record[column.gathered]
+            if not pairs:
+                results.append(None)
+                continue
+            group = [(from_spark_value(p["v"], column.value_type), p["w"]) for p in pairs]
+            results.append(to_spark_value(aggregate(group), column.result_type))
+        rows.append((*(record[f.name] for f in kept), *results))
+    outputs = struct_type(Schema(tuple((c.output, c.result_type) for c in columns)))
+    return spark.createDataFrame(rows, StructType([*kept, *outputs.fields]))
+
+
 def attach(grouped: DataFrame, computed: DataFrame, keys: Sequence[str]) -> DataFrame:
     """Join ``evaluate``'s results back onto ``grouped`` by the group keys (NULL-safe)."""
     if not keys:
