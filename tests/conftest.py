@@ -31,6 +31,8 @@ def spark():
     """One local Spark session for the whole run (local[2], small shuffles, loopback, no UI)."""
     from pyspark.sql import SparkSession
 
+    from dbspark.engine.spark.processes import DEFAULT_JAVA_OPTIONS
+
     session = (
         SparkSession.builder.master("local[2]")
         .appName("dbspark-tests")
@@ -40,9 +42,8 @@ def spark():
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.ansi.enabled", "true")
-        # Test runs are short: the JVM's optimizing compiler (C2) costs more CPU than it
-        # saves here, so stop at C1.
-        .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1")
+        # Test runs are short: stop at the JVM's quick compiler (see DEFAULT_JAVA_OPTIONS).
+        .config("spark.driver.extraJavaOptions", " ".join(DEFAULT_JAVA_OPTIONS))
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("WARN")

@@ -29,6 +29,7 @@ def main() -> None:
 
     from dbspark.conformance.vector import parse_vector
     from dbspark.engine.spark.executor import SparkEngine
+    from dbspark.engine.spark.processes import DEFAULT_JAVA_OPTIONS
     from dbspark.storage.catalog import Catalog
 
     seen = 0
@@ -60,7 +61,7 @@ def main() -> None:
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.ansi.enabled", "true")
-        .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1")
+        .config("spark.driver.extraJavaOptions", " ".join(DEFAULT_JAVA_OPTIONS))
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")

@@ -39,7 +39,13 @@ log = logging.getLogger(__name__)
 
 LOOPBACK = "127.0.0.1"
 #: The JVM's optimizing compiler (C2) costs more start-up CPU than short runs win back.
-DEFAULT_JAVA_OPTIONS: tuple[str, ...] = ("-XX:TieredStopAtLevel=1",)
+#: Stopping at C1 also shrinks the default code cache to 48 MB, which Spark's generated
+#: code fills in a long session (the JVM then evicts and recompiles, or stops compiling),
+#: so it is set back to the tiered default's size.
+DEFAULT_JAVA_OPTIONS: tuple[str, ...] = (
+    "-XX:TieredStopAtLevel=1",
+    "-XX:ReservedCodeCacheSize=240m",
+)
 DEFAULT_STARTUP_TIMEOUT = 120.0
 #: How many lines of a daemon's log an error message quotes.
 LOG_TAIL_LINES = 40
