@@ -1,0 +1,331 @@
+"""From measurements to what they mean: ratios, slopes, a Markdown table and plots.
+
+Per workload (W1-W3):
+
+- **R**: the incremental epoch's time over the full refresh's time on the same
+  snapshot, per epoch; the headline is the smallest-delta epoch at the largest size.
+- **alpha**: the slope of log(epoch time) against log(base size) over the epochs whose
+  delta is the same at every size; the same slope of the full refresh for reference.
+- **bytes**: Spark input bytes of the epoch against the live bytes stored.
+- **fixed / growing**: ``time = fixed + per_row * size`` fitted over those epochs; the
+  fixed part set against W0's floors (Spark jobs times a trivial job's time).
+- **SDP**: Spark Declarative Pipelines' time per epoch next to dbspark's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from benchmarks.harness import Measurement, Results, linear_fit, loglog_slope, median
+
+#: The issue's targets: R at a 0.1% epoch, per workload, and alpha.
+TARGET_R = {"W1": 0.1, "W2": 0.05, "W3": 0.1}
+TARGET_ALPHA = 0.3
+
+
+def _pairs(results: Results, workload: str) -> list[tuple[Measurement, Measurement]]:
+    refresh = {(m.size, m.epoch): m for m in results.of(workload, "full_refresh")}
+    return [
+        (m, refresh[(m.size, m.epoch)])
+        for m in results.of(workload, "incremental")
+        if (m.size, m.epoch) in refresh
+    ]
+
+
+def _alpha_points(workload: str, incremental: Measurement) -> bool:
+    params = incremental.params
+    if workload == "W1":
+        return bool(params.get("fixed_delta"))
+    if workload == "W2":
+        return bool(params.get("alpha_point"))
+    return True  # W3: the daily epochs are about the same size at every base
+
+
+def summarize(results: Results) -> None:
+    """Fill ``results.summary`` (saved in results.json, shown in summary.md)."""
+    floors = {m.variant: m.seconds for m in results.of("W0")}
+    for workload in ("W1", "W2", "W3"):
+        pairs = _pairs(results, workload)
+        if not pairs:
+            continue
+        entry: dict[str, Any] = {"epochs": []}
+        for inc, full in pairs:
+            entry["epochs"].append(
+                {
+                    "size": inc.size,
+                    "delta": inc.delta,
+                    "epoch": inc.epoch,
+                    "params": {k: v for k, v in inc.params.items() if k != "difference"},
+                    "incremental_s": round(inc.seconds, 3),
+                    "full_refresh_s": round(full.seconds, 3),
+                    "R": round(inc.seconds / full.seconds, 3) if full.seconds else None,
+                    "read_bytes": inc.input_bytes,
+                    "stored_bytes": inc.stored_bytes,
+                    "read_over_stored": round(inc.input_bytes / inc.stored_bytes, 3)
+                    if inc.input_bytes is not None and inc.stored_bytes
+                    else None,
+                    "jobs": inc.jobs,
+                    "ok": inc.ok,
+                }
+            )
+        largest = max(inc.size or 0 for inc, _ in pairs)
+        at_largest = [e for e in entry["epochs"] if e["size"] == largest]
+        smallest_delta = min(e["delta"] or 0 for e in at_largest)
+        head = [e for e in at_largest if e["delta"] == smallest_delta]
+        entry["headline_R"] = head[0]["R"] if head else None
+        entry["headline"] = head[0] if head else None
+        entry["target_R"] = TARGET_R[workload]
+        points = [(inc, full) for inc, full in pairs if _alpha_points(workload, inc)]
+        by_size: dict[int, list[tuple[float, float]]] = {}
+        for inc, full in points:
+            by_size.setdefault(inc.size or 0, []).append((inc.seconds, full.seconds))
+        sizes = sorted(by_size)
+        inc_times = [median([a for a, _ in by_size[s]]) for s in sizes]
+        full_times = [median([b for _, b in by_size[s]]) for s in sizes]
+        entry["alpha_sizes"] = sizes
+        entry["alpha_incremental_s"] = [round(t, 3) for t in inc_times]
+        entry["alpha_full_refresh_s"] = [round(t, 3) for t in full_times]
+        entry["alpha"] = _round(loglog_slope(sizes, inc_times))
+        entry["alpha_full_refresh"] = _round(loglog_slope(sizes, full_times))
+        fit = linear_fit([float(s) for s in sizes], inc_times)
+        if fit is not None:
+            fixed, per_row = fit
+            entry["fixed_s"] = round(fixed, 3)
+            entry["growing_s_at_largest"] = round(per_row * sizes[-1], 3)
+        jobs = [inc.jobs for inc, _ in points if inc.jobs is not None]
+        if jobs and "trivial_job" in floors:
+            entry["median_jobs"] = median([float(j) for j in jobs])
+            entry["jobs_floor_s"] = round(entry["median_jobs"] * floors["trivial_job"], 3)
+        sdp = results.of(workload, "sdp")
+        if sdp:
+            ours = {m.epoch: m for m, _ in pairs if m.size == largest}
+            entry["sdp"] = [
+                {
+                    "epoch": m.epoch,
+                    "sdp_s": round(m.seconds, 3),
+                    "sdp_graph_s": m.params.get("graph_seconds"),
+                    "dbspark_s": round(ours[m.epoch].seconds, 3) if m.epoch in ours else None,
+                    "ok": m.ok,
+                }
+                for m in sdp
+            ]
+        results.summary[workload] = entry
+    if floors:
+        results.summary["W0"] = {k: round(v, 3) for k, v in floors.items()}
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+def write(results: Results) -> Path:
+    """Write summary.md and the plots next to results.json; the summary's path."""
+    out = results.out
+    out.mkdir(parents=True, exist_ok=True)
+    plots = _plots(results)
+    lines = [
+        "# dbspark benchmarks",
+        "",
+        f"Settings: `{ {k: v for k, v in results.settings.items()} }`",
+        "",
+    ]
+    w0 = results.summary.get("W0")
+    if w0:
+        lines += ["## W0: the fixed floor", "", "| what | seconds |", "| --- | --- |"]
+        lines += [f"| {k} | {v} |" for k, v in w0.items()]
+        lines.append("")
+    lines += [
+        "## Incremental epoch against full refresh",
+        "",
+        *_header(
+            "workload",
+            "size",
+            "delta",
+            "epoch",
+            "incremental s",
+            "full refresh s",
+            "R",
+            "read/stored",
+            "jobs",
+            "same answer",
+        ),
+    ]
+    for workload in ("W1", "W2", "W3"):
+        for e in results.summary.get(workload, {}).get("epochs", []):
+            lines.append(
+                f"| {workload} {_describe(e['params'])} | {e['size']} | {e['delta']} | "
+                f"{e['epoch']} | {e['incremental_s']} | {e['full_refresh_s']} | {e['R']} | "
+                f"{e['read_over_stored']} | {e['jobs']} | {_yes(e['ok'])} |"
+            )
+    lines += [
+        "",
+        "## Against the targets",
+        "",
+        *_header(
+            "workload",
+            "R (smallest delta, largest size)",
+            "target R",
+            "alpha",
+            "alpha full refresh",
+            "fixed s",
+            "growing s at largest",
+            "jobs x trivial job s",
+        ),
+    ]
+    for workload in ("W1", "W2", "W3"):
+        s = results.summary.get(workload)
+        if not s:
+            continue
+        lines.append(
+            f"| {workload} | {s.get('headline_R')} | {s['target_R']} | {s.get('alpha')} "
+            f"(target {TARGET_ALPHA}) | {s.get('alpha_full_refresh')} | {s.get('fixed_s')} | "
+            f"{s.get('growing_s_at_largest')} | {s.get('jobs_floor_s')} |"
+        )
+    sdp_rows = [
+        (workload, row)
+        for workload in ("W1", "W3")
+        for row in results.summary.get(workload, {}).get("sdp", [])
+    ]
+    if sdp_rows:
+        lines += [
+            "",
+            "## Against Spark Declarative Pipelines (full recompute per run)",
+            "",
+            *_header(
+                "workload",
+                "epoch",
+                "dbspark epoch s",
+                "SDP run s (CLI wall)",
+                "SDP graph s",
+                "same answer",
+            ),
+        ]
+        for workload, row in sdp_rows:
+            lines.append(
+                f"| {workload} | {row['epoch']} | {row['dbspark_s']} | {row['sdp_s']} | "
+                f"{row['sdp_graph_s']} | {_yes(row['ok'])} |"
+            )
+    if results.skipped:
+        lines += ["", "## Skipped", ""] + [f"- {s}" for s in results.skipped]
+    if results.failures:
+        lines += ["", "## Failures", ""] + [f"- {f}" for f in results.failures]
+    if plots:
+        lines += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots]
+    path = out / "summary.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _describe(params: dict[str, Any]) -> str:
+    keep = ("scale_factor", "fraction", "nodes", "k", "base_days")
+    return " ".join(
+        f"{k}={params[k]:g}" if isinstance(params[k], float) else f"{k}={params[k]}"
+        for k in keep
+        if k in params
+    )
+
+
+def _header(*names: str) -> list[str]:
+    return ["| " + " | ".join(names) + " |", "|" + " --- |" * len(names)]
+
+
+def _yes(ok: bool | None) -> str:
+    return {True: "yes", False: "**NO**", None: "-"}[ok]
+
+
+def _plots(results: Results) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    written = []
+    workloads = [w for w in ("W1", "W2", "W3") if w in results.summary]
+    if not workloads:
+        return written
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for workload in workloads:
+        epochs = results.summary[workload]["epochs"]
+        ax.scatter([e["delta"] for e in epochs], [e["R"] for e in epochs], label=workload)
+    ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("rows changed in the epoch")
+    ax.set_ylabel("R = incremental / full refresh")
+    ax.set_title("Incremental epoch against full refresh (below 1: incremental wins)")
+    ax.legend()
+    written.append(_save(fig, results.out / "ratio_R.png"))
+
+    scaled = [w for w in workloads if len(results.summary[w]["alpha_sizes"]) >= 2]
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for workload in scaled:
+        s = results.summary[workload]
+        ax.plot(
+            s["alpha_sizes"],
+            s["alpha_incremental_s"],
+            marker="o",
+            label=f"{workload} incremental (alpha {s['alpha']})",
+        )
+        ax.plot(
+            s["alpha_sizes"],
+            s["alpha_full_refresh_s"],
+            marker="x",
+            linestyle="--",
+            label=f"{workload} full refresh (alpha {s['alpha_full_refresh']})",
+        )
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("base size (rows or edges), delta held fixed")
+    ax.set_ylabel("seconds")
+    ax.set_title("Epoch time against base size")
+    if scaled:
+        ax.legend(fontsize=8)
+        written.append(_save(fig, results.out / "alpha.png"))
+    else:
+        plt.close(fig)  # one size only (--quick): no slope to show
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for workload in workloads:
+        epochs = [e for e in results.summary[workload]["epochs"] if e["read_bytes"] is not None]
+        ax.scatter(
+            [e["stored_bytes"] for e in epochs], [e["read_bytes"] for e in epochs], label=workload
+        )
+    ax.set_xscale("log")
+    ax.set_yscale("symlog")
+    ax.set_xlabel("live bytes stored after the epoch")
+    ax.set_ylabel("bytes Spark read in the epoch")
+    ax.set_title("Trace bytes read per epoch against bytes stored")
+    ax.legend()
+    written.append(_save(fig, results.out / "bytes.png"))
+
+    sdp = [(w, results.summary[w]["sdp"]) for w in workloads if results.summary[w].get("sdp")]
+    if sdp:
+        fig, axes = plt.subplots(1, len(sdp), figsize=(5 * len(sdp), 4), squeeze=False)
+        for ax, (workload, rows) in zip(axes[0], sdp, strict=True):
+            epochs = [r["epoch"] for r in rows]
+            ax.bar(
+                [e - 0.2 for e in epochs],
+                [r["dbspark_s"] or 0 for r in rows],
+                width=0.4,
+                label="dbspark epoch",
+            )
+            ax.bar(
+                [e + 0.2 for e in epochs], [r["sdp_s"] for r in rows], width=0.4, label="SDP run"
+            )
+            ax.set_title(f"{workload}: per epoch")
+            ax.set_xlabel("epoch")
+            ax.set_ylabel("seconds")
+            ax.legend()
+        written.append(_save(fig, results.out / "sdp.png"))
+    return written
+
+
+def _save(fig: Any, path: Path) -> Path:
+    from matplotlib import pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
