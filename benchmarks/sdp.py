@@ -54,6 +54,7 @@ PIPELINES: dict[str, tuple[str, ...]] = {
 }
 #: The SDP projects (spec and transformations), one folder per pipeline.
 PROJECTS = Path(__file__).resolve().parent / "pipelines"
+REPO = PROJECTS.parents[1]
 SPEC_NAME = "spark-pipeline.yml"
 #: The environment variable that tells the transformations where the data lands.
 LANDING_ENV = "DBSPARK_BENCH_LANDING"
@@ -223,6 +224,10 @@ class SdpPipeline:
             {
                 "PATH": os.pathsep.join([str(interpreter.parent), env.get("PATH", "")]),
                 "PYSPARK_PYTHON": str(interpreter),
+                # The transformations import benchmarks.pipelines.upserts.
+                "PYTHONPATH": os.pathsep.join(
+                    p for p in (str(REPO), env.get("PYTHONPATH", "")) if p
+                ),
                 "SPARK_HOME": str(spark_home()),  # the wheel's, matching the server
                 "SPARK_LOCAL_IP": "127.0.0.1",
                 LANDING_ENV: str(self.landing),

@@ -1,110 +1,156 @@
 """An epoch side by side with a full refresh of the same snapshot, and their answers.
 
-The incremental side is ``SparkEngine.run_epoch`` on the landed batch: ingest, every
-stage and loop, publishing the views, the commit and compaction. The full-refresh side
-recomputes every view from the whole input history with Spark
-(``SparkEngine.full_refresh``) and writes the results as Parquet, as publishing does.
-The written results are then compared with the maintained views, outside the timing.
+A :class:`Series` is one workload at one base size: a folder with landed batches
+(``<root>/landing``), an engine over its own warehouse, the base load (epoch 0) and then
+epochs compared one by one. The incremental side is ``SparkEngine.run_epoch`` on the
+landed batch: ingest, every stage and loop, publishing the views, the commit and
+compaction. The full-refresh side recomputes every view from the whole input history with
+Spark (``SparkEngine.full_refresh``) and writes the results as Parquet, as publishing
+does. The written results are then compared with the maintained views, outside the
+timing.
 """
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame
 
-from benchmarks.data import epoch_folder
-from benchmarks.harness import Measurement, Meter, Results
+from benchmarks.data import epoch_folder, land
+from benchmarks.harness import Bench, Measurement
 from dbspark.circuit.builder import Circuit
 from dbspark.engine.spark.executor import SparkEngine
 from dbspark.engine.spark.full_refresh import verify
 
 
-def new_engine(circuit: Circuit, work: Path, spark: SparkSession) -> SparkEngine:
-    return SparkEngine(circuit, work / "warehouse", spark=spark)
+class Series:
+    """``workload`` at one base ``size`` (rows or edges), under ``bench.work/<name>``."""
+
+    def __init__(
+        self,
+        bench: Bench,
+        workload: str,
+        name: str,
+        circuit: Circuit,
+        size: int,
+        params: dict[str, Any],
+    ) -> None:
+        self.bench = bench
+        self.workload = workload
+        self.root = bench.work / workload / name
+        shutil.rmtree(self.root, ignore_errors=True)
+        self.landing = self.root / "landing"
+        self.circuit = circuit
+        self.size = size
+        self.params = dict(params)
+        self.loaded: Measurement | None = None
+        self._engine: SparkEngine | None = None
+
+    @property
+    def engine(self) -> SparkEngine:
+        if self._engine is None:
+            self._engine = SparkEngine(
+                self.circuit, self.root / "warehouse", spark=self.bench.spark
+            )
+        return self._engine
+
+    def land(self, epoch: int, tables: dict[str, pa.Table]) -> None:
+        for source, table in tables.items():
+            land(self.landing, source, epoch, table)
+
+    def load(self) -> Measurement:
+        """Epoch 0, the base load (measured, but not part of any comparison)."""
+        inputs, rows = self._inputs(0)
+        measurement = self._measurement("load", 0, rows, {})
+        with self.bench.meter.measure(measurement):
+            self.engine.run_epoch(0, inputs)
+        measurement.stored_bytes = self._stored_bytes()
+        self.loaded = self.bench.results.add(measurement)
+        return measurement
+
+    def spent(self) -> float:
+        """Seconds this series has measured so far (load, epochs and refreshes)."""
+        return sum(
+            m.seconds
+            for m in self.bench.results.measurements
+            if m.workload == self.workload and m.params.items() >= self.params.items()
+        )
+
+    def fits(self, what: str, factor: float = 2.0) -> bool:
+        """Whether ``factor`` times the base load's time still fits the budget; if not,
+        ``what`` is recorded as skipped."""
+        needed = factor * (self.loaded.seconds if self.loaded else 0.0)
+        if self.bench.budget.allows(needed):
+            return True
+        self.bench.results.skip(f"{self.workload} {what} (time budget)")
+        return False
+
+    def compare(self, epoch: int, **params: Any) -> tuple[Measurement, Measurement]:
+        """Run ``epoch`` incrementally, then a full refresh of the same snapshot; both
+        measurements carry whether the answers agreed."""
+        spark, meter = self.bench.spark, self.bench.meter
+        inputs, rows = self._inputs(epoch)
+        incremental = self._measurement("incremental", epoch, rows, params)
+        with meter.measure(incremental):
+            report = self.engine.run_epoch(epoch, inputs)
+        incremental.stored_bytes = self._stored_bytes()
+        incremental.params["loop_iterations"] = len(report.iterations)
+
+        refresh = self._measurement("full_refresh", epoch, rows, params)
+        target = self.root / "full_refresh" / f"epoch={epoch}"
+        with meter.measure(refresh):
+            for name, frame in self.engine.full_refresh().items():
+                frame.write.mode("overwrite").parquet(str(target / name))
+
+        differences = {}
+        for name in self.circuit.views:
+            fresh = spark.read.parquet(str(target / name))
+            count = verify(fresh, self.engine.view_frame(name)).count()
+            if count:
+                differences[name] = count
+        for measurement in (incremental, refresh):
+            measurement.ok = not differences
+            if differences:
+                measurement.params["difference"] = f"rows differing per view: {differences}"
+            self.bench.results.add(measurement)
+        return incremental, refresh
+
+    def _measurement(
+        self, variant: str, epoch: int, rows: int, params: dict[str, Any]
+    ) -> Measurement:
+        return Measurement(
+            self.workload, variant, 0.0, self.size, rows, epoch, params={**self.params, **params}
+        )
+
+    def _inputs(self, epoch: int) -> tuple[dict[str, DataFrame], int]:
+        """The epoch's landed batches as DataFrames, and how many rows they hold."""
+        inputs, rows = {}, 0
+        for source in self.circuit.sources:
+            folder = epoch_folder(self.landing, source, epoch)
+            if folder.exists():
+                inputs[source] = self.bench.spark.read.parquet(str(folder))
+                rows += sum(pq.read_metadata(f).num_rows for f in folder.glob("*.parquet"))
+        return inputs, rows
+
+    def _stored_bytes(self) -> int:
+        """Live bytes of every batch of the circuit (traces, views, the raw input log)."""
+        engine = self.engine
+        return sum(b.bytes for b in engine.catalog.all_batches(engine.circuit.name) if b.live)
 
 
-def landed_inputs(
-    spark: SparkSession, circuit: Circuit, landing: Path, epoch: int
-) -> tuple[dict[str, DataFrame], int]:
-    """The epoch's landed batches as DataFrames, and how many rows they hold."""
-    inputs, rows = {}, 0
-    for source in circuit.sources:
-        folder = epoch_folder(landing, source, epoch)
-        if folder.exists():
-            inputs[source] = spark.read.parquet(str(folder))
-            rows += sum(pq.read_metadata(f).num_rows for f in folder.glob("*.parquet"))
-    return inputs, rows
+def room_for_next(bench: Bench, previous: Series | None, what: str) -> bool:
+    """Whether a larger series still fits the budget: one that costs twice what the
+    previous one did. If not, ``what`` is recorded as skipped."""
+    if previous is None or bench.budget.allows(2 * previous.spent()):
+        return True
+    bench.results.skip(f"{what} (time budget)")
+    return False
 
 
-def stored_bytes(engine: SparkEngine) -> int:
-    """Live bytes of every batch of the circuit (traces, views, the raw input log)."""
-    return sum(b.bytes for b in engine.catalog.all_batches(engine.circuit.name) if b.live)
-
-
-def load(
-    engine: SparkEngine,
-    landing: Path,
-    meter: Meter,
-    results: Results,
-    *,
-    workload: str,
-    size: int,
-    params: dict[str, Any],
-) -> Measurement:
-    """Epoch 0: the base load (measured, but not part of any comparison)."""
-    inputs, rows = landed_inputs(engine.spark, engine.circuit, landing, 0)
-    measurement = Measurement(workload, "load", 0.0, size, rows, 0, params=dict(params))
-    with meter.measure(measurement):
-        engine.run_epoch(0, inputs)
-    measurement.stored_bytes = stored_bytes(engine)
-    return results.add(measurement)
-
-
-def epoch_against_refresh(
-    engine: SparkEngine,
-    epoch: int,
-    landing: Path,
-    work: Path,
-    meter: Meter,
-    results: Results,
-    *,
-    workload: str,
-    size: int,
-    params: dict[str, Any],
-) -> tuple[Measurement, Measurement]:
-    """Run ``epoch`` incrementally, then a full refresh of the same snapshot; both
-    measurements carry whether the answers agreed."""
-    spark = engine.spark
-    inputs, rows = landed_inputs(spark, engine.circuit, landing, epoch)
-    incremental = Measurement(workload, "incremental", 0.0, size, rows, epoch, params=dict(params))
-    with meter.measure(incremental):
-        report = engine.run_epoch(epoch, inputs)
-    incremental.stored_bytes = stored_bytes(engine)
-    incremental.params["loop_iterations"] = len(report.iterations)
-
-    refresh = Measurement(workload, "full_refresh", 0.0, size, rows, epoch, params=dict(params))
-    target = work / "full_refresh" / f"epoch={epoch}"
-    with meter.measure(refresh):
-        for name, frame in engine.full_refresh().items():
-            frame.write.mode("overwrite").parquet(str(target / name))
-
-    differences = {}
-    for name in engine.circuit.views:
-        fresh = spark.read.parquet(str(target / name))
-        count = verify(fresh, engine.view_frame(name)).count()
-        if count:
-            differences[name] = count
-    for measurement in (incremental, refresh):
-        measurement.ok = not differences
-        if differences:
-            measurement.params["difference"] = f"rows differing per view: {differences}"
-    results.add(incremental)
-    results.add(refresh)
-    return incremental, refresh
-
-
-def view_rows(engine: SparkEngine) -> dict[str, int]:
-    return {name: engine.view_frame(name).count() for name in engine.circuit.views}
+def warehouse_of(landing: Path) -> Path:
+    """The warehouse of the series whose landing folder is ``landing``."""
+    return landing.parent / "warehouse"

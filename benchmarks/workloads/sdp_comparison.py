@@ -15,35 +15,30 @@ import os
 import shutil
 from pathlib import Path
 
-from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from benchmarks.circuits import flights, tpch_q3
-from benchmarks.harness import Budget, Measurement, Results
+from benchmarks.harness import Bench, Measurement
 from benchmarks.sdp import SdpPipeline
-from benchmarks.workloads.compare import new_engine
+from benchmarks.workloads.compare import warehouse_of
+from dbspark.engine.spark.executor import SparkEngine
 from dbspark.engine.spark.full_refresh import verify
 
 PIPELINES = {"W1": ("tpch_q3", tpch_q3), "W3": ("flights", flights)}
 
 
-def run(
-    spark: SparkSession,
-    results: Results,
-    budget: Budget,
-    work: Path,
-    landings: dict[str, Path],
-) -> None:
+def run(bench: Bench, landings: dict[str, Path]) -> None:
+    spark, results = bench.spark, bench.results
     for workload, landing in landings.items():
         pipeline, circuit = PIPELINES[workload]
         last = max(int(p.name.split("=")[1]) for p in landing.glob("*/epoch=*"))
-        root = work / "sdp" / workload
+        root = bench.work / "sdp" / workload
         shutil.rmtree(root, ignore_errors=True)
         replay = root / "landing"
         # The same driver memory as the benchmark's own session.
         with SdpPipeline(pipeline, replay, root, conf={"spark.driver.memory": "6g"}) as sdp:
             for epoch in range(last + 1):
-                if epoch and not budget.allows(60):
+                if epoch and not bench.budget.allows(60):
                     results.skip(f"SDP {workload}: epochs {epoch}..{last} (time budget)")
                     last = epoch - 1
                     break
@@ -61,7 +56,7 @@ def run(
                     )
                 )
             # dbspark's views as of the same epoch (its warehouse under the workload's work).
-            engine = new_engine(circuit(), landing.parent, spark)
+            engine = SparkEngine(circuit(), warehouse_of(landing), spark=spark)
             differences = {}
             if engine.last_committed_epoch() == last:
                 for name in engine.circuit.views:

@@ -16,12 +16,11 @@ import os
 import shutil
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 from pyspark.sql import functions as F
 
-from benchmarks.harness import Measurement, Meter, Results, median, timed
+from benchmarks.harness import Bench, Measurement, Meter, Results, median, timed
 from dbspark.engine.spark.executor import SparkEngine
 from dbspark.examples.circuits import word_count
 
@@ -29,8 +28,9 @@ WORKLOAD = "W0"
 REPO = Path(__file__).resolve().parents[2]
 
 
-def run(spark, meter: Meter, results: Results, work: Path, *, repeats: int, airflow: bool) -> None:
-    root = work / WORKLOAD
+def run(bench: Bench, *, repeats: int, airflow: bool) -> None:
+    spark, meter, results = bench.spark, bench.meter, bench.results
+    root = bench.work / WORKLOAD
     shutil.rmtree(root, ignore_errors=True)
     _spark_floor(spark, meter, results, root, repeats)
     _empty_epochs(spark, meter, results, root, repeats)
@@ -80,28 +80,8 @@ def _empty_epochs(spark, meter: Meter, results: Results, root: Path, repeats: in
     )
 
 
-DAG_FILE = textwrap.dedent(
-    """
-    from datetime import UTC, datetime
-
-    from dbspark.examples.circuits import word_count
-    from dbspark.orchestration import LandingDirectory, build_dag
-
-    dag = build_dag(
-        word_count,
-        dag_id="bench_empty_epochs",
-        schedule="@daily",
-        start_date=datetime(2026, 1, 1, tzinfo=UTC),
-        sources={"words": LandingDirectory()},
-    )
-    """
-)
-
-
 def _airflow_epochs(results: Results, root: Path, repeats: int) -> None:
     home = root / "airflow"
-    (home / "dags").mkdir(parents=True, exist_ok=True)
-    (home / "dags" / "bench_empty.py").write_text(DAG_FILE)
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
     command = [sys.executable, "-m", "benchmarks.airflow_epochs", str(home), str(repeats + 1)]

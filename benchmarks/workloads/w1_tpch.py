@@ -2,72 +2,48 @@
 
 Per scale factor: the base load (epoch 0), then epochs that change about 0.1% and 1%
 of every table (updates, deletes, new orders), each against a full refresh of the same
-snapshot. For alpha, one more epoch per scale factor changes a fixed number of rows
-(0.1% of the smallest scale factor), so only the base size varies.
+snapshot. For alpha (with more than one scale factor), one more epoch per scale factor
+changes a fixed number of rows (0.1% of the smallest scale factor), so only the base
+size varies.
 """
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 from benchmarks.circuits import tpch_q3
-from benchmarks.data import land, tpch
-from benchmarks.harness import Budget, Meter, Results
-from benchmarks.workloads.compare import epoch_against_refresh, load, new_engine
+from benchmarks.data import tpch
+from benchmarks.harness import Bench
+from benchmarks.workloads.compare import Series, room_for_next
 
 WORKLOAD = "W1"
 SEED = 20261123
 
 
 def run(
-    spark,
-    meter: Meter,
-    results: Results,
-    budget: Budget,
-    work: Path,
-    cache: Path,
-    *,
-    scale_factors: list[float],
-    fractions: list[float],
+    bench: Bench, cache: Path, *, scale_factors: list[float], fractions: list[float]
 ) -> dict[float, Path]:
     """Run W1 at each scale factor; the landing folder of each (for the SDP side)."""
     landings = {}
     smallest_rows = None
+    previous = None
     for sf in scale_factors:
+        if not room_for_next(bench, previous, f"{WORKLOAD} SF {sf:g} and larger"):
+            break
         base = tpch.base_tables(tpch.generate(sf, cache))
         rows = sum(t.num_rows for t in base.values())
         smallest_rows = smallest_rows or rows
-        root = work / WORKLOAD / f"sf{sf:g}"
-        shutil.rmtree(root, ignore_errors=True)
-        landing = root / "landing"
-        for name, table in base.items():
-            land(landing, name, 0, table)
-        engine = new_engine(tpch_q3(), root, spark)
-        params = {"scale_factor": sf}
-        loaded = load(engine, landing, meter, results, workload=WORKLOAD, size=rows, params=params)
-        epoch = 1
-        # 0.1% of the smallest scale factor: the same absolute delta at every size.
+        series = Series(bench, WORKLOAD, f"sf{sf:g}", tpch_q3(), rows, {"scale_factor": sf})
+        previous = series
+        series.land(0, base)
+        series.load()
         plan = [(f, False) for f in fractions]
         if len(scale_factors) > 1:
             plan.append((fractions[0] * smallest_rows / rows, True))
-        for fraction, fixed_delta in plan:
-            if not budget.allows(2.5 * loaded.seconds):
-                results.skip(f"W1 SF {sf:g}: epochs from fraction {fraction:g} on (time budget)")
+        for epoch, (fraction, fixed_delta) in enumerate(plan, start=1):
+            if not series.fits(f"SF {sf:g}: epochs from fraction {fraction:g} on", 2.5):
                 break
-            for name, table in tpch.change_tables(base, fraction, epoch, SEED).items():
-                land(landing, name, epoch, table)
-            epoch_against_refresh(
-                engine,
-                epoch,
-                landing,
-                root,
-                meter,
-                results,
-                workload=WORKLOAD,
-                size=rows,
-                params={**params, "fraction": fraction, "fixed_delta": fixed_delta},
-            )
-            epoch += 1
-        landings[sf] = landing
+            series.land(epoch, tpch.change_tables(base, fraction, epoch, SEED))
+            series.compare(epoch, fraction=fraction, fixed_delta=fixed_delta)
+        landings[sf] = series.landing
     return landings

@@ -6,55 +6,34 @@ against a full refresh of the same snapshot.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 from benchmarks.circuits import flights
-from benchmarks.data import land
 from benchmarks.data.flights import FlightsFeed
-from benchmarks.harness import Budget, Meter, Results
-from benchmarks.workloads.compare import epoch_against_refresh, load, new_engine
+from benchmarks.harness import Bench
+from benchmarks.workloads.compare import Series, room_for_next
 
 WORKLOAD = "W3"
 
 
-def run(
-    spark,
-    meter: Meter,
-    results: Results,
-    budget: Budget,
-    work: Path,
-    *,
-    base_days: list[int],
-    days: int,
-) -> dict[int, Path]:
+def run(bench: Bench, *, base_days: list[int], days: int) -> dict[int, Path]:
+    """Run W3 for each base size; the landing folder of each (for the SDP side)."""
     landings = {}
+    previous = None
     for base in base_days:
+        if not room_for_next(bench, previous, f"{WORKLOAD} base {base} days and larger"):
+            break
         feed = FlightsFeed(base)
-        root = work / WORKLOAD / f"base{base}"
-        shutil.rmtree(root, ignore_errors=True)
-        landing = root / "landing"
+        series = Series(
+            bench, WORKLOAD, f"base{base}", flights(), feed.base_rows(), {"base_days": base}
+        )
+        previous = series
         for epoch in range(days + 1):
-            for name, table in feed.epoch(epoch).items():
-                land(landing, name, epoch, table)
-        engine = new_engine(flights(), root, spark)
-        size = feed.base_rows()
-        params = {"base_days": base}
-        loaded = load(engine, landing, meter, results, workload=WORKLOAD, size=size, params=params)
+            series.land(epoch, feed.epoch(epoch))
+        series.load()
         for epoch in range(1, days + 1):
-            if not budget.allows(1.5 * loaded.seconds):
-                results.skip(f"W3 base {base} days: epochs {epoch}..{days} (time budget)")
+            if not series.fits(f"base {base} days: epochs {epoch}..{days}", 1.5):
                 break
-            epoch_against_refresh(
-                engine,
-                epoch,
-                landing,
-                root,
-                meter,
-                results,
-                workload=WORKLOAD,
-                size=size,
-                params=params,
-            )
-        landings[base] = landing
+            series.compare(epoch)
+        landings[base] = series.landing
     return landings

@@ -54,7 +54,11 @@ def test_quick_mode_checks_every_workload(tmp_path: Path) -> None:
             if m["workload"] == workload and m["variant"] == "sdp"
         ]
         assert sdp and all(m["ok"] for m in sdp), workload
-    assert {("W0", "trivial_job"), ("W0", "empty_epoch_engine")} <= measured
+    assert {
+        ("W0", "trivial_job"),
+        ("W0", "empty_epoch_engine"),
+        ("W0", "empty_epoch_airflow"),
+    } <= measured
     summary = (out / "summary.md").read_text()
     assert "| W1 |" in summary and "Spark Declarative Pipelines" in summary
     for plot in ("ratio_R.png", "bytes.png", "sdp.png"):

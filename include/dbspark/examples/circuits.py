@@ -13,11 +13,14 @@ from dbspark.circuit.builder import Circuit
 from dbspark.circuit.expressions import col
 
 
-def reachability() -> Circuit:
-    """Nodes reachable from a root along edges (a root reaches itself). Recursive."""
-    c = Circuit("reachability")
-    edges = c.zset_source("edges", {"src": "string", "dst": "string"})
-    roots = c.zset_source("roots", {"node": "string"})
+def reachability(node_type: str = "string", name: str = "reachability") -> Circuit:
+    """Nodes reachable from a root along edges (a root reaches itself). Recursive.
+
+    Node ids are ``node_type`` (strings in the conformance suite, BIGINT in the
+    benchmarks)."""
+    c = Circuit(name)
+    edges = c.zset_source("edges", {"src": node_type, "dst": node_type})
+    roots = c.zset_source("roots", {"node": node_type})
     reach = roots.iterate(
         lambda reach: (
             reach.join(edges, left_on="node", right_on="src")

@@ -13,8 +13,10 @@ run recomputes the materialized views from all landed files.
 import os
 
 from pyspark import pipelines as dp
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+
+from benchmarks.pipelines.upserts import current
 
 spark: SparkSession = globals()["spark"]  # injected by the spark-pipelines CLI
 
@@ -24,31 +26,19 @@ LANDING = os.environ["DBSPARK_BENCH_LANDING"]
 LOW_VISIBILITY = 5.0
 
 
-def current(source: str, *key: str) -> DataFrame:
-    """The live rows of an upsert source: per key the row with the greatest ``ts`` (NULL
-    smallest; on a tie the later epoch's), unless ``deleted`` is true."""
-    landed = spark.read.parquet(f"{LANDING}/{source}")
-    latest_first = Window.partitionBy(*key).orderBy(
-        F.col("ts").desc_nulls_last(), F.col("epoch").desc()
-    )
-    ranked = landed.withColumn("__rank", F.row_number().over(latest_first))
-    live = (F.col("__rank") == 1) & ~F.coalesce(F.col("deleted"), F.lit(False))
-    return ranked.where(live).drop("__rank", "epoch", "ts", "deleted")
-
-
 @dp.temporary_view
 def flights_current() -> DataFrame:
-    return current("flights", "flight_id")
+    return current(spark, LANDING, "flights", "flight_id")
 
 
 @dp.temporary_view
 def planes_current() -> DataFrame:
-    return current("planes", "tailnum")
+    return current(spark, LANDING, "planes", "tailnum")
 
 
 @dp.temporary_view
 def weather_current() -> DataFrame:
-    return current("weather", "origin", "time_hour")
+    return current(spark, LANDING, "weather", "origin", "time_hour")
 
 
 @dp.materialized_view

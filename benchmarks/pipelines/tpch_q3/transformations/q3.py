@@ -12,8 +12,10 @@ run recomputes the materialized view from all landed files.
 import os
 
 from pyspark import pipelines as dp
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+
+from benchmarks.pipelines.upserts import current
 
 spark: SparkSession = globals()["spark"]  # injected by the spark-pipelines CLI
 
@@ -24,31 +26,19 @@ Q3_DATE = 9204
 Q3_SEGMENT = "BUILDING"
 
 
-def current(source: str, *key: str) -> DataFrame:
-    """The live rows of an upsert source: per key the row with the greatest ``ts`` (NULL
-    smallest; on a tie the later epoch's), unless ``deleted`` is true."""
-    landed = spark.read.parquet(f"{LANDING}/{source}")
-    latest_first = Window.partitionBy(*key).orderBy(
-        F.col("ts").desc_nulls_last(), F.col("epoch").desc()
-    )
-    ranked = landed.withColumn("__rank", F.row_number().over(latest_first))
-    live = (F.col("__rank") == 1) & ~F.coalesce(F.col("deleted"), F.lit(False))
-    return ranked.where(live).drop("__rank", "epoch", "ts", "deleted")
-
-
 @dp.temporary_view
 def customer_current() -> DataFrame:
-    return current("customer", "c_custkey")
+    return current(spark, LANDING, "customer", "c_custkey")
 
 
 @dp.temporary_view
 def orders_current() -> DataFrame:
-    return current("orders", "o_orderkey")
+    return current(spark, LANDING, "orders", "o_orderkey")
 
 
 @dp.temporary_view
 def lineitem_current() -> DataFrame:
-    return current("lineitem", "l_orderkey", "l_linenumber")
+    return current(spark, LANDING, "lineitem", "l_orderkey", "l_linenumber")
 
 
 @dp.materialized_view

@@ -62,21 +62,11 @@ def evaluate(
     without calling the function, since a function need not accept no values.
     """
     spark = groups.sparkSession
-    aggregates = [
-        (column, user_defined(column.function, column.result_type, column.name))
-        for column in columns
+    apply = _applier(columns)
+    rows = [
+        (*(record[k] for k in keys), *apply(record))
+        for record in groups.select(*keys, *(c.gathered for c in columns)).collect()
     ]
-    rows = []
-    for record in groups.select(*keys, *(c.gathered for c in columns)).collect():
-        results = []
-        for column, aggregate in aggregates:
-            pairs = record[column.gathered]
-            if not pairs:
-                results.append(None)
-                continue
-            group = [(from_spark_value(p["v"], column.value_type), p["w"]) for p in pairs]
-            results.append(to_spark_value(aggregate(group), column.result_type))
-        rows.append((*(record[k] for k in keys), *results))
     fields = [(f"__k{i}", key_schema.type_of(k)) for i, k in enumerate(keys)]
     fields += [(c.output, c.result_type) for c in columns]
     return spark.createDataFrame(rows, struct_type(Schema(tuple(fields))))
@@ -90,14 +80,23 @@ def evaluate_collected(groups: DataFrame, columns: Sequence[UserAggregateColumn]
     from pyspark.sql.types import StructType
 
     spark = groups.sparkSession
+    apply = _applier(columns)
+    gathered = {c.gathered for c in columns}
+    kept = [f for f in groups.schema.fields if f.name not in gathered]
+    rows = [(*(record[f.name] for f in kept), *apply(record)) for record in groups.collect()]
+    outputs = struct_type(Schema(tuple((c.output, c.result_type) for c in columns)))
+    return spark.createDataFrame(rows, StructType([*kept, *outputs.fields]))
+
+
+def _applier(columns: Sequence[UserAggregateColumn]) -> Callable[[Any], list[Any]]:
+    """A function from a collected group row to each column's result: the user's
+    function over the gathered (value, multiplicity) pairs, NULL for an empty list."""
     aggregates = [
         (column, user_defined(column.function, column.result_type, column.name))
         for column in columns
     ]
-    gathered = {c.gathered for c in columns}
-    kept = [f for f in groups.schema.fields if f.name not in gathered]
-    rows = []
-    for record in groups.collect():
+
+    def apply(record: Any) -> list[Any]:
         results = []
         for column, aggregate in aggregates:
             pairs = record[column.gathered]
@@ -106,9 +105,9 @@ def evaluate_collected(groups: DataFrame, columns: Sequence[UserAggregateColumn]
                 continue
             group = [(from_spark_value(p["v"], column.value_type), p["w"]) for p in pairs]
             results.append(to_spark_value(aggregate(group), column.result_type))
-        rows.append((*(record[f.name] for f in kept), *results))
-    outputs = struct_type(Schema(tuple((c.output, c.result_type) for c in columns)))
-    return spark.createDataFrame(rows, StructType([*kept, *outputs.fields]))
+        return results
+
+    return apply
 
 
 def attach(grouped: DataFrame, computed: DataFrame, keys: Sequence[str]) -> DataFrame:

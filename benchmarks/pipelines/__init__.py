@@ -1,0 +1,1 @@
+"""The Spark Declarative Pipelines projects of the benchmark (see ``benchmarks/sdp.py``)."""
