@@ -164,8 +164,6 @@ class SparkProcess:
         self._home: Path | None = None
         self._launches = 0
         self._launch_offset = 0
-        # True while start(wait=True) waits: its retries may pick a new main port.
-        self._ready_waits_in_start = False
 
     # --- what subclasses say -----------------------------------------------------------
     def command(self, home: Path | None = None) -> list[str]:
@@ -206,11 +204,8 @@ class SparkProcess:
         self.choose_ports()
         self._launch(home)
         if wait:
-            self._ready_waits_in_start = True
-            try:
-                self.wait_until_ready()
-            finally:
-                self._ready_waits_in_start = False
+            # Nobody has seen the main port yet: a retry may choose it again too.
+            self._serve_or_raise(keep_main=False)
         return self
 
     def stop(self, timeout: float = 30.0) -> None:
@@ -324,7 +319,9 @@ class SparkProcess:
         the main port may already have been handed out (to clients' settings), so only
         the other ports (web UIs) are chosen again then.
         """
-        waited_separately = not self._ready_waits_in_start
+        self._serve_or_raise(keep_main=True)
+
+    def _serve_or_raise(self, *, keep_main: bool) -> None:
         while True:
             try:
                 self._wait_until_ready()
@@ -335,7 +332,6 @@ class SparkProcess:
                 if not lost_port or self._launches >= BIND_ATTEMPTS or self._home is None:
                     raise
             log.warning("the %s lost a port to another process; starting it again", self.kind)
-            keep_main = waited_separately or self.requested_port is not None
             self.choose_ports(keep_main=keep_main)
             self._launch(self._home)
 
