@@ -50,6 +50,7 @@ from dbspark.circuit.builder import Circuit
 from dbspark.core.upsert import UpsertConflict
 from dbspark.engine.reference.engine import ReferenceEngine
 from dbspark.engine.spark.executor import SparkEngine
+from dbspark.engine.spark.upserts import DRIVER_ROWS
 from dbspark.examples.circuits import NAMED_CIRCUITS
 
 pytestmark = pytest.mark.slow
@@ -70,13 +71,16 @@ def busy(history: list) -> bool:
     return sum(len(batch) for inputs in history for batch in inputs.values()) >= len(history)
 
 
-def compare_with_reference(spark: Any, factory: Callable[[], Circuit], history: list) -> None:
+def compare_with_reference(
+    spark: Any, factory: Callable[[], Circuit], history: list, driver_rows: int = DRIVER_ROWS
+) -> None:
     """Step both engines through ``history``: every view equal after every epoch; after
-    the last committed epoch the maintained views also equal Spark's full refresh."""
+    the last committed epoch the maintained views also equal Spark's full refresh.
+    ``driver_rows=0`` keeps every upsert batch and every write in Spark."""
     warehouse = tempfile.mkdtemp(prefix="dbspark-prop-")
     try:
         reference = ReferenceEngine(factory())
-        engine = SparkEngine(factory(), warehouse, spark=spark)
+        engine = SparkEngine(factory(), warehouse, spark=spark, driver_rows=driver_rows)
         for epoch, inputs in enumerate(history):
             try:
                 expected = reference.step(inputs).views
@@ -103,6 +107,7 @@ def test_reachability_on_spark(spark: Any, history: list) -> None:
     compare_with_reference(spark, NAMED_CIRCUITS["reachability"], history[:4])
 
 
+@pytest.mark.parametrize("driver_rows", [DRIVER_ROWS, 0], ids=["on-driver", "in-spark"])
 @SPARK_PROPERTY
 @given(
     histories(
@@ -110,8 +115,10 @@ def test_reachability_on_spark(spark: Any, history: list) -> None:
         orders=st.lists(st.lists(order_rows(), max_size=4), min_size=1, max_size=3),
     )
 )
-def test_orders_on_spark(spark: Any, history: list) -> None:
-    compare_with_reference(spark, NAMED_CIRCUITS["orders"], history)
+def test_orders_on_spark(spark: Any, driver_rows: int, history: list) -> None:
+    """Upserts with late rows, tombstones and NULL watermarks, decided on the driver
+    (small batches) and in Spark (``upserts.py``'s two paths)."""
+    compare_with_reference(spark, NAMED_CIRCUITS["orders"], history, driver_rows)
 
 
 # --- non-recursive operators ----------------------------------------------------------------------

@@ -26,12 +26,23 @@ def rows_of(df) -> list[tuple]:
     return sorted((tuple(r) for r in df.collect()), key=repr)
 
 
-def test_unbucketed_round_trip_keeps_schema_and_nulls(spark, warehouse: Warehouse) -> None:
+# Spark writes the batch; the driver writes it (few rows); the driver is asked to but the
+# batch has too many rows for it, so Spark writes it after all. One layout for all three.
+WRITERS = pytest.mark.parametrize(
+    "driver_rows", [0, 5000, 100], ids=["spark", "driver", "too-big-for-the-driver"]
+)
+
+
+@WRITERS
+def test_unbucketed_round_trip_keeps_schema_and_nulls(
+    spark, warehouse: Warehouse, driver_rows: int
+) -> None:
     data = [(1, "a", 0, 1), (2, None, 0, -1), (None, "z", 0, 2)]
+    data += [(k, f"v{k}", 0, 1) for k in range(10, 210 if driver_rows == 100 else 20)]
     df = spark.createDataFrame(data, SCHEMA)
-    rec = warehouse.write(df, "c", "n1.delta", "delta", (0,))
+    rec = warehouse.write(df, "c", "n1.delta", "delta", (0,), driver_rows=driver_rows)
     assert rec is not None
-    assert rec.rows == 3 and rec.bytes > 0 and rec.buckets == 0 and rec.id is None
+    assert rec.rows == len(data) and rec.bytes > 0 and rec.buckets == 0 and rec.id is None
     assert rec.path.startswith("c/n1.delta/delta/t=0/")
     assert (warehouse.root / rec.path).is_dir()
 
@@ -49,10 +60,14 @@ def test_every_write_gets_a_fresh_path(spark, warehouse: Warehouse) -> None:
     assert rows_of(warehouse.read(spark, [a, b], SCHEMA)) == [(1, "a", 3, 1)] * 2
 
 
-def test_empty_writes_and_reads(spark, warehouse: Warehouse) -> None:
+@pytest.mark.parametrize("driver_rows", [0, 5000], ids=["spark", "driver"])
+def test_empty_writes_and_reads(spark, warehouse: Warehouse, driver_rows: int) -> None:
     empty = spark.createDataFrame([], SCHEMA)
-    assert warehouse.write(empty, "c", "n", "delta", (0,)) is None
-    assert warehouse.write(empty, "c", "n", "trace", (0,), bucket_by=["k"]) is None
+    assert warehouse.write(empty, "c", "n", "delta", (0,), driver_rows=driver_rows) is None
+    bucketed = warehouse.write(
+        empty, "c", "n", "trace", (0,), bucket_by=["k"], driver_rows=driver_rows
+    )
+    assert bucketed is None
     # Nothing is left behind for an empty batch.
     assert not any(p.is_file() for p in warehouse.root.rglob("*"))
     out = warehouse.read(spark, [], SCHEMA)
@@ -61,14 +76,19 @@ def test_empty_writes_and_reads(spark, warehouse: Warehouse) -> None:
     assert warehouse.read(spark, [], SCHEMA, keys=keys, bucket_by=["k"]).count() == 0
 
 
-def test_bucketed_layout_one_file_per_bucket_with_sparks_hash(spark, warehouse: Warehouse) -> None:
+@WRITERS
+def test_bucketed_layout_one_file_per_bucket_with_sparks_hash(
+    spark, warehouse: Warehouse, driver_rows: int
+) -> None:
     df = spark.range(2000).select(
         F.col("id").alias("k"),
         F.concat(F.lit("v"), F.col("id").cast("string")).alias("v"),
         F.lit(0).cast("long").alias("__epoch"),
         F.lit(1).cast("long").alias("__w"),
     )
-    rec = warehouse.write(df, "c", "n", "trace", (0,), bucket_by=["k"], buckets=8)
+    rec = warehouse.write(
+        df, "c", "n", "trace", (0,), bucket_by=["k"], buckets=8, driver_rows=driver_rows
+    )
     assert rec is not None and rec.buckets == 8 and rec.rows == 2000
     base = warehouse.root / rec.path
     dirs = sorted(p.name for p in base.iterdir() if p.is_dir())
@@ -85,6 +105,9 @@ def test_bucketed_layout_one_file_per_bucket_with_sparks_hash(spark, warehouse: 
     back = warehouse.read(spark, [rec], SCHEMA)
     assert BUCKET_COLUMN not in back.columns
     assert back.count() == 2000
+    # Which writer wrote it: Spark names its files part-<n>-<uuid>.c000.<codec>.parquet.
+    by_spark = {".c000." in f.name for f in base.rglob("*.parquet")}
+    assert by_spark == {driver_rows < 2000}
 
 
 def test_read_for_a_few_keys_opens_only_their_buckets(spark, warehouse: Warehouse) -> None:

@@ -483,11 +483,12 @@ def upserts_to_updates(
         stored = lookup(key)
         if stored is not None:
             _check_state_row(spec, key, stored)
-        clash = _find_tie(spec, versions, None if stored is None else _canonical(stored))
+        canonical = None if stored is None else _canonical(stored)
+        clash = _find_tie(spec, versions, canonical)
         if clash is not None:
             conflicts.append(key)
             if len(reports) < _MAX_LISTED:
-                reports.append(_describe_tie(spec, key, clash))
+                reports.append(_describe_tie(spec, key, clash, canonical))
             continue
         if conflicts:
             continue  # the batch fails anyway; only keep collecting conflicts
@@ -525,10 +526,17 @@ def _canonical(row: tuple) -> tuple:
     return tuple(_NAN if isinstance(v, float) and math.isnan(v) else v for v in row)
 
 
-def _describe_tie(spec: UpsertSpec, key: tuple, rows: list[tuple]) -> str:
+def _describe_tie(spec: UpsertSpec, key: tuple, rows: list[tuple], stored: tuple | None) -> str:
     wm = spec.watermark_values(rows[0])
     shown = ", ".join(repr(r) for r in rows[:3]) + (", ..." if len(rows) > 3 else "")
-    return f"key {format_key(key, spec.key)}: watermark {wm!r} carried by {shown}"
+    # _find_tie lists the stored version first when one of the rows is the stored version
+    against_stored = stored is not None and rows[0] == stored[:-1]
+    what = (
+        "a different row with the same watermark as the stored version"
+        if against_stored
+        else "two different rows with the same watermark in one batch"
+    )
+    return f"key {format_key(key, spec.key)}: {what}, watermark {wm!r} carried by {shown}"
 
 
 def _check_state_row(spec: UpsertSpec, key: tuple, stored: Any) -> None:

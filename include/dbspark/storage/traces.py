@@ -95,12 +95,21 @@ class TraceStore:
         bucket_by: Sequence[str] | None = None,
         *,
         kind: str = "trace",
+        driver_rows: int = 0,
     ) -> BatchRecord | None:
         """Write a batch at ``time`` WITHOUT committing it (for stages that commit several
-        outputs at once). Time columns missing from ``df`` are set to ``time``."""
+        outputs at once). Time columns missing from ``df`` are set to ``time``.
+        ``driver_rows``: see ``Warehouse.write``."""
         df = with_time_columns(df, time)
         return self.warehouse.write(
-            df, self.circuit, collection, kind, time, bucket_by=bucket_by, buckets=self.buckets
+            df,
+            self.circuit,
+            collection,
+            kind,
+            time,
+            bucket_by=bucket_by,
+            buckets=self.buckets,
+            driver_rows=driver_rows,
         )
 
     def append(

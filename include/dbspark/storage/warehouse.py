@@ -29,6 +29,7 @@ from functools import reduce
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from dbspark.storage.catalog import KINDS, BatchRecord, _check_name
@@ -132,6 +133,7 @@ class Warehouse:
         bucket_by: Sequence[str] | None = None,
         buckets: int = DEFAULT_BUCKETS,
         prebucketed: bool = False,
+        driver_rows: int = 0,
     ) -> BatchRecord | None:
         """Write ``df`` as a new batch; the record to commit, or None if ``df`` is empty.
 
@@ -140,18 +142,22 @@ class Warehouse:
         says ``df`` already went through :func:`bucketed` with the same ``bucket_by`` and
         ``buckets`` (so work done on it per bucket, e.g. an aggregation by key, needed
         no shuffle of its own).
+
+        ``driver_rows`` > 0 says the batch is probably small: its rows are collected (as
+        Arrow, bucket ids computed by Spark) and written by the driver, one file per
+        bucket, the same layout. Spark's own write of a few rows costs 0.3 to 0.8 s (a
+        task per bucket, the commit protocol); this costs one collect. Past
+        ``driver_rows`` rows Spark writes the batch after all, recomputing ``df``.
         """
         rel = self.new_path(circuit, collection, kind, time)
         target = self.abspath(rel)
         if BUCKET_COLUMN in df.columns and not (bucket_by and prebucketed):
             raise ValueError(f"{BUCKET_COLUMN} is reserved for the warehouse's bucketing")
-        if bucket_by:
-            out = df if prebucketed else bucketed(df, bucket_by, buckets)
-            out = out.sortWithinPartitions(BUCKET_COLUMN, *bucket_by)
-            # "error" (= errorifexists): the one spelling Spark Connect's client accepts too.
-            out.write.mode("error").partitionBy(BUCKET_COLUMN).parquet(spark_path(target))
-        else:
-            df.write.mode("error").parquet(spark_path(target))
+        small = driver_rows > 0 and self._write_from_driver(
+            df, target, bucket_by, buckets, prebucketed, driver_rows
+        )
+        if not small:
+            _write_with_spark(df, target, bucket_by, buckets, prebucketed)
         rows, size = parquet_stats(target)
         if rows == 0:
             shutil.rmtree(target, ignore_errors=True)
@@ -166,6 +172,39 @@ class Warehouse:
             bytes=size,
             buckets=buckets if bucket_by else 0,
         )
+
+    def _write_from_driver(
+        self,
+        df: DataFrame,
+        target: Path,
+        bucket_by: Sequence[str] | None,
+        buckets: int,
+        prebucketed: bool,
+        driver_rows: int,
+    ) -> bool:
+        """Write ``df`` with pyarrow if it has at most ``driver_rows`` rows; False if not."""
+        if bucket_by and not prebucketed:
+            df = df.withColumn(BUCKET_COLUMN, bucket_expr(bucket_by, buckets))
+        table = df.limit(driver_rows + 1).toArrow()
+        if table.num_rows > driver_rows:
+            return False
+        if table.num_rows == 0:
+            return True
+        target.mkdir(parents=True)
+        name = f"part-00000-{uuid.uuid4().hex}.parquet"
+        if not bucket_by:
+            pq.write_table(table, target / name)
+            return True
+        table = table.sort_by(
+            [(BUCKET_COLUMN, "ascending"), *[(c, "ascending") for c in bucket_by]]
+        )
+        ids = table.column(BUCKET_COLUMN)
+        for bucket in pc.unique(ids).to_pylist():
+            rows = table.filter(pc.equal(ids, bucket)).drop_columns([BUCKET_COLUMN])
+            folder = target / f"{BUCKET_COLUMN}={bucket}"
+            folder.mkdir()
+            pq.write_table(rows, folder / name)
+        return True
 
     def delete(self, record: BatchRecord) -> None:
         """Remove an (uncommitted) batch's files, e.g. after losing a commit race."""
@@ -278,6 +317,22 @@ class Warehouse:
         if row is None:
             return {n: set() for n in counts}, 0
         return {n: set(row[f"b{n}"] or []) for n in counts}, int(row["n"])
+
+
+def _write_with_spark(
+    df: DataFrame,
+    target: Path,
+    bucket_by: Sequence[str] | None,
+    buckets: int,
+    prebucketed: bool,
+) -> None:
+    if bucket_by:
+        out = df if prebucketed else bucketed(df, bucket_by, buckets)
+        out = out.sortWithinPartitions(BUCKET_COLUMN, *bucket_by)
+        # "error" (= errorifexists): the one spelling Spark Connect's client accepts too.
+        out.write.mode("error").partitionBy(BUCKET_COLUMN).parquet(spark_path(target))
+    else:
+        df.write.mode("error").parquet(spark_path(target))
 
 
 def spark_path(path: Path) -> str:

@@ -36,10 +36,9 @@ from pyspark.sql import functions as F
 
 from dbspark.circuit.builder import STATEFUL_OPS, Circuit, Node
 from dbspark.circuit.planner import LoopPlan, Plan, Stage, plan
-from dbspark.circuit.types import Schema
 from dbspark.core import timestamps
 from dbspark.core.timestamps import Time
-from dbspark.core.upsert import BadUpsertRow, UpsertConflict, UpsertError, UpsertSpec
+from dbspark.core.upsert import UpsertError
 from dbspark.core.zset import ZSet
 from dbspark.engine.batches import InputError, upsert_batch, upsert_spec, zset_batch
 from dbspark.engine.spark import operators as ops
@@ -53,6 +52,7 @@ from dbspark.engine.spark.frames import (
     time_fields,
 )
 from dbspark.engine.spark.session import is_connect, spark_session
+from dbspark.engine.spark.upserts import default_driver_rows, state_delta
 from dbspark.storage.catalog import BatchRecord, Catalog, LoopIteration
 from dbspark.storage.traces import TraceStore
 from dbspark.storage.warehouse import KeySet, Warehouse
@@ -146,10 +146,14 @@ def circuit_fingerprint(circuit: Circuit) -> str:
 
 
 class _Unit:
-    """Files written by one unit of work, not yet registered in the catalog."""
+    """Files written by one unit of work, not yet registered in the catalog.
 
-    def __init__(self) -> None:
+    ``driver_rows`` > 0 says the unit's batches are probably small, so the warehouse
+    writes them from the driver (``Warehouse.write``)."""
+
+    def __init__(self, driver_rows: int = 0) -> None:
         self.records: list[BatchRecord] = []
+        self.driver_rows = driver_rows
 
     def add(self, record: BatchRecord | None) -> None:
         if record is not None:
@@ -167,8 +171,13 @@ class SparkEngine:
         spark: SparkSession | None = None,
         catalog_url: str | None = None,
         buckets: int = 16,
+        driver_rows: int | None = None,
     ) -> None:
         self.circuit = circuit
+        #: Upsert batches of up to this many rows are decided on the driver, and the units
+        #: of an epoch with up to this many input rows write from the driver (0: never;
+        #: None: ``DBSPARK_DRIVER_ROWS`` or 20,000). See ``upserts.py``, ``Warehouse.write``.
+        self.driver_rows = default_driver_rows() if driver_rows is None else driver_rows
         self.plan: Plan = plan(circuit)
         self.spark = spark or spark_session()
         self.root = Path(warehouse)
@@ -324,7 +333,7 @@ class SparkEngine:
         if fingerprint is None:
             observation = Observation(f"dbspark_fingerprint_{uuid.uuid4().hex}")
             logged = frame.observe(observation, *_fingerprint_columns(frame))
-        unit.add(self.traces.write(f"n{node.id}.input", logged, t))
+        unit.add(self.traces.write(f"n{node.id}.input", logged, t, driver_rows=unit.driver_rows))
         if observation is not None:
             fingerprint = _fingerprint_text(frame, observation.get)
         if unit.records:
@@ -360,83 +369,29 @@ class SparkEngine:
     def _upsert_delta(
         self, node: Node, batch: DataFrame, t: Time, unit: _Unit, file: str | None
     ) -> DataFrame:
-        """Turn upserts into the state delta by consulting the source's arranged state."""
+        """Turn upserts into the state delta by consulting the source's arranged state
+        (``upserts.py``), and write the delta to the state trace."""
         spec = self._specs[node.id]
-        user = node.params["user_schema"]
-        cols = list(user.names)
-        keys, marks = list(spec.key), list(spec.watermark)
-        null_keys = batch.where(reduce(lambda a, b: a | b, [F.col(k).isNull() for k in keys]))
-        ties = (
-            batch.dropDuplicates(cols)
-            .groupBy(*keys, *marks)
-            .count()
-            .where(F.col("count") > 1)
-            .select(*keys)
-        )
+        keys = list(spec.key)
         state_collection = f"n{node.id}.state"
-        state_schema = node.schema
-        key_frame = batch.select(*keys).distinct()
-        stored = consolidate(
-            self.traces.read(
-                state_collection,
-                struct_type(state_schema, extra=[(WEIGHT, "bigint"), *time_fields(1)]),
-                keys=key_frame,
-                bucket_by=keys,
-            ),
-            list(state_schema.names),
-        )
-        stored = stored.where(F.col(WEIGHT) == 1).drop(WEIGHT)
-        # Conflicts against the stored version: same watermark, different row.
-        s = stored.select(*[F.col(c).alias(f"__s_{c}") for c in stored.columns])
-        on_key = reduce(lambda a, b: a & b, [F.col(k) == F.col(f"__s_{k}") for k in keys])
-        same_mark = reduce(
-            lambda a, b: a & b, [F.col(m).eqNullSafe(F.col(f"__s_{m}")) for m in marks]
-        )
-        same_row = reduce(
-            lambda a, b: a & b, [F.col(c).eqNullSafe(F.col(f"__s_{c}")) for c in cols]
-        )
-        clash = batch.join(s, on=on_key, how="inner").where(same_mark & ~same_row)
-        # Every kind of bad input is found by one Spark job, before anything is written.
-        problems = (
-            null_keys.select(*keys, F.lit(0).alias("__problem"))
-            .unionByName(ties.select(*keys, F.lit(1).alias("__problem")))
-            .unionByName(clash.select(*keys, F.lit(2).alias("__problem")))
-            .distinct()
-            .limit(60)
-            .collect()
-        )
-        if problems:
-            worst = min(r["__problem"] for r in problems)
-            offending = [tuple(r[k] for k in keys) for r in problems if r["__problem"] == worst]
-            error = BadUpsertRow if worst == 0 else UpsertConflict
-            detail = (
-                "NULL in a key column",
-                "two different rows with the same watermark in one batch",
-                "a different row with the same watermark as the stored version",
-            )[worst]
-            raise error(spec.source, file, offending, detail=detail, key_columns=keys)
-        # The freshest row per key wins (NULL watermarks are the smallest).
-        from pyspark.sql import Window
+        state_struct = struct_type(node.schema, extra=[(WEIGHT, "bigint"), *time_fields(1)])
 
-        order = [F.col(m).desc_nulls_last() for m in marks]
-        ranked = batch.withColumn(
-            "__rank", F.row_number().over(Window.partitionBy(*keys).orderBy(*order))
+        def read_state(key_frame: DataFrame) -> DataFrame:
+            return self.traces.read(state_collection, state_struct, keys=key_frame, bucket_by=keys)
+
+        delta, on_driver = state_delta(
+            spec, node.schema, batch, read_state, file, driver_rows=self.driver_rows
         )
-        winners = ranked.where(F.col("__rank") == 1).drop("__rank")
-        winners = winners.withColumn(ops.TOMBSTONE, _tombstone_condition(spec, user))
-        joined = winners.join(s, on=on_key, how="left")
-        fresher = _lexicographic_greater(marks, [f"__s_{m}" for m in marks])
-        replace = joined.where(F.col(f"__s_{keys[0]}").isNull() | fresher)
-        state_cols = [*cols, ops.TOMBSTONE]
-        inserts = replace.select(
-            *[F.col(c) for c in state_cols], F.lit(1).cast("bigint").alias(WEIGHT)
+        if on_driver:  # the batch was small: so are the writes that follow from it
+            unit.driver_rows = self.driver_rows
+        record = self.traces.write(
+            state_collection,
+            _with_time(delta, t),
+            t,
+            bucket_by=keys,
+            driver_rows=unit.driver_rows,
         )
-        retracts = replace.where(F.col(f"__s_{keys[0]}").isNotNull()).select(
-            *[F.col(f"__s_{c}").alias(c) for c in state_cols],
-            F.lit(-1).cast("bigint").alias(WEIGHT),
-        )
-        delta = consolidate(inserts.unionByName(retracts), state_cols).localCheckpoint()
-        unit.add(self.traces.write(state_collection, _with_time(delta, t), t, bucket_by=keys))
+        unit.add(record)
         return delta
 
     # ================================================================================ stages
@@ -445,7 +400,7 @@ class SparkEngine:
         stage = self.plan.stages[stage_id]
         if self.catalog.stage_done(self.circuit.name, stage.name, t):
             return UnitReport(stage.name, t, skipped=True)
-        unit = _Unit()
+        unit = _Unit(self._driver_rows_in(t[0]))
         report = UnitReport(stage.name, t)
         self._finish_stage(stage, t, {}, unit, report, start=0)
         return report
@@ -473,7 +428,14 @@ class SparkEngine:
             record = (
                 None
                 if frame is None
-                else self.warehouse.write(frame, self.circuit.name, f"n{node_id}", "delta", t)
+                else self.warehouse.write(
+                    frame,
+                    self.circuit.name,
+                    f"n{node_id}",
+                    "delta",
+                    t,
+                    driver_rows=unit.driver_rows,
+                )
             )
             unit.add(record)
             # Later work in this unit reads the written batch instead of recomputing the
@@ -519,6 +481,20 @@ class SparkEngine:
             return None
         frame = self.warehouse.read(self.spark, [record], self._schema_of(node, depth))
         return frame.drop(*time_columns(depth)) if depth else frame
+
+    def _driver_rows_in(self, epoch: int) -> int:
+        """``driver_rows`` for the writes of a unit in ``epoch``: the engine's setting when
+        the epoch's input so far (its raw input logs, from the catalog) is at most that
+        many rows, else 0. A unit fed by a few rows of change rarely writes many."""
+        if self.driver_rows <= 0:
+            return 0
+        rows = 0
+        for source_id in self.circuit.sources.values():
+            for record in self.catalog.batches(
+                self.circuit.name, f"n{source_id}.input", epoch=epoch
+            ):
+                rows += record.rows
+        return self.driver_rows if rows <= self.driver_rows else 0
 
     def _or_empty(self, frame: Frame, node: Node) -> DataFrame:
         return frame if frame is not None else self.spark.createDataFrame([], self._schema_of(node))
@@ -596,7 +572,12 @@ class SparkEngine:
                 part = later.where(F.col("__epoch") == due).drop("__epoch")
                 unit.add(
                     self.warehouse.write(
-                        part, self.circuit.name, f"n{node.id}.scheduled", "delta", at
+                        part,
+                        self.circuit.name,
+                        f"n{node.id}.scheduled",
+                        "delta",
+                        at,
+                        driver_rows=unit.driver_rows,
                     )
                 )
             now = out.where(F.col("__epoch") == t[0]).drop("__epoch")
@@ -621,6 +602,7 @@ class SparkEngine:
                     _with_time(delta, t),
                     t,
                     bucket_by=list(port_keys[port]),
+                    driver_rows=unit.driver_rows,
                 )
                 unit.add(record)
                 # The input delta is exactly what was just arranged: read it from there.
@@ -810,7 +792,7 @@ class SparkEngine:
                 f"loop {loop.name!r} of circuit {self.circuit.name!r} did not converge at "
                 f"{list(prefix)} within max_iterations={loop.max_iterations}"
             )
-        unit = _Unit()
+        unit = _Unit(self._driver_rows_in(prefix[0]))
         t = (*prefix, iteration)
         report = self._iteration(loop, t, unit)
         self.catalog.commit(
@@ -996,11 +978,15 @@ class SparkEngine:
         t = (epoch,)
         if self.catalog.stage_done(self.circuit.name, "publish", t):
             return UnitReport("publish", t, skipped=True)
-        unit = _Unit()
+        unit = _Unit(self._driver_rows_in(epoch))
         report = UnitReport("publish", t)
         for name, node_id in self.circuit.views.items():
             delta = self._delta(node_id, t, unit, {})
-            record = None if delta is None else self.traces.write(f"view.{name}", delta, t)
+            record = (
+                None
+                if delta is None
+                else self.traces.write(f"view.{name}", delta, t, driver_rows=unit.driver_rows)
+            )
             unit.add(record)
             report.rows_out[name] = record.rows if record else 0
         self.catalog.commit(self.circuit.name, "publish", t, unit.records)
@@ -1185,28 +1171,6 @@ def _port_keys(circuit: Circuit, node: Node) -> list[tuple[str, ...]]:
         keys = tuple(node.params["keys"])
         return [keys or circuit.node(node.inputs[0]).schema.names]
     return [circuit.node(node.inputs[0]).schema.names]
-
-
-def _tombstone_condition(spec: UpsertSpec, user: Schema) -> Any:
-    if spec.tombstone is None:
-        return F.lit(False)
-    column = F.col(spec.tombstone)
-    kind = user.type_of(spec.tombstone)
-    if kind == "boolean":
-        return F.coalesce(column == F.lit(True), F.lit(False))
-    if kind == "string":
-        return F.coalesce(column == F.lit(spec.tombstone_value), F.lit(False))
-    return column.isNotNull()
-
-
-def _lexicographic_greater(left: Sequence[str], right: Sequence[str]) -> Any:
-    """left > right for composite watermarks compared left to right, NULL smallest."""
-    result = F.lit(False)
-    for a, b in reversed(list(zip(left, right, strict=True))):
-        ca, cb = F.col(a), F.col(b)
-        greater = (ca.isNotNull() & cb.isNull()) | (ca.isNotNull() & cb.isNotNull() & (ca > cb))
-        result = greater | (ca.eqNullSafe(cb) & result)
-    return result
 
 
 def frame_fingerprint(frame: DataFrame) -> str:

@@ -1,0 +1,131 @@
+"""Upsert ingest decided on the driver (small batches) and in Spark: one answer, one error.
+
+``engine/spark/upserts.py`` has two ways to turn a batch of upserts into the state
+delta. The same history goes through an engine that keeps everything in Spark
+(``driver_rows=0``) and one that decides small batches on the driver; after every epoch
+both must hold the reference engine's views, and a bad batch must be refused by both
+with the same error class, the same kind of problem and the same keys, leaving the
+epoch uncommitted.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dbspark.circuit.builder import Circuit
+from dbspark.core.upsert import BadUpsertRow, UpsertConflict
+from dbspark.engine.reference.engine import ReferenceEngine
+from dbspark.engine.spark.executor import SparkEngine
+from dbspark.engine.spark.upserts import DRIVER_ROWS, default_driver_rows
+
+
+def readings() -> Circuit:
+    """A composite key, a nullable composite watermark, a boolean tombstone and doubles."""
+    c = Circuit("readings")
+    rows = c.upsert_source(
+        "readings",
+        {
+            "site": "string",
+            "sensor": "bigint",
+            "value": "double",
+            "major": "bigint",
+            "minor": "bigint",
+            "gone": "boolean",
+        },
+        key=("site", "sensor"),
+        watermark=("major", "minor"),
+        tombstone="gone",
+    )
+    c.view("current", rows.select("site", "sensor", "value"))
+    return c
+
+
+NAN = float("nan")
+HISTORY: list[list[tuple[Any, ...]]] = [
+    [
+        ("a", 1, 1.5, 1, 0, False),
+        ("a", 2, NAN, 1, 0, False),
+        ("b", 1, -0.0, None, 0, None),  # a NULL watermark is the smallest
+        ("b", 1, -0.0, None, 0, None),  # an exact duplicate is harmless
+    ],
+    [
+        ("a", 1, 2.5, 2, 0, False),  # newer: replaces
+        ("a", 2, NAN, 1, 0, False),  # a resend of the stored version (NaN equals NaN)
+        ("b", 1, 9.0, 1, None, False),  # (1, NULL) beats (NULL, 0)
+        ("c", 7, 3.0, 1, 0, True),  # a tombstone for a key never seen
+    ],
+    [
+        ("a", 1, 0.5, 1, 9, False),  # stale: (1, 9) < (2, 0)
+        ("a", 2, 4.0, 1, 1, True),  # deletes
+        ("c", 7, 5.0, 2, 0, False),  # comes back after its tombstone
+    ],
+]
+BAD_BATCHES: list[tuple[list[tuple[Any, ...]], type, str, set[tuple]]] = [
+    ([("a", None, 1.0, 5, 0, False), ("z", 1, 1.0, 5, 0, False)], BadUpsertRow, "NULL in", set()),
+    (
+        [("z", 1, 1.0, 5, 0, False), ("z", 1, 2.0, 5, 0, False)],
+        UpsertConflict,
+        "same watermark in one batch",
+        {("z", 1)},
+    ),
+    (
+        [("z", 2, 1.0, 5, 0, False), ("c", 7, 6.0, 2, 0, False)],
+        UpsertConflict,
+        "same watermark as the stored version",
+        {("c", 7)},
+    ),
+]
+
+
+def normal(rows: Any) -> list[tuple]:
+    """Rows comparable across engines: every NaN the same string."""
+    return sorted(
+        (tuple("NaN" if isinstance(v, float) and math.isnan(v) else v for v in row), w)
+        for row, w in rows.items()
+    )
+
+
+@pytest.mark.slow
+def test_driver_and_spark_decide_every_batch_alike(spark, tmp_path: Path) -> None:
+    reference = ReferenceEngine(readings())
+    engines = {
+        "in-spark": SparkEngine(readings(), tmp_path / "spark", spark=spark, driver_rows=0),
+        "on-driver": SparkEngine(readings(), tmp_path / "driver", spark=spark),
+    }
+    for epoch, batch in enumerate(HISTORY):
+        expected = normal(reference.step({"readings": batch}).views["current"])
+        for name, engine in engines.items():
+            got = normal(engine.step({"readings": batch}).views["current"])
+            assert got == expected, f"{name} at epoch {epoch}"
+    for batch, error, phrase, keys in BAD_BATCHES:
+        for name, engine in engines.items():
+            with pytest.raises(error, match=phrase) as raised:
+                engine.step({"readings": batch})
+            if keys:
+                assert set(raised.value.keys) == keys, name
+            assert engine.last_committed_epoch() == len(HISTORY) - 1, name
+    # After the refusals both still continue from the same state.
+    last = [("a", 2, 7.0, 3, 0, False)]
+    expected = normal(reference.step({"readings": last}).views["current"])
+    for name, engine in engines.items():
+        assert normal(engine.step({"readings": last}).views["current"]) == expected, name
+        assert not any(engine.verify().values()), name
+
+
+def test_the_driver_row_limit_comes_from_the_environment(monkeypatch) -> None:
+    monkeypatch.delenv("DBSPARK_DRIVER_ROWS", raising=False)
+    assert default_driver_rows() == DRIVER_ROWS
+    monkeypatch.setenv("DBSPARK_DRIVER_ROWS", "0")
+    assert default_driver_rows() == 0
+    monkeypatch.setenv("DBSPARK_DRIVER_ROWS", " 500 ")
+    assert default_driver_rows() == 500
+    for bad in ("-1", "many", "1.5"):
+        monkeypatch.setenv("DBSPARK_DRIVER_ROWS", bad)
+        with pytest.raises(
+            ValueError, match=f"DBSPARK_DRIVER_ROWS must be an integer >= 0, got '{bad}'"
+        ):
+            default_driver_rows()
