@@ -60,17 +60,21 @@ RUNTIME_DEFAULTS = {
 
 def shuffle_partitions() -> int:
     """``spark.sql.shuffle.partitions`` for new sessions: ``DBSPARK_SHUFFLE_PARTITIONS`` or 4."""
-    raw = os.environ.get("DBSPARK_SHUFFLE_PARTITIONS", "").strip()
+    return int_setting("DBSPARK_SHUFFLE_PARTITIONS", DEFAULT_SHUFFLE_PARTITIONS, minimum=1)
+
+
+def int_setting(name: str, default: int, *, minimum: int) -> int:
+    """The integer in environment variable ``name`` (``default`` when unset or blank); a
+    value that is not an integer of at least ``minimum`` is a ``ValueError`` naming it."""
+    raw = os.environ.get(name, "").strip()
     if not raw:
-        return DEFAULT_SHUFFLE_PARTITIONS
+        return default
     try:
         value = int(raw)
     except ValueError:
-        raise ValueError(
-            f"DBSPARK_SHUFFLE_PARTITIONS must be a positive integer, got {raw!r}"
-        ) from None
-    if value < 1:
-        raise ValueError(f"DBSPARK_SHUFFLE_PARTITIONS must be a positive integer, got {raw!r}")
+        value = minimum - 1
+    if value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {raw!r}")
     return value
 
 

@@ -19,7 +19,6 @@ Two ways to compute it, with one answer:
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from functools import reduce
 from typing import Any
@@ -38,6 +37,7 @@ from dbspark.core.upsert import (
 )
 from dbspark.engine.spark.compile import struct_type
 from dbspark.engine.spark.frames import WEIGHT, consolidate, frame_to_zset, to_spark_value
+from dbspark.engine.spark.session import int_setting
 
 #: Batches of at most this many rows are decided on the driver (see the module text).
 DRIVER_ROWS = 20_000
@@ -45,16 +45,7 @@ DRIVER_ROWS = 20_000
 
 def default_driver_rows() -> int:
     """``DBSPARK_DRIVER_ROWS`` (0 keeps every batch in Spark), else ``DRIVER_ROWS``."""
-    raw = os.environ.get("DBSPARK_DRIVER_ROWS", "").strip()
-    if not raw:
-        return DRIVER_ROWS
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise ValueError(f"DBSPARK_DRIVER_ROWS must be an integer >= 0, got {raw!r}")
-    return value
+    return int_setting("DBSPARK_DRIVER_ROWS", DRIVER_ROWS, minimum=0)
 
 
 #: Reads the stored state rows (with ``__w``, not consolidated) of the keys in a frame.
