@@ -30,9 +30,10 @@ from dbspark.circuit.types import Schema
 from dbspark.core.upsert import (
     TYPES,
     BadUpsertRow,
-    CorruptUpsertState,
     UpsertConflict,
     UpsertSpec,
+    current_state,
+    state_trace,
     upserts_to_updates,
 )
 from dbspark.engine.spark.compile import struct_type
@@ -86,22 +87,19 @@ def _on_driver(
         {tuple(r[k] for k in spec.key) for r in rows if all(r[k] is not None for k in spec.key)},
         key=repr,
     )
-    lookup: dict[tuple, tuple] = {}
+    # The stored rows of those keys, arranged as the reference engine arranges the state,
+    # so a key's current row (and a corrupt state) is judged by the same code.
+    stored = state_trace(spec)
     if keys:
         key_frame = spark.createDataFrame(
             [tuple(to_spark_value(v, t) for v, t in zip(k, key_types, strict=True)) for k in keys],
             struct_type(Schema(tuple(zip(spec.key, key_types, strict=True)))),
         )
-        stored = frame_to_zset(read_state(key_frame), state_schema)
-        for row, weight in stored.items():
-            key = spec.state_key_of(row)
-            if weight != 1 or key in lookup:
-                raise CorruptUpsertState(
-                    f"upsert source {spec.source!r}: the state of key {key!r} holds "
-                    f"{row!r} at weight {weight}; expected one row at weight 1"
-                )
-            lookup[key] = row
-    delta = upserts_to_updates(spec, [tuple(r) for r in rows], lookup.get, file)
+        # Every stored time is at or before this batch's: one time stands for them all.
+        stored.insert(frame_to_zset(read_state(key_frame), state_schema), (0,))
+    delta = upserts_to_updates(
+        spec, [tuple(r) for r in rows], lambda key: current_state(stored, key), file
+    )
     types = state_schema.types
     return spark.createDataFrame(
         [
