@@ -224,7 +224,7 @@ class SdpPipeline:
             {
                 "PATH": os.pathsep.join([str(interpreter.parent), env.get("PATH", "")]),
                 "PYSPARK_PYTHON": str(interpreter),
-                # The transformations import benchmarks.pipelines.upserts.
+                # The transformations import benchmarks.pipelines.upserts and benchmarks.queries.
                 "PYTHONPATH": os.pathsep.join(
                     p for p in (str(REPO), env.get("PYTHONPATH", "")) if p
                 ),

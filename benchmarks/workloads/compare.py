@@ -8,6 +8,10 @@ compaction. The full-refresh side recomputes every view from the whole input his
 Spark (``SparkEngine.full_refresh``) and writes the results as Parquet, as publishing
 does. The written results are then compared with the maintained views, outside the
 timing.
+
+A workload that supplies a :class:`~benchmarks.workloads.warm_batch.WarmBatch` also gets
+a third side per epoch: the views' own queries over the sources' current tables, as a
+user's warm Spark batch would compute them (see that module), checked the same way.
 """
 
 from __future__ import annotations
@@ -19,16 +23,20 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
 
 from benchmarks.data import epoch_folder, land
 from benchmarks.harness import Bench, Measurement
+from benchmarks.workloads.warm_batch import WarmBatch
 from dbspark.circuit.builder import Circuit
 from dbspark.engine.spark.executor import SparkEngine
+from dbspark.engine.spark.frames import WEIGHT, WEIGHT_TYPE
 from dbspark.engine.spark.full_refresh import verify
 
 
 class Series:
-    """``workload`` at one base ``size`` (rows or edges), under ``bench.work/<name>``."""
+    """``workload`` at one base ``size`` (rows or edges), under ``bench.work/<name>``;
+    with ``warm_batch``, each compared epoch is also timed as a warm batch."""
 
     def __init__(
         self,
@@ -38,6 +46,7 @@ class Series:
         circuit: Circuit,
         size: int,
         params: dict[str, Any],
+        warm_batch: WarmBatch | None = None,
     ) -> None:
         self.bench = bench
         self.workload = workload
@@ -47,6 +56,7 @@ class Series:
         self.circuit = circuit
         self.size = size
         self.params = dict(params)
+        self.warm_batch = warm_batch
         self.loaded: Measurement | None = None
         self._engine: SparkEngine | None = None
 
@@ -89,10 +99,11 @@ class Series:
         self.bench.results.skip(f"{self.workload} {what} (time budget)")
         return False
 
-    def compare(self, epoch: int, **params: Any) -> tuple[Measurement, Measurement]:
-        """Run ``epoch`` incrementally, then a full refresh of the same snapshot; both
-        measurements carry whether the answers agreed."""
-        spark, meter = self.bench.spark, self.bench.meter
+    def compare(self, epoch: int, **params: Any) -> list[Measurement]:
+        """Run ``epoch`` incrementally, then a full refresh of the same snapshot, then
+        (with a warm batch) the views' queries over the current tables; every
+        measurement carries whether its answers agreed with the maintained views."""
+        meter = self.bench.meter
         inputs, rows = self._inputs(epoch)
         incremental = self._measurement("incremental", epoch, rows, params)
         with meter.measure(incremental):
@@ -105,19 +116,54 @@ class Series:
         with meter.measure(refresh):
             for name, frame in self.engine.full_refresh().items():
                 frame.write.mode("overwrite").parquet(str(target / name))
+        differences = self._differences(target)
+        measured = [incremental, refresh]
+        for measurement in measured:
+            self._check(measurement, differences)
+        if self.warm_batch is not None:
+            measured.append(self._warm_batch(self.warm_batch, epoch, rows, params))
+        return measured
 
-        differences = {}
+    def _warm_batch(
+        self, batch: WarmBatch, epoch: int, rows: int, params: dict[str, Any]
+    ) -> Measurement:
+        """The epoch's current tables (untimed), then the warm batch over them (timed),
+        then its answers against the maintained views."""
+        spark = self.bench.spark
+        current = self.root / "current" / f"epoch={epoch}"
+        target = self.root / "warm_batch" / f"epoch={epoch}"
+        batch.write_current(spark, self.landing, epoch, current)
+        measurement = batch.measure(
+            spark,
+            self.bench.meter,
+            current,
+            target,
+            self._measurement("warm_batch", epoch, rows, params),
+        )
+        return self._check(measurement, self._differences(target, one_row_per_group=True))
+
+    def _differences(self, folder: Path, *, one_row_per_group: bool = False) -> dict[str, int]:
+        """How many rows differ, per view that differs, between the results written to
+        ``folder/<view>`` and the maintained views. ``one_row_per_group``: the results are
+        a plain query's, without ``__w``; each row counts once (a duplicate group differs)."""
+        spark, differences = self.bench.spark, {}
         for name in self.circuit.views:
-            fresh = spark.read.parquet(str(target / name))
-            count = verify(fresh, self.engine.view_frame(name)).count()
+            written = spark.read.parquet(str(folder / name))
+            if one_row_per_group:
+                written = written.withColumn(WEIGHT, F.lit(1).cast(WEIGHT_TYPE))
+            maintained = self.engine.view_frame(name)
+            columns = [c for c in maintained.columns if c != WEIGHT]
+            count = verify(written, maintained, columns).count()
             if count:
                 differences[name] = count
-        for measurement in (incremental, refresh):
-            measurement.ok = not differences
-            if differences:
-                measurement.params["difference"] = f"rows differing per view: {differences}"
-            self.bench.results.add(measurement)
-        return incremental, refresh
+        return differences
+
+    def _check(self, measurement: Measurement, differences: dict[str, int]) -> Measurement:
+        """Record ``measurement`` with whether its answers agreed."""
+        measurement.ok = not differences
+        if differences:
+            measurement.params["difference"] = f"rows differing per view: {differences}"
+        return self.bench.results.add(measurement)
 
     def _measurement(
         self, variant: str, epoch: int, rows: int, params: dict[str, Any]

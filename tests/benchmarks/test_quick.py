@@ -2,8 +2,9 @@
 
 It runs as a child process, as a user runs it (its own Spark session and Connect
 server), and must exit 0 with every answer checked and equal: each incremental epoch
-against a full refresh of the same snapshot, and Spark Declarative Pipelines' views
-against dbspark's. The numbers themselves are not asserted (speed is never a test).
+against a full refresh of the same snapshot, the warm batch (the views' queries over the
+current tables, W1 and W3) against the maintained views, and Spark Declarative
+Pipelines' views against dbspark's. The numbers themselves are not asserted (speed is never a test).
 """
 
 from __future__ import annotations
@@ -48,6 +49,14 @@ def test_quick_mode_checks_every_workload(tmp_path: Path) -> None:
         ]
         assert checks and all(checks), workload
     for workload in ("W1", "W3"):
+        batches = [
+            m
+            for m in results["measurements"]
+            if m["workload"] == workload and m["variant"] == "warm_batch"
+        ]
+        assert batches and all(m["ok"] for m in batches), workload
+        assert all(len(m["params"]["runs_s"]) == 3 for m in batches), workload
+        assert results["summary"][workload]["headline_B"] is not None, workload
         sdp = [
             m
             for m in results["measurements"]
@@ -61,5 +70,6 @@ def test_quick_mode_checks_every_workload(tmp_path: Path) -> None:
     } <= measured
     summary = (out / "summary.md").read_text()
     assert "| W1 |" in summary and "Spark Declarative Pipelines" in summary
+    assert "warm batch s" in summary
     for plot in ("ratio_R.png", "bytes.png", "sdp.png"):
         assert (out / plot).stat().st_size > 1000
