@@ -1,10 +1,11 @@
-"""Spark's compiled expressions agree with the reference compiler, row for row.
+"""Both tiers' compiled expressions agree with the reference compiler, row for row.
 
-Every expression is evaluated twice over one small table (NULLs, negatives, zero
-divisors, padded and numeric strings, booleans): by
-``dbspark.engine.reference.compile`` in Python and by
-``dbspark.engine.spark.compile`` in Spark. Many expressions go into one
-``select`` so the whole file costs a handful of Spark jobs.
+Every expression is evaluated over one small table (NULLs, negatives, zero divisors,
+padded and numeric strings, booleans): by ``dbspark.engine.reference.compile`` in
+Python, and by each tier's compiler: ``dbspark.engine.spark.compile`` in Spark and
+``dbspark.engine.local.compile`` in DuckDB (the ``tier`` fixture runs each test on
+both). Many expressions go into one ``select`` so the whole file costs a handful of
+Spark jobs.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ from dbspark.circuit.expressions import (
     split,
 )
 from dbspark.circuit.types import Schema
+from dbspark.engine.local import compile as local_compile
+from dbspark.engine.local.frame import LocalSession
 from dbspark.engine.reference import compile as reference
 from dbspark.engine.spark import compile as spark_compile
 from dbspark.engine.spark.frames import frame_to_zset, zset_to_frame
@@ -90,13 +93,62 @@ def same(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
-def evaluate_both(spark: Any, exprs: Sequence[Expr]) -> list[str]:
-    """Mismatches between the reference and Spark for every expression on every row."""
+class SparkTier:
+    name = "spark"
+    compiler = spark_compile
+
+    def __init__(self, spark: Any) -> None:
+        self.spark = spark
+
+    def frame(self, rows: Sequence[tuple[Any, ...]], schema: Schema) -> Any:
+        return self.spark.createDataFrame(list(rows), spark_compile.struct_type(schema))
+
+
+class LocalTier:
+    name = "local"
+    compiler = local_compile
+
+    def __init__(self, session: LocalSession) -> None:
+        self.session = session
+
+    def frame(self, rows: Sequence[tuple[Any, ...]], schema: Schema) -> Any:
+        import pyarrow as pa
+
+        from dbspark.engine.local.frame import duck_type
+
+        columns = list(zip(*rows, strict=True)) if rows else [() for _ in schema.names]
+        types = {"bigint": pa.int64(), "double": pa.float64(), "string": pa.string()}
+        types["boolean"] = pa.bool_()
+        table = pa.table(
+            {
+                name: pa.array(list(values), types[kind])
+                for (name, kind), values in zip(schema.fields, columns, strict=True)
+            }
+        )
+        assert duck_type("bigint") == "BIGINT"
+        return self.session.frame(table)
+
+
+@pytest.fixture(scope="module")
+def local_session() -> Any:
+    session = LocalSession()
+    yield session
+    session.close()
+
+
+@pytest.fixture(params=["spark", "local"])
+def tier(request: Any) -> Any:
+    """Each tier's compiler, with a way to make a frame of rows for it."""
+    if request.param == "spark":
+        return SparkTier(request.getfixturevalue("spark"))
+    return LocalTier(request.getfixturevalue("local_session"))
+
+
+def evaluate_both(tier: Any, exprs: Sequence[Expr]) -> list[str]:
+    """Mismatches between the reference and the tier for every expression on every row."""
     data = [(index, *row) for index, row in enumerate(ROWS)]
-    frame = spark.createDataFrame(
-        data, spark_compile.struct_type(Schema((("rid", "bigint"), *SCHEMA.fields)))
-    )
-    columns = [spark_compile.compile_expr(e, SCHEMA).alias(f"x{k}") for k, e in enumerate(exprs)]
+    frame = tier.frame(data, Schema((("rid", "bigint"), *SCHEMA.fields)))
+    columns = [tier.compiler.compile_expr(e, SCHEMA).alias(f"x{k}") for k, e in enumerate(exprs)]
     got = sorted(frame.select("rid", *columns).collect(), key=lambda r: r["rid"])
     problems = []
     for k, expr in enumerate(exprs):
@@ -104,12 +156,12 @@ def evaluate_both(spark: Any, exprs: Sequence[Expr]) -> list[str]:
         for row, record in zip(ROWS, got, strict=True):
             want, have = fn(row), record[f"x{k}"]
             if not same(want, have):
-                problems.append(f"{expr!r} on {row!r}: reference {want!r}, spark {have!r}")
+                problems.append(f"{expr!r} on {row!r}: reference {want!r}, {tier.name} {have!r}")
     return problems
 
 
-def check(spark: Any, exprs: Sequence[Expr]) -> None:
-    problems = evaluate_both(spark, exprs)
+def check(tier: Any, exprs: Sequence[Expr]) -> None:
+    problems = evaluate_both(tier, exprs)
     assert not problems, f"{len(problems)} mismatches:\n" + "\n".join(problems[:30])
 
 
@@ -240,24 +292,26 @@ HAND: list[Expr] = [
 ]
 
 
-def test_hand_table(spark: Any) -> None:
-    check(spark, HAND)
+def test_hand_table(tier: Any) -> None:
+    check(tier, HAND)
 
 
 def test_split_needs_a_non_empty_literal_separator() -> None:
     with pytest.raises(ValueError):
         split(s, "")
     for bad in (Call("split", (s, lit(""))), Call("split", (s, t)), Call("split", (s, lit(None)))):
-        with pytest.raises(ExpressionError):
-            spark_compile.compile_expr(bad, SCHEMA)
+        for compiler in (spark_compile, local_compile):
+            with pytest.raises(ExpressionError):
+                compiler.compile_expr(bad, SCHEMA)
 
 
-def test_out_of_range_casts_to_bigint_are_null(spark: Any) -> None:
+def test_out_of_range_casts_to_bigint_are_null(tier: Any) -> None:
     """Documented difference: the reference returns Python integers beyond BIGINT (which no
-    engine can store); Spark returns NULL instead of saturating at the BIGINT bounds."""
+    engine can store); both tiers return NULL instead of saturating at the BIGINT bounds."""
     exprs = [lit(1e19).cast("bigint"), lit(2.0**63).cast("bigint"), lit(str(2**63)).cast("bigint")]
-    frame = spark.range(1).select(*(spark_compile.compile_expr(x, SCHEMA) for x in exprs))
-    assert list(frame.collect()[0]) == [None, None, None]
+    frame = tier.frame([(1,)], Schema((("one", "bigint"),)))
+    columns = [tier.compiler.compile_expr(x, SCHEMA).alias(f"x{k}") for k, x in enumerate(exprs)]
+    assert list(frame.select(*columns).collect()[0]) == [None, None, None]
     assert reference.compile_expr(exprs[1], SCHEMA)(ROWS[0]) == 2**63
 
 
@@ -317,6 +371,65 @@ def test_literals_have_sql_types(spark: Any) -> None:
 def test_double_to_string_is_pythons_repr(spark: Any, values: list[float]) -> None:
     frame = spark.createDataFrame([(v,) for v in values], "d double")
     got = frame.select(spark_compile.python_float_repr(F.col("d"))).collect()
+    mismatches = [(v, r[0]) for v, r in zip(values, got, strict=True) if repr(v) != r[0]]
+    assert not mismatches
+
+
+def test_local_literals_and_projection_have_declared_types(local_session: Any) -> None:
+    import pyarrow as pa
+
+    tier = LocalTier(local_session)
+    frame = tier.frame([(1,)], Schema((("one", "bigint"),)))
+    literals = frame.select(
+        *local_compile.compile_projection(
+            {"a": lit(1), "b": lit(1.5), "c": lit("x"), "d": lit(True), "e": lit(1) / lit(2)},
+            SCHEMA,
+        )
+    ).toArrow()
+    assert literals.schema.types == [
+        pa.int64(),
+        pa.float64(),
+        pa.string(),
+        pa.bool_(),
+        pa.float64(),
+    ]
+    with pytest.raises(ValueError, match="BIGINT"):
+        local_compile.compile_expr(lit(2**63), SCHEMA)
+    rows = tier.frame([(*row, 1) for row in ROWS], Schema((*SCHEMA.fields, ("__w", "bigint"))))
+    projected = rows.select(
+        *local_compile.compile_projection(
+            {"n": lit(None), "m": coalesce(i, d), "flag": b & c, "s": s}, SCHEMA
+        ),
+        "__w",
+    ).toArrow()
+    assert projected.schema.names == ["n", "m", "flag", "s", "__w"]
+    assert projected.schema.types == [pa.int64(), pa.float64(), pa.bool_(), pa.string(), pa.int64()]
+    predicate = (i > 0) & c
+    kept = rows.where(local_compile.compile_predicate(predicate, SCHEMA)).collect()
+    keep = reference.compile_predicate(predicate, SCHEMA)
+    assert sorted(repr(tuple(r)[:-1]) for r in kept) == sorted(repr(r) for r in ROWS if keep(r))
+
+
+@settings(max_examples=3, deadline=None, derandomize=True)
+@given(
+    st.lists(
+        st.one_of(
+            st.floats(allow_nan=True, allow_infinity=True),
+            st.floats(min_value=-1e6, max_value=1e6).map(lambda x: round(x, 3)),
+            st.integers(min_value=-(2**60), max_value=2**60).map(float),
+        ),
+        min_size=150,
+        max_size=150,
+    )
+)
+def test_local_double_to_string_is_pythons_repr(values: list[float]) -> None:
+    session = LocalSession()
+    try:
+        frame = LocalTier(session).frame([(v,) for v in values], Schema((("d", "double"),)))
+        to_text = local_compile.compile_expr(col("d").cast("string"), Schema((("d", "double"),)))
+        got = frame.select(to_text.alias("text")).collect()
+    finally:
+        session.close()
     mismatches = [(v, r[0]) for v, r in zip(values, got, strict=True) if repr(v) != r[0]]
     assert not mismatches
 
@@ -441,8 +554,12 @@ EXPRESSIONS = st.lists(
     max_examples=4,
     deadline=None,
     derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+        HealthCheck.function_scoped_fixture,
+    ],
 )
 @given(EXPRESSIONS)
-def test_generated_expressions_agree(spark: Any, exprs: list[Expr]) -> None:
-    check(spark, exprs)
+def test_generated_expressions_agree(tier: Any, exprs: list[Expr]) -> None:
+    check(tier, exprs)

@@ -1,0 +1,550 @@
+"""A DataFrame over DuckDB with the shape of the PySpark subset the kernels use.
+
+The operator kernels (``engine/kernels.py``) are written once, against PySpark's
+``DataFrame``/``Column``/``functions`` API. On the Spark tier they get real PySpark
+objects; on the local tier they get these: a :class:`LocalFrame` is a SQL query text
+plus its output column names, each method wraps it in one more ``SELECT``, and
+nothing runs until an action (``toArrow``, ``collect``, ``count``) hands the query to
+DuckDB in this process. DuckDB's optimiser flattens the nesting, so a fused chain of
+linear operators is still one projection.
+
+Only what the kernels need is here, with Spark's meaning:
+
+* ``unionByName`` is ``UNION ALL BY NAME``; ``collect_list`` skips NULLs; ``explode``
+  of an empty or NULL array yields no row; a join condition is any boolean column.
+* Arrow tables (deltas handed over in Python, gathered keys) are registered with the
+  connection just before a query that reads them runs, under names unique to the
+  session, so frames can outlive one another in any order.
+
+Sums of BIGINT are HUGEINT in DuckDB; kernels cast them back, and the tier casts every
+written column to its declared type.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+_TYPES = {
+    "bigint": "BIGINT",
+    "long": "BIGINT",
+    "int": "INTEGER",
+    "integer": "INTEGER",
+    "double": "DOUBLE",
+    "float": "DOUBLE",
+    "string": "VARCHAR",
+    "boolean": "BOOLEAN",
+    "null": "BIGINT",
+}
+
+
+def duck_type(type_name: Any) -> str:
+    """The DuckDB type of a dbspark/Spark type name (``array<x>`` becomes ``X[]``)."""
+    name = type_name if isinstance(type_name, str) else type_name.simpleString()
+    name = name.strip().lower()
+    if name.startswith("array<") and name.endswith(">"):
+        return duck_type(name[len("array<") : -1]) + "[]"
+    if name not in _TYPES:
+        raise TypeError(f"no DuckDB type for {type_name!r}")
+    return _TYPES[name]
+
+
+def quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def sql_literal(value: Any) -> str:
+    """A Python value as a SQL literal with Spark's type for it (``lit``)."""
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "TRUE" if value else "FALSE"
+    if isinstance(value, int):
+        return str(value) if -(2**31) <= value < 2**31 else f"CAST({value} AS BIGINT)"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "CAST('nan' AS DOUBLE)"
+        if math.isinf(value):
+            return f"CAST('{'-' if value < 0 else ''}inf' AS DOUBLE)"
+        return f"CAST('{value!r}' AS DOUBLE)"  # a bare -0.0 would read as DECIMAL, losing the sign
+    if isinstance(value, str):
+        return "'" + value.replace("'", "''") + "'"
+    raise TypeError(f"no SQL literal for {value!r}")
+
+
+class LocalColumn:
+    """A SQL expression, with the name it takes in a ``select``."""
+
+    __slots__ = ("name", "sql")
+
+    def __init__(self, sql: str, name: str | None = None) -> None:
+        self.sql = sql
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"LocalColumn({self.sql!r} AS {self.name!r})"
+
+    # naming and types ------------------------------------------------------------------
+    def alias(self, name: str) -> LocalColumn:
+        return LocalColumn(self.sql, name)
+
+    def cast(self, type_name: Any) -> LocalColumn:
+        return LocalColumn(f"CAST({self.sql} AS {duck_type(type_name)})", self.name)
+
+    def try_cast(self, type_name: Any) -> LocalColumn:
+        return LocalColumn(f"TRY_CAST({self.sql} AS {duck_type(type_name)})", self.name)
+
+    # predicates --------------------------------------------------------------------------
+    def isNull(self) -> LocalColumn:
+        return LocalColumn(f"({self.sql} IS NULL)")
+
+    def isNotNull(self) -> LocalColumn:
+        return LocalColumn(f"({self.sql} IS NOT NULL)")
+
+    def eqNullSafe(self, other: Any) -> LocalColumn:
+        return LocalColumn(f"({self.sql} IS NOT DISTINCT FROM {_sql(other)})")
+
+    def isin(self, *values: Any) -> LocalColumn:
+        if len(values) == 1 and isinstance(values[0], (list, tuple, set)):
+            values = tuple(values[0])
+        if not values:
+            return LocalColumn("FALSE")
+        return LocalColumn(f"({self.sql} IN ({', '.join(_sql(v) for v in values)}))")
+
+    # struct fields and list items (0-based, as ``getItem`` on a Spark array) ---------------
+    def getItem(self, key: Any) -> LocalColumn:
+        if isinstance(key, int):
+            return LocalColumn(f"({self.sql})[{key + 1}]")
+        return LocalColumn(f"struct_extract({self.sql}, {sql_literal(key)})", key)
+
+    def __getitem__(self, key: Any) -> LocalColumn:
+        return self.getItem(key)
+
+    # operators ---------------------------------------------------------------------------
+    def _binary(self, op: str, other: Any, reverse: bool = False) -> LocalColumn:
+        a, b = (_sql(other), self.sql) if reverse else (self.sql, _sql(other))
+        return LocalColumn(f"({a} {op} {b})")
+
+    def __add__(self, other: Any) -> LocalColumn:
+        return self._binary("+", other)
+
+    def __radd__(self, other: Any) -> LocalColumn:
+        return self._binary("+", other, True)
+
+    def __sub__(self, other: Any) -> LocalColumn:
+        return self._binary("-", other)
+
+    def __rsub__(self, other: Any) -> LocalColumn:
+        return self._binary("-", other, True)
+
+    def __mul__(self, other: Any) -> LocalColumn:
+        return self._binary("*", other)
+
+    def __rmul__(self, other: Any) -> LocalColumn:
+        return self._binary("*", other, True)
+
+    def __truediv__(self, other: Any) -> LocalColumn:
+        return LocalColumn(f"(CAST({self.sql} AS DOUBLE) / CAST({_sql(other)} AS DOUBLE))")
+
+    def __neg__(self) -> LocalColumn:
+        return LocalColumn(f"(- {self.sql})")
+
+    def __eq__(self, other: Any) -> LocalColumn:  # type: ignore[override]
+        return self._binary("=", other)
+
+    def __ne__(self, other: Any) -> LocalColumn:  # type: ignore[override]
+        return self._binary("<>", other)
+
+    def __lt__(self, other: Any) -> LocalColumn:
+        return self._binary("<", other)
+
+    def __le__(self, other: Any) -> LocalColumn:
+        return self._binary("<=", other)
+
+    def __gt__(self, other: Any) -> LocalColumn:
+        return self._binary(">", other)
+
+    def __ge__(self, other: Any) -> LocalColumn:
+        return self._binary(">=", other)
+
+    def __and__(self, other: Any) -> LocalColumn:
+        return self._binary("AND", other)
+
+    def __or__(self, other: Any) -> LocalColumn:
+        return self._binary("OR", other)
+
+    def __invert__(self) -> LocalColumn:
+        return LocalColumn(f"(NOT {self.sql})")
+
+    def __bool__(self) -> bool:
+        raise TypeError("a column has no truth value; use & | ~ instead of and/or/not")
+
+    __hash__ = object.__hash__
+
+
+class LocalCase(LocalColumn):
+    """``F.when(...).when(...).otherwise(...)``: a SQL ``CASE``."""
+
+    __slots__ = ("branches", "default")
+
+    def __init__(self, branches: tuple[tuple[str, str], ...], default: str | None = None) -> None:
+        self.branches = branches
+        self.default = default
+        whens = " ".join(f"WHEN {c} THEN {v}" for c, v in branches)
+        otherwise = f" ELSE {default}" if default is not None else ""
+        super().__init__(f"(CASE {whens}{otherwise} END)")
+
+    def when(self, condition: Any, value: Any) -> LocalCase:
+        return LocalCase((*self.branches, (_sql(condition), _sql(value))), self.default)
+
+    def otherwise(self, value: Any) -> LocalColumn:
+        return LocalCase(self.branches, _sql(value))
+
+
+def _sql(value: Any) -> str:
+    return value.sql if isinstance(value, LocalColumn) else sql_literal(value)
+
+
+def _column(value: str | LocalColumn) -> LocalColumn:
+    return col(value) if isinstance(value, str) else value
+
+
+# --- functions (the ``F`` of the local tier) ------------------------------------------------
+
+
+def col(name: str) -> LocalColumn:
+    """A column; ``a.b`` is field ``b`` of struct column ``a``, named ``b``."""
+    if name == "*":
+        return LocalColumn("*", "*")
+    parts = name.split(".")
+    return LocalColumn(".".join(quote(p) for p in parts), parts[-1])
+
+
+def lit(value: Any) -> LocalColumn:
+    return value if isinstance(value, LocalColumn) else LocalColumn(sql_literal(value))
+
+
+def when(condition: Any, value: Any) -> LocalCase:
+    return LocalCase(((_sql(condition), _sql(value)),))
+
+
+def _function(name: str, *args: Any) -> LocalColumn:
+    return LocalColumn(f"{name}({', '.join(_sql(_column(a)) for a in args)})")
+
+
+def sum(column: Any) -> LocalColumn:
+    return _function("sum", column)
+
+
+def max(column: Any) -> LocalColumn:
+    return _function("max", column)
+
+
+def min(column: Any) -> LocalColumn:
+    return _function("min", column)
+
+
+def count(column: Any) -> LocalColumn:
+    return _function("count", column)
+
+
+def greatest(*columns: Any) -> LocalColumn:
+    return _function("greatest", *columns)
+
+
+def least(*columns: Any) -> LocalColumn:
+    return _function("least", *columns)
+
+
+def coalesce(*columns: Any) -> LocalColumn:
+    return _function("coalesce", *columns)
+
+
+def isnan(column: Any) -> LocalColumn:
+    return _function("isnan", column)
+
+
+def abs(column: Any) -> LocalColumn:
+    return _function("abs", column)
+
+
+def collect_list(column: Any) -> LocalColumn:
+    c = _column(column)
+    return LocalColumn(f"coalesce(list({c.sql}) FILTER (WHERE {c.sql} IS NOT NULL), [])")
+
+
+def array(*columns: Any) -> LocalColumn:
+    return LocalColumn(f"[{', '.join(_sql(_column(c)) for c in columns)}]")
+
+
+def struct(*columns: Any) -> LocalColumn:
+    fields = []
+    for c in columns:
+        column = _column(c)
+        if not column.name:
+            raise ValueError(f"a struct field needs a name: {column!r}")
+        fields.append(f"{quote(column.name)} := {column.sql}")
+    return LocalColumn(f"struct_pack({', '.join(fields)})")
+
+
+def element_at(column: Any, index: Any) -> LocalColumn:
+    return LocalColumn(f"list_extract({_sql(_column(column))}, {_sql(index)})")
+
+
+def explode(column: Any) -> LocalColumn:
+    return LocalColumn(f"unnest({_sql(_column(column))})")
+
+
+def broadcast(frame: LocalFrame) -> LocalFrame:
+    return frame
+
+
+# --- rows -----------------------------------------------------------------------------------
+
+
+class LocalRow(tuple):
+    """A collected row: a tuple whose fields can also be read by name (as PySpark's Row)."""
+
+    _names: tuple[str, ...] = ()
+
+    def __new__(cls, values: Iterable[Any], names: Sequence[str]) -> LocalRow:
+        row = super().__new__(cls, values)
+        row._names = tuple(names)
+        return row
+
+    def __getitem__(self, key: Any) -> Any:  # type: ignore[override]
+        if isinstance(key, str):
+            return super().__getitem__(self._names.index(key))
+        return super().__getitem__(key)
+
+    def asDict(self) -> dict[str, Any]:
+        return dict(zip(self._names, self, strict=True))
+
+
+# --- frames ---------------------------------------------------------------------------------
+
+
+class LocalSession:
+    """One DuckDB connection and the Arrow tables its frames have handed to it."""
+
+    def __init__(self, threads: int | None = None) -> None:
+        from dbspark.engine.local.compile import register
+
+        self.connection = duckdb.connect(":memory:")
+        register(self.connection)
+        if threads:
+            self.connection.execute(f"SET threads = {int(threads)}")
+        self._names = itertools.count()
+        self._registered: set[str] = set()
+        self.queries = 0  # how many queries ran: the local tier's "jobs", for reports
+
+    def table_name(self) -> str:
+        return f"__dbspark_t{next(self._names)}"
+
+    def frame(self, table: pa.Table) -> LocalFrame:
+        """A frame over an Arrow table (registered when a query needs it)."""
+        name = self.table_name()
+        return LocalFrame(self, quote(name), list(table.column_names), {name: table})
+
+    def sql(self, query: str, columns: Sequence[str]) -> LocalFrame:
+        return LocalFrame(self, f"({query})", list(columns), {})
+
+    def run(self, frame: LocalFrame) -> pa.Table:
+        """Execute ``frame`` and return its rows as Arrow."""
+        for name, table in frame.tables.items():
+            if name not in self._registered:
+                self.connection.register(name, table)
+                self._registered.add(name)
+        try:
+            self.queries += 1
+            return self.connection.sql(frame.query()).to_arrow_table()
+        finally:
+            self.release(frame.tables)
+
+    def release(self, names: Iterable[str]) -> None:
+        for name in names:
+            if name in self._registered:
+                self.connection.unregister(name)
+                self._registered.discard(name)
+
+    def close(self) -> None:
+        self.connection.close()
+
+
+class LocalFrame:
+    """A lazy SQL query over DuckDB with PySpark ``DataFrame`` methods."""
+
+    def __init__(
+        self,
+        session: LocalSession,
+        source: str,
+        columns: list[str],
+        tables: dict[str, pa.Table],
+        alias_name: str | None = None,
+    ) -> None:
+        self.session = session
+        self.source = source  # a table name or a parenthesised query
+        self.columns = columns
+        self.tables = tables
+        self.alias_name = alias_name
+
+    def __repr__(self) -> str:
+        return f"LocalFrame({self.columns})"
+
+    # internals -------------------------------------------------------------------------
+    def query(self) -> str:
+        return f"SELECT * FROM {self.source}"
+
+    def _derive(
+        self, select: Sequence[LocalColumn], tail: str = "", tables: dict | None = None
+    ) -> LocalFrame:
+        names = []
+        parts = []
+        for index, column in enumerate(select):
+            if column.sql == "*":
+                parts.append("*")
+                names.extend(self.columns)
+                continue
+            name = column.name or f"_c{index}"
+            parts.append(f"{column.sql} AS {quote(name)}")
+            names.append(name)
+        alias = quote(self.alias_name or "__f")
+        query = f"(SELECT {', '.join(parts)} FROM {self.source} AS {alias}{tail})"
+        return LocalFrame(self.session, query, names, {**self.tables, **(tables or {})})
+
+    def __getitem__(self, name: str) -> LocalColumn:
+        if name not in self.columns:
+            raise KeyError(f"no column {name!r} in {self.columns}")
+        return col(name)
+
+    # transformations -------------------------------------------------------------------
+    def select(self, *columns: str | LocalColumn) -> LocalFrame:
+        flat: list[str | LocalColumn] = []
+        for c in columns:
+            flat.extend(c if isinstance(c, (list, tuple)) else [c])
+        return self._derive([_column(c) for c in flat])
+
+    def where(self, condition: LocalColumn | str) -> LocalFrame:
+        text = condition if isinstance(condition, str) else condition.sql
+        return self._derive([col(c) for c in self.columns], f" WHERE {text}")
+
+    filter = where
+
+    def withColumn(self, name: str, column: Any) -> LocalFrame:
+        column = lit(column)
+        if name in self.columns:
+            return self._derive([column.alias(c) if c == name else col(c) for c in self.columns])
+        return self._derive([*(col(c) for c in self.columns), column.alias(name)])
+
+    def withColumnRenamed(self, old: str, new: str) -> LocalFrame:
+        return self._derive([col(c).alias(new if c == old else c) for c in self.columns])
+
+    def drop(self, *names: str) -> LocalFrame:
+        dropped = set(names)
+        return self._derive([col(c) for c in self.columns if c not in dropped])
+
+    def alias(self, name: str) -> LocalFrame:
+        return LocalFrame(self.session, self.source, self.columns, self.tables, name)
+
+    def distinct(self) -> LocalFrame:
+        query = f"(SELECT DISTINCT * FROM {self.source})"
+        return LocalFrame(self.session, query, self.columns, self.tables)
+
+    def limit(self, n: int) -> LocalFrame:
+        query = f"(SELECT * FROM {self.source} LIMIT {int(n)})"
+        return LocalFrame(self.session, query, self.columns, self.tables)
+
+    def groupBy(self, *keys: str | LocalColumn) -> LocalGrouped:
+        return LocalGrouped(self, [_column(k) for k in keys])
+
+    def agg(self, *aggregates: LocalColumn) -> LocalFrame:
+        return LocalGrouped(self, []).agg(*aggregates)
+
+    def join(self, other: LocalFrame, on: Any = None, how: str = "inner") -> LocalFrame:
+        kind = {
+            "inner": "JOIN",
+            "left_semi": "SEMI JOIN",
+            "semi": "SEMI JOIN",
+            "leftsemi": "SEMI JOIN",
+            "left_anti": "ANTI JOIN",
+            "anti": "ANTI JOIN",
+            "leftanti": "ANTI JOIN",
+            "left": "LEFT JOIN",
+            "left_outer": "LEFT JOIN",
+            "cross": "CROSS JOIN",
+        }[how]
+        left = quote(self.alias_name or "__l")
+        right = quote(other.alias_name or "__r")
+        if on is None:
+            condition = ""
+        elif isinstance(on, LocalColumn):
+            condition = f" ON {on.sql}"
+        else:
+            names = [on] if isinstance(on, str) else list(on)
+            condition = f" USING ({', '.join(quote(n) for n in names)})"
+        query = (
+            f"(SELECT * FROM {self.source} AS {left} {kind} {other.source} AS {right}{condition})"
+        )
+        if kind in ("SEMI JOIN", "ANTI JOIN"):
+            columns = list(self.columns)
+        elif condition.startswith(" USING"):
+            keys = [on] if isinstance(on, str) else list(on)
+            columns = [*self.columns, *(c for c in other.columns if c not in keys)]
+        else:
+            columns = [*self.columns, *other.columns]
+        return LocalFrame(self.session, query, columns, {**self.tables, **other.tables})
+
+    def crossJoin(self, other: LocalFrame) -> LocalFrame:
+        return self.join(other, how="cross")
+
+    def unionByName(self, other: LocalFrame) -> LocalFrame:
+        if sorted(self.columns) != sorted(other.columns):
+            raise ValueError(f"unionByName of {self.columns} and {other.columns}")
+        right = other.select(*self.columns)
+        query = f"(SELECT * FROM {self.source} UNION ALL SELECT * FROM {right.source})"
+        return LocalFrame(self.session, query, list(self.columns), {**self.tables, **right.tables})
+
+    def localCheckpoint(self) -> LocalFrame:
+        """The rows computed once and kept as an Arrow table (as Spark's checkpoint)."""
+        return self.session.frame(self.toArrow())
+
+    cache = localCheckpoint
+
+    # actions ---------------------------------------------------------------------------
+    def toArrow(self) -> pa.Table:
+        return self.session.run(self)
+
+    def collect(self) -> list[LocalRow]:
+        table = self.toArrow()
+        columns = [table.column(i).to_pylist() for i in range(table.num_columns)]
+        return [LocalRow(values, self.columns) for values in zip(*columns, strict=True)]
+
+    def first(self) -> LocalRow | None:
+        rows = self.limit(1).collect()
+        return rows[0] if rows else None
+
+    def count(self) -> int:
+        query = f"(SELECT count(*) AS n FROM {self.source})"
+        table = self.session.run(LocalFrame(self.session, query, ["n"], self.tables))
+        return int(table.column(0)[0].as_py())
+
+    def isEmpty(self) -> bool:
+        return self.limit(1).count() == 0
+
+    def __iter__(self) -> Iterator[LocalRow]:
+        return iter(self.collect())
+
+
+class LocalGrouped:
+    def __init__(self, frame: LocalFrame, keys: list[LocalColumn]) -> None:
+        self.frame = frame
+        self.keys = keys
+
+    def agg(self, *aggregates: LocalColumn) -> LocalFrame:
+        group = f" GROUP BY {', '.join(k.sql for k in self.keys)}" if self.keys else ""
+        return self.frame._derive([*self.keys, *aggregates], group)
