@@ -4,7 +4,7 @@ This is what every caller runs: the conformance replay, the demo, the Airflow
 tasks and ``spark_jobs/``. Each *unit of work* is one stage at one root time
 (an epoch), or one whole iteration of a loop. A unit reads its inputs from the
 warehouse (deltas of upstream stages, key-pruned trace reads), computes with
-the kernels of ``operators``, writes every output as fresh Parquet files, and
+the kernels of ``engine/kernels.py``, writes every output as fresh Parquet files, and
 then registers all of them in ONE catalog transaction together with the
 unit's run record. Hence:
 
@@ -40,13 +40,13 @@ from dbspark.core import timestamps
 from dbspark.core.timestamps import Time
 from dbspark.core.upsert import UpsertError
 from dbspark.core.zset import ZSet
+from dbspark.engine import kernels as ops
 from dbspark.engine.batches import InputError, upsert_batch, upsert_spec, zset_batch
-from dbspark.engine.spark import operators as ops
+from dbspark.engine.kernels import consolidate
 from dbspark.engine.spark.compile import struct_type
 from dbspark.engine.spark.files import CheckedFrame, FileBatch, check_frame, load_files
 from dbspark.engine.spark.frames import (
     WEIGHT,
-    consolidate,
     frame_to_zset,
     time_columns,
     time_fields,

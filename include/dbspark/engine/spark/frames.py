@@ -15,7 +15,6 @@ everything else stays in Spark.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from functools import reduce
 from typing import Any
@@ -26,6 +25,8 @@ from pyspark.sql import functions as F
 from dbspark.circuit.types import DOUBLE, Schema, element_type, is_array
 from dbspark.core.zset import ZSet
 from dbspark.engine.spark.compile import struct_type
+from dbspark.engine.values import from_column_value as from_spark_value
+from dbspark.engine.values import to_column_value as to_spark_value
 
 WEIGHT = "__w"
 EPOCH = "__epoch"
@@ -132,43 +133,7 @@ def _from_json(value: Any, type_name: str) -> Any:
     return value
 
 
-def consolidate(df: DataFrame, columns: Sequence[str]) -> DataFrame:
-    """Group by ``columns``, sum ``__w``, drop zero weights (``columns`` + ``__w`` remain)."""
-    return (
-        df.groupBy(*columns)
-        .agg(F.sum(WEIGHT).cast(WEIGHT_TYPE).alias(WEIGHT))
-        .where(F.col(WEIGHT) != 0)
-    )
-
-
 def empty_frame(
     spark: SparkSession, schema: Schema, extra: Iterable[tuple[str, str]] = ((WEIGHT, WEIGHT_TYPE),)
 ) -> DataFrame:
     return spark.createDataFrame([], struct_type(schema, extra))
-
-
-def to_spark_value(value: Any, type_name: str) -> Any:
-    """A Python value as Spark's converter expects it for a column of ``type_name``."""
-    if value is None:
-        return None
-    if type_name == DOUBLE:
-        return float(value)  # Python ints are valid DOUBLE values in dbspark
-    if is_array(type_name):
-        inner = element_type(type_name)
-        return [to_spark_value(v, inner) for v in value]
-    return value
-
-
-def from_spark_value(value: Any, type_name: str) -> Any:
-    """A collected value as the reference engine holds it (arrays as tuples, one NaN)."""
-    if value is None:
-        return None
-    if type_name == DOUBLE and math.isnan(value):
-        return _NAN
-    if is_array(type_name):
-        inner = element_type(type_name)
-        return tuple(from_spark_value(v, inner) for v in value)
-    return value
-
-
-_NAN = float("nan")

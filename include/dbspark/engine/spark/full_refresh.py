@@ -44,6 +44,7 @@ from dbspark.circuit.builder import TOMBSTONE_FLAG, Circuit, Node
 from dbspark.circuit.types import BOOLEAN, STRING, Schema
 from dbspark.core.upsert import UpsertConflict, conform_rows, format_key
 from dbspark.engine.batches import upsert_batch, upsert_spec, zset_batch
+from dbspark.engine.kernels import consolidate
 from dbspark.engine.reference.engine import LoopDidNotConverge
 from dbspark.engine.spark import user_aggregates
 from dbspark.engine.spark.compile import (
@@ -58,7 +59,6 @@ from dbspark.engine.spark.frames import (
     EPOCH_TYPE,
     WEIGHT,
     WEIGHT_TYPE,
-    consolidate,
     empty_frame,
     from_spark_value,
     to_spark_value,

@@ -36,8 +36,9 @@ from dbspark.core.upsert import (
     state_trace,
     upserts_to_updates,
 )
+from dbspark.engine.kernels import consolidate
 from dbspark.engine.spark.compile import struct_type
-from dbspark.engine.spark.frames import WEIGHT, consolidate, frame_to_zset, to_spark_value
+from dbspark.engine.spark.frames import WEIGHT, frame_to_zset, to_spark_value
 from dbspark.engine.spark.session import int_setting
 
 #: Batches of at most this many rows are decided on the driver (see the module text).

@@ -1,51 +1,28 @@
-"""User-defined aggregates on Spark: pure Python functions of a group's values.
+"""User-defined aggregates on Spark (see ``engine/user_aggregates.py`` for the rule).
 
-A user-defined aggregate is an arbitrary Python function, so it has no Spark
-expression to compile to. Spark gathers each group's ``(value, multiplicity)``
-pairs with ``collect_list``; the driver expands the multiplicities, sorts, and
-calls the function exactly as the reference engine does
-(``dbspark.core.aggregates.user_defined``), so every engine gives the same
-answer. The results go back to Spark as a small frame joined on the group keys.
-
-Why the driver and not a Python UDF on the executors: the incremental engine
-only ever evaluates the groups a delta touched (that is what makes it
-incremental), so the data is small; and a driver-side call needs neither the
-user's module on the executors nor a Python worker behind a Spark Connect
-server. Full refresh evaluates every group the same way; it is the oracle, not
-the hot path.
+The results go back to Spark as a small frame of the collected groups, or joined on
+the group keys. Full refresh evaluates every group the same way; it is the oracle,
+not the hot path.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Sequence
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from dbspark.circuit.types import Schema
-from dbspark.core.aggregates import user_defined
+from dbspark.engine import user_aggregates as generic
 from dbspark.engine.spark.compile import struct_type
-from dbspark.engine.spark.frames import from_spark_value, to_spark_value
+from dbspark.engine.user_aggregates import UserAggregateColumn
 
-
-@dataclass(frozen=True)
-class UserAggregateColumn:
-    """One user-defined aggregate to evaluate from one gathered list column."""
-
-    gathered: str  # an array<struct<v, w>> column made by ``gather``
-    output: str  # the result column's name
-    function: Callable[[list[Any]], Any]
-    value_type: str  # the aggregated expression's type
-    result_type: str  # the declared result type
-    name: str  # the aggregate's name in the circuit, for error messages
+__all__ = ["UserAggregateColumn", "attach", "evaluate", "evaluate_collected", "gather"]
 
 
 def gather(value: Column, weight: Column) -> Column:
     """Aggregate expression: the group's ``(value, weight)`` pairs, zero weights left out."""
-    pair = F.struct(value.alias("v"), weight.cast("bigint").alias("w"))
-    return F.collect_list(F.when(weight != 0, pair))
+    return generic.gather(F, value, weight)
 
 
 def evaluate(
@@ -62,7 +39,7 @@ def evaluate(
     without calling the function, since a function need not accept no values.
     """
     spark = groups.sparkSession
-    apply = _applier(columns)
+    apply = generic.applier(columns)
     rows = [
         (*(record[k] for k in keys), *apply(record))
         for record in groups.select(*keys, *(c.gathered for c in columns)).collect()
@@ -80,34 +57,12 @@ def evaluate_collected(groups: DataFrame, columns: Sequence[UserAggregateColumn]
     from pyspark.sql.types import StructType
 
     spark = groups.sparkSession
-    apply = _applier(columns)
+    apply = generic.applier(columns)
     gathered = {c.gathered for c in columns}
     kept = [f for f in groups.schema.fields if f.name not in gathered]
     rows = [(*(record[f.name] for f in kept), *apply(record)) for record in groups.collect()]
     outputs = struct_type(Schema(tuple((c.output, c.result_type) for c in columns)))
     return spark.createDataFrame(rows, StructType([*kept, *outputs.fields]))
-
-
-def _applier(columns: Sequence[UserAggregateColumn]) -> Callable[[Any], list[Any]]:
-    """A function from a collected group row to each column's result: the user's
-    function over the gathered (value, multiplicity) pairs, NULL for an empty list."""
-    aggregates = [
-        (column, user_defined(column.function, column.result_type, column.name))
-        for column in columns
-    ]
-
-    def apply(record: Any) -> list[Any]:
-        results = []
-        for column, aggregate in aggregates:
-            pairs = record[column.gathered]
-            if not pairs:
-                results.append(None)
-                continue
-            group = [(from_spark_value(p["v"], column.value_type), p["w"]) for p in pairs]
-            results.append(to_spark_value(aggregate(group), column.result_type))
-        return results
-
-    return apply
 
 
 def attach(grouped: DataFrame, computed: DataFrame, keys: Sequence[str]) -> DataFrame:

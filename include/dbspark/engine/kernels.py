@@ -1,0 +1,401 @@
+"""The kernels of every operator family, once for both tiers: frames in, delta frames out.
+
+A collection travels as a frame of the user's columns plus ``__w`` (the weight);
+traces also carry their time columns (``__epoch``, ``__iter``, ...). These functions
+know nothing about storage; the executor feeds them the deltas and the (key-pruned)
+trace rows they need. They are written in PySpark's vocabulary and run on whichever
+tier made the frames they are given: ``dialect_of`` supplies the functions and the
+expression compiler (PySpark on the Spark tier, DuckDB in this process on the local
+tier; see ``engine/dialect.py``).
+
+Incremental rules, the same as the reference engine's:
+
+* **linear** (select, filter, flat_map, negate, plus, minus, upsert_live):
+  apply to the delta. Spark fuses a chain of them into one projection because
+  the executor composes them lazily on one DataFrame.
+* **general linear** (``join_function``): each emit is a projection whose
+  weight multiplies and whose epoch is joined (``greatest``) with the input
+  time; rows for a later epoch are returned separately, to be scheduled.
+* **stateful** (distinct, aggregate, join): for the keys that can change at
+  time ``t``, the output is the finite difference over the corners of the unit
+  box below ``t`` of ``f(inputs accumulated at the corner)``. Each corner's
+  accumulation is one conditional sum, so all corners come out of a single
+  ``groupBy``. At the root clock a join uses the cheaper bilinear rule
+  ``dA ⋈ B_before + A_now ⋈ dB`` instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import reduce
+from types import ModuleType
+from typing import Any
+
+from dbspark.circuit.aggregations import Aggregation
+from dbspark.circuit.expressions import Expr, infer_type, output_type
+from dbspark.circuit.types import Schema
+from dbspark.core.timestamps import Time, box_corners
+from dbspark.engine import user_aggregates
+from dbspark.engine.dialect import Dialect, dialect_of
+from dbspark.storage.traces import WEIGHT_COLUMN as WEIGHT
+from dbspark.storage.traces import time_columns
+
+TOMBSTONE = "__tombstone"
+
+#: A frame of either tier (a PySpark ``DataFrame`` or a ``LocalFrame``), and a column.
+DataFrame = Any
+Column = Any
+
+
+def consolidate(df: DataFrame, columns: Sequence[str]) -> DataFrame:
+    """Group by ``columns``, sum ``__w``, drop zero weights (``columns`` + ``__w`` remain)."""
+    F = dialect_of(df).F
+    return (
+        df.groupBy(*columns)
+        .agg(F.sum(WEIGHT).cast("bigint").alias(WEIGHT))
+        .where(F.col(WEIGHT) != 0)
+    )
+
+
+def _union(a: DataFrame, b: DataFrame) -> DataFrame:
+    return a.unionByName(b)
+
+
+# --- linear --------------------------------------------------------------------------------
+def select(df: DataFrame, columns: dict[str, Expr], schema: Schema) -> DataFrame:
+    d = dialect_of(df)
+    F = d.F
+    return df.select(*d.compile_projection(columns, schema), F.col(WEIGHT))
+
+
+def filter_(df: DataFrame, predicate: Expr, schema: Schema) -> DataFrame:
+    d = dialect_of(df)
+    return df.where(d.compile_predicate(predicate, schema))
+
+
+def flat_map(df: DataFrame, name: str, array: Expr, schema: Schema) -> DataFrame:
+    d = dialect_of(df)
+    F = d.F
+    element = F.explode(d.compile_expr(array, schema)).alias(name)
+    return df.select(*[F.col(c) for c in schema.names], element, F.col(WEIGHT))
+
+
+def negate(df: DataFrame) -> DataFrame:
+    d = dialect_of(df)
+    F = d.F
+    return df.withColumn(WEIGHT, -F.col(WEIGHT))
+
+
+def plus(a: DataFrame, b: DataFrame) -> DataFrame:
+    return a.unionByName(b)
+
+
+def minus(a: DataFrame, b: DataFrame) -> DataFrame:
+    return a.unionByName(negate(b))
+
+
+def upsert_live(df: DataFrame) -> DataFrame:
+    d = dialect_of(df)
+    F = d.F
+    return df.where(~F.col(TOMBSTONE)).drop(TOMBSTONE)
+
+
+def general_linear(
+    df: DataFrame, emits: Sequence[dict[str, Any]], schema: Schema, out_schema: Schema, epoch: int
+) -> DataFrame:
+    """All emits of a ``join_function``, with an ``__epoch`` column: the epoch each row is due."""
+    d = dialect_of(df)
+    F = d.F
+    parts = []
+    for item in emits:
+        part = df
+        if item["when"] is not None:
+            part = part.where(d.compile_predicate(item["when"], schema))
+        factor = d.compile_expr(item["weight"], schema)
+        if item["epoch"] is None:
+            due = F.lit(epoch).cast("bigint")
+        else:
+            emitted = d.compile_expr(item["epoch"], schema)
+            part = part.where(emitted.isNotNull())
+            due = F.greatest(F.lit(epoch).cast("bigint"), emitted.cast("bigint"))
+        projected = [
+            c.cast(d.column_type(t)).alias(name)
+            for c, (name, t) in zip(
+                d.compile_projection(item["columns"], schema), out_schema.fields, strict=True
+            )
+        ]
+        weight = (F.col(WEIGHT) * factor).cast("bigint")
+        part = part.where(factor.isNotNull() & (factor != 0))
+        parts.append(part.select(*projected, weight.alias(WEIGHT), due.alias("__epoch")))
+    combined = reduce(_union, parts)
+    return consolidate(combined, [*out_schema.names, "__epoch"])
+
+
+# --- the unit box below a time -------------------------------------------------------------
+def at_or_before(F: ModuleType, t: Time) -> Column:
+    """Rows of a trace whose time is at or before ``t`` in the product order."""
+    names = time_columns(len(t))
+    return reduce(lambda a, b: a & b, [F.col(n) <= v for n, v in zip(names, t, strict=True)])
+
+
+def _accumulated(F: ModuleType, corner: Time) -> Column:
+    return F.sum(F.when(at_or_before(F, corner), F.col(WEIGHT)).otherwise(F.lit(0))).cast("bigint")
+
+
+def candidates(trace: DataFrame, key_columns: Sequence[str], t: Time) -> DataFrame:
+    """Keys that may have output at ``t``: for each coordinate, an update at or before ``t``
+    lying exactly on ``t``'s value of that coordinate."""
+    d = dialect_of(trace)
+    F = d.F
+    names = time_columns(len(t))
+    rows = trace.where(at_or_before(F, t))
+    flags = [
+        F.max(F.when(F.col(n) == v, F.lit(1)).otherwise(F.lit(0))).alias(f"__on{d}")
+        for d, (n, v) in enumerate(zip(names, t, strict=True))
+    ]
+    grouped = rows.groupBy(*key_columns).agg(*flags)
+    condition = reduce(lambda a, b: a & b, [F.col(f"__on{d}") == 1 for d in range(len(t))])
+    return grouped.where(condition).select(*key_columns)
+
+
+# --- distinct -----------------------------------------------------------------------------------
+def distinct_delta(trace: DataFrame, columns: Sequence[str], t: Time) -> DataFrame:
+    """The change of ``distinct`` at ``t`` for the rows present in ``trace`` (already pruned)."""
+    d = dialect_of(trace)
+    F = d.F
+    box = box_corners(t)
+    keys = candidates(trace, columns, t)
+    per_row = (
+        d.semi_join(trace, keys, columns)
+        .groupBy(*columns)
+        .agg(*[_accumulated(F, c).alias(f"__acc{i}") for i, (_, c) in enumerate(box)])
+    )
+    weight = reduce(
+        lambda a, b: a + b,
+        [
+            F.when(F.col(f"__acc{i}") > 0, F.lit(sign)).otherwise(F.lit(0))
+            for i, (sign, _) in enumerate(box)
+        ],
+    )
+    return per_row.select(*columns, weight.cast("bigint").alias(WEIGHT)).where(F.col(WEIGHT) != 0)
+
+
+# --- aggregate ----------------------------------------------------------------------------------
+def aggregate_delta(
+    trace: DataFrame,
+    schema: Schema,
+    keys: Sequence[str],
+    aggregations: dict[str, Aggregation],
+    out_schema: Schema,
+    t: Time,
+) -> DataFrame:
+    """The change of the per-group aggregates at ``t``, for the groups present in ``trace``
+    (already pruned to the touched keys). User-defined aggregates are evaluated on the
+    driver for those groups only (``user_aggregates``)."""
+    d = dialect_of(trace)
+    F = d.F
+    box = box_corners(t)
+    group_keys = candidates(trace, keys, t) if keys else None
+    rows = trace if group_keys is None else d.semi_join(trace, group_keys, keys)
+    if not keys:
+        rows = rows.where(F.lit(True))
+    per_row = rows.groupBy(*schema.names).agg(
+        *[_accumulated(F, c).alias(f"__acc{i}") for i, (_, c) in enumerate(box)]
+    )
+    outputs = []
+    per_corner_aggs = []
+    user_columns = []
+    for i, _ in enumerate(box):
+        acc = F.col(f"__acc{i}")
+        per_corner_aggs.append(
+            F.max(F.when(acc != 0, F.lit(1)).otherwise(F.lit(0))).alias(f"__present{i}")
+        )
+        for name, aggregation in aggregations.items():
+            if aggregation.kind == "udf":
+                column = _user_aggregate(aggregation, schema, out_schema, name, i)
+                user_columns.append(column)
+                value = d.compile_expr(aggregation.expr, schema)
+                per_corner_aggs.append(user_aggregates.gather(F, value, acc).alias(column.gathered))
+                continue
+            per_corner_aggs.append(
+                _aggregate_column(d, aggregation, schema, acc).alias(f"{name}__{i}")
+            )
+    grouped = (
+        per_row.groupBy(*keys).agg(*per_corner_aggs) if keys else per_row.agg(*per_corner_aggs)
+    )
+    if user_columns:
+        # Read the trace once: the driver collects the touched groups, and the rest of the
+        # kernel runs on the collected rows with the functions' results.
+        grouped = d.evaluate_user_aggregates(grouped, user_columns)
+    for i, (sign, _) in enumerate(box):
+        values = [
+            F.col(f"{name}__{i}").cast(d.column_type(out_schema.type_of(name))).alias(name)
+            for name in aggregations
+        ]
+        outputs.append(
+            grouped.where(F.col(f"__present{i}") == 1).select(
+                *[F.col(k) for k in keys], *values, F.lit(sign).cast("bigint").alias(WEIGHT)
+            )
+        )
+    return consolidate(reduce(_union, outputs), out_schema.names)
+
+
+def _user_aggregate(
+    aggregation: Aggregation, schema: Schema, out_schema: Schema, name: str, corner: int
+) -> user_aggregates.UserAggregateColumn:
+    assert aggregation.function is not None and aggregation.expr is not None
+    return user_aggregates.UserAggregateColumn(
+        gathered=f"__udf_{name}__{corner}",
+        output=f"{name}__{corner}",
+        function=aggregation.function,
+        value_type=output_type(infer_type(aggregation.expr, schema, f"aggregate {name}")),
+        result_type=out_schema.type_of(name),
+        name=name,
+    )
+
+
+def _aggregate_column(d: Dialect, aggregation: Aggregation, schema: Schema, acc: Column) -> Column:
+    F = d.F
+    if aggregation.expr is None:
+        return F.sum(acc)
+    value = d.compile_expr(aggregation.expr, schema)
+    counted = F.when(value.isNotNull(), acc).otherwise(F.lit(0))
+    kind = aggregation.kind
+    if kind == "count":
+        return F.sum(counted)
+    if kind in ("sum", "avg"):
+        total = F.sum(F.when(value.isNotNull(), value * acc))
+        present = F.sum(F.when(value.isNotNull() & (acc != 0), F.lit(1)).otherwise(F.lit(0))) > 0
+        if kind == "sum":
+            return F.when(present, total)
+        count = F.sum(counted)
+        return F.when(present & (count != 0), total.cast("double") / count.cast("double"))
+    if kind == "min":
+        return F.min(F.when(acc > 0, value))
+    if kind == "max":
+        return F.max(F.when(acc > 0, value))
+    raise AssertionError(f"aggregate {kind} has no native Spark kernel")
+
+
+# --- join ---------------------------------------------------------------------------------------
+def _join_output(
+    left: DataFrame,
+    right: DataFrame,
+    left_keys: Sequence[str],
+    right_keys: Sequence[str],
+    left_columns: Sequence[str],
+    right_values: Sequence[str],
+    weight: Column,
+    extra: Sequence[str] = (),
+) -> DataFrame:
+    d = dialect_of(left)
+    F = d.F
+    lhs = left.select(*[F.col(c).alias(f"__l_{c}") for c in [*left_columns, WEIGHT, *extra]])
+    rhs = right.select(
+        *[
+            F.col(c).alias(f"__r_{c}")
+            for c in dict.fromkeys([*right_keys, *right_values, WEIGHT, *extra])
+        ]
+    )
+    condition = reduce(
+        lambda a, b: a & b,
+        [
+            F.col(f"__l_{lk}") == F.col(f"__r_{rk}")
+            for lk, rk in zip(left_keys, right_keys, strict=True)
+        ]
+        + [F.col(f"__l_{e}") == F.col(f"__r_{e}") for e in extra],
+    )
+    joined = lhs.join(rhs, on=condition, how="inner")
+    return joined.select(
+        *[F.col(f"__l_{c}").alias(c) for c in left_columns],
+        *[F.col(f"__r_{c}").alias(c) for c in right_values],
+        weight.alias(WEIGHT),
+        *[F.col(f"__l_{e}").alias(e) for e in extra],
+    )
+
+
+def join_delta_root(
+    d_left: DataFrame,
+    d_right: DataFrame,
+    left_before: DataFrame,
+    right_before: DataFrame,
+    left_keys: Sequence[str],
+    right_keys: Sequence[str],
+    left_columns: Sequence[str],
+    right_values: Sequence[str],
+    out_columns: Sequence[str],
+) -> DataFrame:
+    """``dA ⋈ B_before + A_before ⋈ dB + dA ⋈ dB`` (root clock: times are totally ordered)."""
+    d = dialect_of(d_left)
+    F = d.F
+    weight = (F.col(f"__l_{WEIGHT}") * F.col(f"__r_{WEIGHT}")).cast("bigint")
+    args = (left_keys, right_keys, left_columns, right_values, weight)
+    parts = [
+        _join_output(d_left, right_before, *args),
+        _join_output(left_before, d_right, *args),
+        _join_output(d_left, d_right, *args),
+    ]
+    return consolidate(reduce(_union, parts), out_columns)
+
+
+def join_delta_nested(
+    left_trace: DataFrame,
+    right_trace: DataFrame,
+    left_keys: Sequence[str],
+    right_keys: Sequence[str],
+    left_columns: Sequence[str],
+    right_columns: Sequence[str],
+    right_values: Sequence[str],
+    out_columns: Sequence[str],
+    t: Time,
+) -> DataFrame:
+    """The corner formula for a join at a nested time: sum over corners of A_c ⋈ B_c."""
+    d = dialect_of(left_trace)
+    F = d.F
+    box = box_corners(t)
+    # A key is a candidate when its updates on EITHER side, together, lie on every
+    # coordinate of t: one side may hold the epoch's change, the other the iteration's.
+    names = time_columns(len(t))
+    both = left_trace.select(*left_keys, *names).unionByName(
+        right_trace.select(
+            *[F.col(rk).alias(lk) for lk, rk in zip(left_keys, right_keys, strict=True)], *names
+        )
+    )
+    keys = candidates(both, left_keys, t)
+
+    def per_corner(
+        trace: DataFrame, trace_keys: Sequence[str], columns: Sequence[str]
+    ) -> DataFrame:
+        key_frame = keys.select(
+            *[F.col(lk).alias(k) for lk, k in zip(left_keys, trace_keys, strict=True)]
+        )
+        rows = d.semi_join(trace, key_frame, trace_keys)
+        accumulated = rows.groupBy(*columns).agg(
+            *[_accumulated(F, c).alias(f"__acc{i}") for i, (_, c) in enumerate(box)]
+        )
+        stacked = F.explode(
+            F.array(
+                *[
+                    F.struct(F.lit(i).alias("__corner"), F.col(f"__acc{i}").alias(WEIGHT))
+                    for i in range(len(box))
+                ]
+            )
+        ).alias("__c")
+        return (
+            accumulated.select(*columns, stacked)
+            .select(*columns, "__c.__corner", f"__c.{WEIGHT}")
+            .where(F.col(WEIGHT) != 0)
+        )
+
+    signs = F.array(*[F.lit(sign) for sign, _ in box])
+    left = per_corner(left_trace, left_keys, left_columns)
+    right = per_corner(right_trace, right_keys, right_columns)
+    weight = (
+        F.col(f"__l_{WEIGHT}")
+        * F.col(f"__r_{WEIGHT}")
+        * F.element_at(signs, F.col("__l___corner") + 1)
+    ).cast("bigint")
+    joined = _join_output(
+        left, right, left_keys, right_keys, left_columns, right_values, weight, extra=["__corner"]
+    ).drop("__corner")
+    return consolidate(joined, out_columns)
