@@ -558,6 +558,8 @@ EXPRESSIONS = st.lists(
         HealthCheck.too_slow,
         HealthCheck.data_too_large,
         HealthCheck.function_scoped_fixture,
+        # ``typed`` filters generated trees by their inferred type on purpose.
+        HealthCheck.filter_too_much,
     ],
 )
 @given(EXPRESSIONS)

@@ -1,4 +1,10 @@
-"""The Spark engine against the reference engine on random update streams.
+"""The engine, on each tier, against the reference engine on random update streams.
+
+Every property runs three ways (the ``tier`` parameter): ``spark`` keeps every unit on
+Spark (``local_rows=0``), ``local`` runs every unit in this process with DuckDB (the
+default for small epochs), and ``crossing`` sets the threshold so low that epochs and
+sources switch between the tiers in both directions within one history, each tier
+continuing from the other's files.
 
 Each epoch, every view of the incremental Spark engine (traces in a warehouse, a
 SQLite catalog) must equal the reference engine's; where the reference rejects a
@@ -71,16 +77,31 @@ def busy(history: list) -> bool:
     return sum(len(batch) for inputs in history for batch in inputs.values()) >= len(history)
 
 
+#: ``local_rows`` per tier setting: crossing puts an epoch of more than 2 input rows (and
+#: a source batch of more than 2) on Spark, and smaller ones on the local tier.
+TIERS = {"spark": 0, "local": 1_000_000, "crossing": 2}
+tiers = pytest.mark.parametrize("tier", list(TIERS))
+
+
 def compare_with_reference(
-    spark: Any, factory: Callable[[], Circuit], history: list, driver_rows: int = DRIVER_ROWS
+    spark: Any,
+    factory: Callable[[], Circuit],
+    history: list,
+    driver_rows: int = DRIVER_ROWS,
+    tier: str = "spark",
 ) -> None:
     """Step both engines through ``history``: every view equal after every epoch; after
     the last committed epoch the maintained views also equal Spark's full refresh.
-    ``driver_rows=0`` keeps every upsert batch and every write in Spark."""
+    ``driver_rows=0`` keeps every upsert batch and every write of the Spark tier in Spark;
+    ``tier`` picks the local tier threshold (``TIERS``)."""
     warehouse = tempfile.mkdtemp(prefix="dbspark-prop-")
     try:
         reference = ReferenceEngine(factory())
-        engine = SparkEngine(factory(), warehouse, spark=spark, driver_rows=driver_rows)
+        engine = SparkEngine(
+            factory(), warehouse, spark=spark, driver_rows=driver_rows, local_rows=TIERS[tier]
+        )
+        used: set[str] = set()
+        sizes = []
         for epoch, inputs in enumerate(history):
             try:
                 expected = reference.step(inputs).views
@@ -90,10 +111,20 @@ def compare_with_reference(
                 assert raised.value.source == conflict.source
                 assert engine.last_committed_epoch() == epoch - 1
                 break
-            got = engine.step(inputs).views
+            result = engine.step(inputs)
+            got = result.views
+            used |= {unit.tier for unit in result.report.units if unit.tier}
+            sizes.append(sum(len(batch) for batch in inputs.values()))
             assert got.keys() == expected.keys()
             for name in expected:
                 assert got[name] == expected[name], f"view {name!r} at epoch {epoch}: {inputs}"
+        # The units ran where the threshold says; a crossing history used both tiers.
+        if tier == "local":
+            assert used <= {"local"}
+        elif tier == "spark":
+            assert used <= {"spark"}
+        elif any(n <= TIERS[tier] for n in sizes) and any(n > TIERS[tier] for n in sizes):
+            assert used == {"local", "spark"}, (sizes, used)
         if engine.last_committed_epoch() >= 0:
             differences = engine.verify()
             assert not any(differences.values()), f"full refresh differs: {differences}"
@@ -101,12 +132,14 @@ def compare_with_reference(
         shutil.rmtree(warehouse, ignore_errors=True)
 
 
+@tiers
 @SPARK_PROPERTY
 @given(graph_history())
-def test_reachability_on_spark(spark: Any, history: list) -> None:
-    compare_with_reference(spark, NAMED_CIRCUITS["reachability"], history[:4])
+def test_reachability_on_spark(spark: Any, tier: str, history: list) -> None:
+    compare_with_reference(spark, NAMED_CIRCUITS["reachability"], history[:4], tier=tier)
 
 
+@tiers
 @pytest.mark.parametrize("driver_rows", [DRIVER_ROWS, 0], ids=["on-driver", "in-spark"])
 @SPARK_PROPERTY
 @given(
@@ -115,65 +148,72 @@ def test_reachability_on_spark(spark: Any, history: list) -> None:
         orders=st.lists(st.lists(order_rows(), max_size=4), min_size=1, max_size=3),
     )
 )
-def test_orders_on_spark(spark: Any, driver_rows: int, history: list) -> None:
+def test_orders_on_spark(spark: Any, tier: str, driver_rows: int, history: list) -> None:
     """Upserts with late rows, tombstones and NULL watermarks, decided on the driver
     (small batches) and in Spark (``upserts.py``'s two paths)."""
-    compare_with_reference(spark, NAMED_CIRCUITS["orders"], history, driver_rows)
+    compare_with_reference(spark, NAMED_CIRCUITS["orders"], history, driver_rows, tier=tier)
 
 
 # --- non-recursive operators ----------------------------------------------------------------------
 # Three epochs, so output that a temporal filter schedules for a later epoch
 # (start and stop columns up to 3) is due while the example still runs.
+@tiers
 @SPARK_PROPERTY
 @given(histories(events=st.lists(any_changes(EVENTS, 3), min_size=3, max_size=3)).filter(busy))
-def test_general_linear_flat_map_and_delay_on_spark(spark: Any, history: list) -> None:
+def test_general_linear_flat_map_and_delay_on_spark(spark: Any, tier: str, history: list) -> None:
     """Temporal window (epoch from data), explode (weight from data), a conditional emit,
     flat_map over ``sequence`` (NULL and empty arrays), root delays, and an aggregate of
     the window."""
-    compare_with_reference(spark, temporal_circuit, history)
+    compare_with_reference(spark, temporal_circuit, history, tier=tier)
 
 
+@tiers
 @SPARK_PROPERTY
 @given(histories(items=st.lists(any_changes(ITEMS, 4), min_size=2, max_size=3)).filter(busy))
-def test_aggregates_on_spark(spark: Any, history: list) -> None:
+def test_aggregates_on_spark(spark: Any, tier: str, history: list) -> None:
     """count, count(x), sum, avg, min, max with NULL values and NULL group keys, grouped
     and global; weights below zero and retractions that empty a group."""
-    compare_with_reference(spark, builtin_aggregates_circuit, history)
+    compare_with_reference(spark, builtin_aggregates_circuit, history, tier=tier)
 
 
 # --- recursive circuits ---------------------------------------------------------------------------
+@tiers
 @SPARK_PROPERTY
 @given(int_graph_history())
-def test_transitive_closure_on_spark(spark: Any, history: list) -> None:
-    compare_with_reference(spark, NAMED_CIRCUITS["transitive_closure"], history[:3])
+def test_transitive_closure_on_spark(spark: Any, tier: str, history: list) -> None:
+    compare_with_reference(spark, NAMED_CIRCUITS["transitive_closure"], history[:3], tier=tier)
 
 
+@tiers
 @SPARK_PROPERTY
 @given(histories(numbers=st.lists(any_changes(NUMBERS, 3), min_size=2, max_size=2)).filter(busy))
-def test_geometric_on_spark(spark: Any, history: list) -> None:
-    compare_with_reference(spark, NAMED_CIRCUITS["geometric"], history)
+def test_geometric_on_spark(spark: Any, tier: str, history: list) -> None:
+    compare_with_reference(spark, NAMED_CIRCUITS["geometric"], history, tier=tier)
 
 
+@tiers
 @settings(SPARK_PROPERTY, max_examples=1)
 @given(histories(numbers=st.lists(any_changes(POSITIVE, 3), min_size=2, max_size=2)).filter(busy))
-def test_loops_with_time_on_spark(spark: Any, history: list) -> None:
+def test_loops_with_time_on_spark(spark: Any, tier: str, history: list) -> None:
     """A temporal emit inside a loop (output due at a later epoch, deep in the loop) and a
     loop body that reads the previous iteration through ``delay``."""
-    compare_with_reference(spark, loops_with_time_circuit, history)
+    compare_with_reference(spark, loops_with_time_circuit, history, tier=tier)
 
 
 # The explicit example is the reference engine's nested-loop bug: a correction due at
 # the least upper bound of two other prefixes. A nested loop costs the most Spark jobs
 # per epoch: one generated example besides it.
+@tiers
 @settings(SPARK_PROPERTY, max_examples=1)
 @given(two_graph_history())
 @example(NESTED_BUG_HISTORY)
-def test_nested_loops_on_spark(spark: Any, history: list) -> None:
-    compare_with_reference(spark, nested_circuit, history[:2])
+def test_nested_loops_on_spark(spark: Any, tier: str, history: list) -> None:
+    compare_with_reference(spark, nested_circuit, history[:2], tier=tier)
 
 
 # --- regressions ---------------------------------------------------------------------------------
-def test_null_group_key_after_the_first_epoch_on_spark(spark: Any) -> None:
+@tiers
+def test_null_group_key_after_the_first_epoch_on_spark(spark: Any, tier: str) -> None:
     """Found by ``test_general_linear_flat_map_and_delay_on_spark`` (window_counts, grouped
     by a NULL ``n``): the kernels pruned an aggregate's trace to its candidate keys with an
     equi-join, which drops NULL keys, so a NULL group touched after the first epoch was
@@ -183,4 +223,4 @@ def test_null_group_key_after_the_first_epoch_on_spark(spark: Any) -> None:
         {"items": [((None, 5), -2), ((None, None), 1)]},
         {"items": [((None, 5), 2), (("a", 5), -1)]},
     ]
-    compare_with_reference(spark, builtin_aggregates_circuit, history)
+    compare_with_reference(spark, builtin_aggregates_circuit, history, tier=tier)

@@ -508,6 +508,18 @@ def upserts_to_updates(
     return ZSet(updates)
 
 
+def updates_against(
+    spec: UpsertSpec, batch: Iterable[Any], stored: ZSet, file: str | None = None
+) -> ZSet:
+    """``upserts_to_updates`` against ``stored``: the stored state rows (with weights, not
+    necessarily consolidated) of at least the batch's keys, as an engine reads them from
+    its state trace for those keys. Every stored time is at or before the batch's, so
+    one time stands for them all; a corrupt state is judged by ``current_state``."""
+    trace = state_trace(spec)
+    trace.insert(stored, (0,))
+    return upserts_to_updates(spec, batch, lambda key: current_state(trace, key), file)
+
+
 def _find_tie(
     spec: UpsertSpec, versions: dict[tuple, list[tuple]], stored: tuple | None
 ) -> list[tuple] | None:

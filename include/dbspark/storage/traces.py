@@ -16,7 +16,7 @@ a compaction's batch time is the meet of its rows' advanced times). A read up to
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -40,13 +40,19 @@ def time_columns(depth: int) -> list[str]:
     return [EPOCH_COLUMN] + ["__iter" if i == 1 else f"__iter_{i}" for i in range(1, depth)]
 
 
-def advance_columns(frontier: Antichain, columns: Sequence[str]) -> list[tuple[str, Column]]:
-    """Spark expressions advancing each time column by ``frontier``.
+def advance_columns(
+    frontier: Antichain, columns: Sequence[str], functions: Any = None
+) -> list[tuple[str, Column]]:
+    """Column expressions advancing each time column by ``frontier`` (Spark's, or those of
+    the ``functions`` module given: the local tier's frame functions).
 
     ``Antichain.advance``: the meet over frontier elements ``f`` of ``join(t, f)``,
     coordinate-wise ``min_f max(t_i, f_i)``.
     """
-    from pyspark.sql import functions as F
+    if functions is None:
+        from pyspark.sql import functions as F
+    else:
+        F = functions
 
     out = []
     for i, c in enumerate(columns):
@@ -73,18 +79,25 @@ class TraceStore:
 
     def __init__(
         self,
-        spark: SparkSession,
+        spark: SparkSession | Callable[[], SparkSession],
         warehouse: Warehouse,
         catalog: Catalog,
         circuit: str,
         *,
         buckets: int = DEFAULT_BUCKETS,
     ) -> None:
-        self.spark = spark
+        # A callable is asked for the session on first use (an engine starts Spark lazily).
+        self._spark = spark
         self.warehouse = warehouse
         self.catalog = catalog
         self.circuit = circuit
         self.buckets = buckets
+
+    @property
+    def spark(self) -> SparkSession:
+        if callable(self._spark) and not hasattr(self._spark, "sparkContext"):
+            self._spark = self._spark()
+        return self._spark  # type: ignore[return-value]
 
     # --- appending ---------------------------------------------------------------------
     def write(
@@ -172,6 +185,9 @@ class TraceStore:
         time_columns: Sequence[str],
         *,
         tiered: bool = False,
+        local: Callable[[list[BatchRecord], Antichain, tuple[int, ...]], BatchRecord | None]
+        | None = None,
+        local_rows: int = 0,
     ) -> Compaction | None:
         """Advance the live batches not beyond ``frontier`` to it and merge them into one.
 
@@ -185,6 +201,9 @@ class TraceStore:
         only the smallest batches, while each next one is no larger than those taken so
         far, so an old big batch is rewritten only when the recent ones have grown to its
         size (O(log n) rewrites per update instead of one per compaction).
+
+        ``local(chosen, frontier, out_time)``, when given, rewrites a merge of at most
+        ``local_rows`` rows instead of Spark (the same batch, written without a Spark job).
 
         Returns None when there is nothing to merge (or it was done already).
         """
@@ -225,6 +244,13 @@ class TraceStore:
         if not chosen or (tiered and len(chosen) < 2):
             return None
 
+        out_time = frontier.advance(chosen[0].time)
+        for b in chosen[1:]:
+            out_time = timestamps.meet(out_time, frontier.advance(b.time))
+        if local is not None and sum(b.rows for b in chosen) <= local_rows:
+            record = local(chosen, frontier, out_time)
+            return self._finish_compaction(collection, frontier, stage, meet, chosen, record)
+
         from pyspark.sql import functions as F
 
         df = self.warehouse.read(self.spark, chosen, schema)
@@ -242,9 +268,6 @@ class TraceStore:
             .where(F.col(WEIGHT_COLUMN) != 0)
             .select(*names, *([BUCKET_COLUMN] if key_columns else []))
         )
-        out_time = frontier.advance(chosen[0].time)
-        for b in chosen[1:]:
-            out_time = timestamps.meet(out_time, frontier.advance(b.time))
         record = self.warehouse.write(
             consolidated,
             self.circuit,
@@ -255,6 +278,17 @@ class TraceStore:
             buckets=self.buckets,
             prebucketed=bool(key_columns),
         )
+        return self._finish_compaction(collection, frontier, stage, meet, chosen, record)
+
+    def _finish_compaction(
+        self,
+        collection: str,
+        frontier: Antichain,
+        stage: str,
+        meet: tuple[int, ...],
+        chosen: list[BatchRecord],
+        record: BatchRecord | None,
+    ) -> Compaction:
         committed = self._commit_or_discard(
             record,
             stage,

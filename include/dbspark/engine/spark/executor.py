@@ -31,6 +31,7 @@ from functools import reduce
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
@@ -38,23 +39,26 @@ from dbspark.circuit.builder import STATEFUL_OPS, Circuit, Node
 from dbspark.circuit.planner import LoopPlan, Plan, Stage, plan
 from dbspark.core import timestamps
 from dbspark.core.timestamps import Time
-from dbspark.core.upsert import UpsertError
+from dbspark.core.upsert import UpsertError, updates_against
 from dbspark.core.zset import ZSet
 from dbspark.engine import kernels as ops
 from dbspark.engine.batches import InputError, upsert_batch, upsert_spec, zset_batch
+from dbspark.engine.dialect import dialect_of
 from dbspark.engine.kernels import consolidate
+from dbspark.engine.local.frame import LocalFrame
+from dbspark.engine.local.tier import LocalTier
 from dbspark.engine.spark.compile import struct_type
 from dbspark.engine.spark.files import CheckedFrame, FileBatch, check_frame, load_files
 from dbspark.engine.spark.frames import (
     WEIGHT,
-    frame_to_zset,
     time_columns,
     time_fields,
 )
-from dbspark.engine.spark.session import is_connect, spark_session
+from dbspark.engine.spark.session import int_setting, is_connect, spark_session
+from dbspark.engine.spark.tier import SparkTier
 from dbspark.engine.spark.upserts import default_driver_rows, state_delta
 from dbspark.storage.catalog import BatchRecord, Catalog, LoopIteration
-from dbspark.storage.traces import TraceStore
+from dbspark.storage.traces import TraceStore, advance_columns
 from dbspark.storage.warehouse import KeySet, Warehouse
 
 log = logging.getLogger("dbspark.engine")
@@ -86,12 +90,15 @@ class UnitReport:
     rows_out: dict[str, int] = field(default_factory=dict)
     paths: list[str] = field(default_factory=list)
     note: str = ""
+    tier: str = ""  # "local" or "spark": where the unit ran
 
     def describe(self) -> str:
         if self.skipped:
             return f"{self.unit} at {list(self.time)}: already committed, nothing to do"
         outs = ", ".join(f"{k}={v}" for k, v in self.rows_out.items()) or "none"
         text = f"{self.unit} at {list(self.time)}: rows in {self.rows_in}, rows out {outs}"
+        if self.tier:
+            text += f"; ran on the {self.tier} tier"
         return text + (f"; {self.note}" if self.note else "")
 
 
@@ -145,13 +152,27 @@ def circuit_fingerprint(circuit: Circuit) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-class _Unit:
-    """Files written by one unit of work, not yet registered in the catalog.
+#: Epochs whose input has at most this many rows run every unit on the local tier.
+LOCAL_ROWS = 200_000
 
-    ``driver_rows`` > 0 says the unit's batches are probably small, so the warehouse
+
+def default_local_rows() -> int:
+    """``DBSPARK_LOCAL_ROWS`` (0 runs every unit on Spark), else ``LOCAL_ROWS``."""
+    return int_setting("DBSPARK_LOCAL_ROWS", LOCAL_ROWS, minimum=0)
+
+
+Tier = LocalTier | SparkTier
+
+
+class _Unit:
+    """One unit of work: the tier it runs on and the files it wrote, not yet registered
+    in the catalog.
+
+    ``driver_rows`` > 0 says a Spark unit's batches are probably small, so the warehouse
     writes them from the driver (``Warehouse.write``)."""
 
-    def __init__(self, driver_rows: int = 0) -> None:
+    def __init__(self, tier: Tier, driver_rows: int = 0) -> None:
+        self.tier = tier
         self.records: list[BatchRecord] = []
         self.driver_rows = driver_rows
 
@@ -172,25 +193,71 @@ class SparkEngine:
         catalog_url: str | None = None,
         buckets: int = 16,
         driver_rows: int | None = None,
+        local_rows: int | None = None,
     ) -> None:
         self.circuit = circuit
-        #: Upsert batches of up to this many rows are decided on the driver, and the units
-        #: of an epoch with up to this many input rows write from the driver (0: never;
-        #: None: ``DBSPARK_DRIVER_ROWS`` or 20,000). See ``upserts.py``, ``Warehouse.write``.
+        #: On the Spark tier, upsert batches of up to this many rows are decided on the
+        #: driver, and the units of an epoch with up to this many input rows write from the
+        #: driver (0: never; None: ``DBSPARK_DRIVER_ROWS`` or 20,000). See ``upserts.py``.
         self.driver_rows = default_driver_rows() if driver_rows is None else driver_rows
+        #: Units of an epoch whose input has at most this many rows run on the local tier,
+        #: in this process with no Spark job (0: never; None: ``DBSPARK_LOCAL_ROWS`` or
+        #: 200,000). Larger ones run on Spark. See ARCHITECTURE.md, "Two tiers".
+        self.local_rows = default_local_rows() if local_rows is None else local_rows
         self.plan: Plan = plan(circuit)
-        self.spark = spark or spark_session()
+        self._spark = spark
         self.root = Path(warehouse)
         self.root.mkdir(parents=True, exist_ok=True)
         self.catalog = Catalog(catalog_url) if catalog_url else Catalog.for_warehouse(self.root)
         self.warehouse = Warehouse(self.root)
+        self.buckets = buckets
         self.traces = TraceStore(
-            self.spark, self.warehouse, self.catalog, circuit.name, buckets=buckets
+            lambda: self.spark, self.warehouse, self.catalog, circuit.name, buckets=buckets
         )
+        self._local: LocalTier | None = None
+        self._spark_tier: SparkTier | None = None
         self.catalog.register_circuit(circuit.name, circuit_fingerprint(circuit))
         self._specs = {n.id: upsert_spec(n) for n in circuit.nodes if n.op == "upsert_source"}
         self._stored = _stored_deltas(circuit, self.plan)
         self._key_sets: dict[tuple[Any, ...], KeySet] = {}  # see _keys_of
+
+    # ================================================================================ tiers
+    @property
+    def spark(self) -> SparkSession:
+        """The Spark session, started on first use: an epoch that stays on the local tier
+        never starts one."""
+        if self._spark is None:
+            self._spark = spark_session()
+        return self._spark
+
+    @property
+    def spark_started(self) -> bool:
+        return self._spark is not None
+
+    @property
+    def local(self) -> LocalTier:
+        if self._local is None:
+            self._local = LocalTier(self.warehouse, buckets=self.buckets)
+        return self._local
+
+    def _spark_unit_tier(self) -> SparkTier:
+        if self._spark_tier is None:
+            self._spark_tier = SparkTier(self.spark, self.warehouse, buckets=self.buckets)
+        return self._spark_tier
+
+    def tier_for(self, rows: int | None) -> Tier:
+        """The tier for a unit fed by ``rows`` input rows (None: unknown, too many)."""
+        if rows is not None and rows <= self.local_rows:
+            return self.local
+        return self._spark_unit_tier()
+
+    def _epoch_unit(self, epoch: int) -> _Unit:
+        """A new unit of ``epoch``: on the local tier when the epoch's input (its raw input
+        logs, from the catalog) is small, else on Spark."""
+        rows = self._input_rows(epoch)
+        tier = self.tier_for(rows)
+        driver_rows = self.driver_rows if rows <= self.driver_rows else 0
+        return _Unit(tier, driver_rows if tier.name == "spark" else 0)
 
     # ================================================================================ epochs
     def last_committed_epoch(self) -> int:
@@ -274,6 +341,8 @@ class SparkEngine:
             return load_files(self.spark, source, schema, batch, weighted=weighted, upsert=spec)
         if isinstance(batch, DataFrame):
             return CheckedFrame(check_frame(source, schema, batch, weighted=weighted))
+        if isinstance(batch, pa.Table):
+            batch = _arrow_rows(source, batch, schema, weighted=weighted)
         if node.op == "zset_source":
             return zset_batch(source, node.schema, batch, file)
         return upsert_batch(source, node.params["user_schema"], batch, file)
@@ -290,15 +359,22 @@ class SparkEngine:
         committed = self.catalog.input_fingerprint(self.circuit.name, unit_name, t)
         if done and committed is None:
             return UnitReport(unit_name, t, skipped=True)
-        unit = _Unit()
-        if isinstance(batch, (FileBatch, DataFrame)):
+        if isinstance(batch, (FileBatch, DataFrame, pa.Table)):
             batch = self.check_batch(source, batch, file)
         if isinstance(batch, CheckedFrame):
             file = file or batch.file_label()
-        frame = self._input_frame(node, batch, file)
-        # A first ingest takes the fingerprint while writing the input log (no job of its
-        # own); a check against a committed ingest, or Spark Connect, runs a job for it.
-        fingerprint = frame_fingerprint(frame) if done or is_connect(self.spark) else None
+            unit = _Unit(self._spark_unit_tier())
+        else:
+            rows = len(batch) if batch is not None else 0
+            unit = _Unit(self.tier_for(rows))
+        frame = self._input_frame(node, batch, file, unit.tier)
+        local = isinstance(unit.tier, LocalTier)
+        # A first Spark ingest takes the fingerprint while writing the input log (no job of
+        # its own); a check against a committed ingest, or Spark Connect, runs a job for it.
+        if local:
+            fingerprint = unit.tier.fingerprint(frame)
+        else:
+            fingerprint = frame_fingerprint(frame) if done or is_connect(self.spark) else None
         if done:
             if fingerprint != committed:
                 raise InputError(
@@ -333,17 +409,33 @@ class SparkEngine:
         if fingerprint is None:
             observation = Observation(f"dbspark_fingerprint_{uuid.uuid4().hex}")
             logged = frame.observe(observation, *_fingerprint_columns(frame))
-        unit.add(self.traces.write(f"n{node.id}.input", logged, t, driver_rows=unit.driver_rows))
+        input_fields = [*self._user_schema(node).fields, *_weight_field(node), *_times(1)]
+        logged = _with_time(logged, t)
+        unit.add(self._write(unit, logged, f"n{node.id}.input", "trace", t, input_fields))
         if observation is not None:
             fingerprint = _fingerprint_text(frame, observation.get)
         if unit.records:
             rows_in = unit.records[-1].rows
         frames = {(node.id, t): delta}
-        report = UnitReport(unit_name, t, rows_in=rows_in)
+        report = UnitReport(unit_name, t, rows_in=rows_in, tier=unit.tier.name)
         self._finish_stage(stage, t, frames, unit, report, start=1, fingerprint=fingerprint)
         return report
 
-    def _input_frame(self, node: Node, batch: Any, file: str | None) -> DataFrame:
+    def _user_schema(self, node: Node) -> Any:
+        return node.schema if node.op == "zset_source" else node.params["user_schema"]
+
+    def _input_frame(self, node: Node, batch: Any, file: str | None, tier: Tier) -> Any:
+        if isinstance(tier, LocalTier):
+            fields = [*self._user_schema(node).fields, *_weight_field(node)]
+            if node.op == "zset_source":
+                zset = (
+                    batch
+                    if isinstance(batch, ZSet)
+                    else zset_batch(node.label, node.schema, batch or [], file)
+                )
+                return tier.frame([(*r, w) for r, w in zset.items()], fields)
+            rows = upsert_batch(node.label, node.params["user_schema"], batch or [], file)
+            return tier.frame(rows, fields)
         if isinstance(batch, CheckedFrame):
             rows = batch.rows()
             if node.op == "zset_source":  # as a ZSet would be: duplicates add, zeros vanish
@@ -366,33 +458,55 @@ class SparkEngine:
         rows = upsert_batch(node.label, user, batch or [], file)
         return self.spark.createDataFrame(rows, schema)
 
-    def _upsert_delta(
-        self, node: Node, batch: DataFrame, t: Time, unit: _Unit, file: str | None
-    ) -> DataFrame:
+    def _upsert_delta(self, node: Node, batch: Any, t: Time, unit: _Unit, file: str | None) -> Any:
         """Turn upserts into the state delta by consulting the source's arranged state
-        (``upserts.py``), and write the delta to the state trace."""
+        (``upserts.py``; on the local tier ``core/upsert.py`` decides directly), and write
+        the delta to the state trace."""
         spec = self._specs[node.id]
         keys = list(spec.key)
         state_collection = f"n{node.id}.state"
-        state_struct = struct_type(node.schema, extra=[(WEIGHT, "bigint"), *time_fields(1)])
+        state_fields = [*node.schema.fields, (WEIGHT, "bigint"), *_times(1)]
+        if isinstance(unit.tier, LocalTier):
+            delta = self._local_upsert_delta(node, batch, unit.tier, state_fields, file)
+        else:
+            state_struct = struct_type(node.schema, extra=[(WEIGHT, "bigint"), *time_fields(1)])
 
-        def read_state(key_frame: DataFrame) -> DataFrame:
-            return self.traces.read(state_collection, state_struct, keys=key_frame, bucket_by=keys)
+            def read_state(key_frame: DataFrame) -> DataFrame:
+                return self.traces.read(
+                    state_collection, state_struct, keys=key_frame, bucket_by=keys
+                )
 
-        delta, on_driver = state_delta(
-            spec, node.schema, batch, read_state, file, driver_rows=self.driver_rows
-        )
-        if on_driver:  # the batch was small: so are the writes that follow from it
-            unit.driver_rows = self.driver_rows
-        record = self.traces.write(
-            state_collection,
-            _with_time(delta, t),
-            t,
-            bucket_by=keys,
-            driver_rows=unit.driver_rows,
+            delta, on_driver = state_delta(
+                spec, node.schema, batch, read_state, file, driver_rows=self.driver_rows
+            )
+            if on_driver:  # the batch was small: so are the writes that follow from it
+                unit.driver_rows = self.driver_rows
+        record = self._write(
+            unit, _with_time(delta, t), state_collection, "trace", t, state_fields, bucket_by=keys
         )
         unit.add(record)
         return delta
+
+    def _local_upsert_delta(
+        self, node: Node, batch: LocalFrame, tier: LocalTier, state_fields: Any, file: str | None
+    ) -> LocalFrame:
+        """The state delta decided by ``core/upsert.py`` against the stored rows of the
+        batch's keys (a key-pruned read of the state trace)."""
+        spec = self._specs[node.id]
+        keys = list(spec.key)
+        table = batch.toArrow()
+        rows = list(zip(*(table.column(c).to_pylist() for c in spec.columns), strict=True))
+        stored = ZSet()
+        key_table = table.select(keys)
+        if table.num_rows:
+            gathered = tier.gather_keys(tier.from_arrow(key_table), (self.buckets,))
+            records = self.catalog.batches(self.circuit.name, f"n{node.id}.state", kind="trace")
+            state = tier.read(records, state_fields, keys=gathered, bucket_by=keys)
+            stored = tier.zset(state, node.schema)
+        delta = updates_against(spec, rows, stored, file)
+        return tier.frame(
+            [(*r, w) for r, w in delta.items()], [*node.schema.fields, (WEIGHT, "bigint")]
+        )
 
     # ================================================================================ stages
     def run_stage(self, stage_id: int, t: Time) -> UnitReport:
@@ -400,8 +514,8 @@ class SparkEngine:
         stage = self.plan.stages[stage_id]
         if self.catalog.stage_done(self.circuit.name, stage.name, t):
             return UnitReport(stage.name, t, skipped=True)
-        unit = _Unit(self._driver_rows_in(t[0]))
-        report = UnitReport(stage.name, t)
+        unit = self._epoch_unit(t[0])
+        report = UnitReport(stage.name, t, tier=unit.tier.name)
         self._finish_stage(stage, t, {}, unit, report, start=0)
         return report
 
@@ -428,19 +542,12 @@ class SparkEngine:
             record = (
                 None
                 if frame is None
-                else self.warehouse.write(
-                    frame,
-                    self.circuit.name,
-                    f"n{node_id}",
-                    "delta",
-                    t,
-                    driver_rows=unit.driver_rows,
-                )
+                else self._write(unit, frame, f"n{node_id}", "delta", t, self._fields(node))
             )
             unit.add(record)
             # Later work in this unit reads the written batch instead of recomputing the
             # stage's whole lineage once per consumer.
-            frames[(node_id, t)] = self._read_back(record, node)
+            frames[(node_id, t)] = self._read_back(record, node, unit)
             report.rows_out[node.label] = record.rows if record else 0
             if record:
                 report.paths.append(record.path)
@@ -454,6 +561,38 @@ class SparkEngine:
     def _schema_of(self, node: Node, depth: int = 0) -> Any:
         times = time_fields(depth) if depth else []
         return struct_type(node.schema, extra=[(WEIGHT, "bigint"), *times])
+
+    def _fields(self, node: Node, depth: int = 0) -> list[tuple[str, str]]:
+        """A node's collection as ``(name, type)`` pairs: its columns, ``__w`` and the time
+        columns of ``depth`` (none for a delta)."""
+        return [*node.schema.fields, (WEIGHT, "bigint"), *(_times(depth) if depth else [])]
+
+    def _write(
+        self,
+        unit: _Unit,
+        frame: Any,
+        collection: str,
+        kind: str,
+        t: Time,
+        fields: Sequence[tuple[str, str]],
+        *,
+        bucket_by: Sequence[str] | None = None,
+    ) -> BatchRecord | None:
+        """Write a unit's output with the unit's tier (not yet committed)."""
+        if isinstance(unit.tier, LocalTier):
+            return unit.tier.write(
+                frame, self.circuit.name, collection, kind, t, fields, bucket_by=bucket_by
+            )
+        return unit.tier.write(
+            frame,
+            self.circuit.name,
+            collection,
+            kind,
+            t,
+            fields,
+            bucket_by=bucket_by,
+            driver_rows=unit.driver_rows,
+        )
 
     def _records(
         self, unit: _Unit, collection: str, kind: str, predicate: Callable[[Time], bool]
@@ -473,31 +612,31 @@ class SparkEngine:
         records = self._records(unit, f"n{node_id}", "delta", lambda time: time == t)
         if not records:
             return None
-        return self.warehouse.read(self.spark, records, self._schema_of(node))
+        return unit.tier.read(records, self._fields(node))
 
-    def _read_back(self, record: BatchRecord | None, node: Node, depth: int = 0) -> Frame:
+    def _read_back(
+        self, record: BatchRecord | None, node: Node, unit: _Unit, depth: int = 0
+    ) -> Frame:
         """A just-written batch as a delta (time columns dropped); None when it was empty."""
         if record is None:
             return None
-        frame = self.warehouse.read(self.spark, [record], self._schema_of(node, depth))
+        frame = unit.tier.read([record], self._fields(node, depth))
         return frame.drop(*time_columns(depth)) if depth else frame
 
-    def _driver_rows_in(self, epoch: int) -> int:
-        """``driver_rows`` for the writes of a unit in ``epoch``: the engine's setting when
-        the epoch's input so far (its raw input logs, from the catalog) is at most that
-        many rows, else 0. A unit fed by a few rows of change rarely writes many."""
-        if self.driver_rows <= 0:
-            return 0
+    def _input_rows(self, epoch: int) -> int:
+        """How many rows the epoch's sources brought (its raw input logs, from the catalog):
+        what decides the tier of its units, and whether a Spark unit writes from the driver
+        (a unit fed by a few rows of change rarely writes many)."""
         rows = 0
         for source_id in self.circuit.sources.values():
             for record in self.catalog.batches(
                 self.circuit.name, f"n{source_id}.input", epoch=epoch
             ):
                 rows += record.rows
-        return self.driver_rows if rows <= self.driver_rows else 0
+        return rows
 
-    def _or_empty(self, frame: Frame, node: Node) -> DataFrame:
-        return frame if frame is not None else self.spark.createDataFrame([], self._schema_of(node))
+    def _or_empty(self, frame: Frame, node: Node, unit: _Unit) -> Any:
+        return frame if frame is not None else unit.tier.empty(self._fields(node))
 
     # ================================================================================ operators
     def _evaluate(
@@ -550,7 +689,7 @@ class SparkEngine:
             initial = inp(0, previous)
             if initial is None:
                 return fed_back
-            both = ops.minus(self._or_empty(fed_back, node), initial)
+            both = ops.minus(self._or_empty(fed_back, node, unit), initial)
             return consolidate(both, list(node.schema.names))
         if op == "leave":
             return self._leave(node, t, unit, report)
@@ -563,27 +702,20 @@ class SparkEngine:
         names = list(node.schema.names)
         now: Frame = None
         if delta is not None:
-            out = ops.general_linear(
-                delta, node.params["emits"], schema_in, node.schema, t[0]
-            ).localCheckpoint()
+            out = unit.tier.checkpoint(
+                ops.general_linear(delta, node.params["emits"], schema_in, node.schema, t[0])
+            )
+            F = dialect_of(out).F
             later = out.where(F.col("__epoch") > t[0])
             for (due,) in later.select("__epoch").distinct().collect():
                 at = (int(due), *t[1:])
                 part = later.where(F.col("__epoch") == due).drop("__epoch")
-                unit.add(
-                    self.warehouse.write(
-                        part,
-                        self.circuit.name,
-                        f"n{node.id}.scheduled",
-                        "delta",
-                        at,
-                        driver_rows=unit.driver_rows,
-                    )
-                )
+                collection = f"n{node.id}.scheduled"
+                unit.add(self._write(unit, part, collection, "delta", at, self._fields(node)))
             now = out.where(F.col("__epoch") == t[0]).drop("__epoch")
         scheduled = self._records(unit, f"n{node.id}.scheduled", "delta", lambda time: time == t)
         if scheduled:
-            due_now = self.warehouse.read(self.spark, scheduled, self._schema_of(node))
+            due_now = unit.tier.read(scheduled, self._fields(node))
             now = due_now if now is None else now.unionByName(due_now)
         return None if now is None else consolidate(now, names)
 
@@ -597,16 +729,19 @@ class SparkEngine:
         for port, input_id in enumerate(node.inputs):
             delta = self._delta(input_id, t, unit, frames)
             if delta is not None:
-                record = self.traces.write(
-                    f"n{node.id}.in{port}",
+                input_node = self.circuit.node(input_id)
+                record = self._write(
+                    unit,
                     _with_time(delta, t),
+                    f"n{node.id}.in{port}",
+                    "trace",
                     t,
+                    self._fields(input_node, depth),
                     bucket_by=list(port_keys[port]),
-                    driver_rows=unit.driver_rows,
                 )
                 unit.add(record)
                 # The input delta is exactly what was just arranged: read it from there.
-                delta = self._read_back(record, self.circuit.node(input_id), depth)
+                delta = self._read_back(record, input_node, unit, depth)
             deltas.append(delta)
         schemas = [self.circuit.node(i).schema for i in node.inputs]
         out_names = list(node.schema.names)
@@ -624,7 +759,7 @@ class SparkEngine:
             return None  # no key of this node changed in this epoch: nothing can be owed
         present = [d is not None for d in deltas]
         deltas = [
-            self._or_empty(d, self.circuit.node(i))
+            self._or_empty(d, self.circuit.node(i), unit)
             for d, i in zip(deltas, node.inputs, strict=True)
         ]
         if node.op == "join" and depth == 1:
@@ -635,8 +770,8 @@ class SparkEngine:
                 (no read at all when the other side did not change)."""
                 other = 1 - port
                 if not present[other]:
-                    return self._or_empty(None, self.circuit.node(node.inputs[port]))
-                gathered = self._gather(deltas[other].select(*keys))
+                    return self._or_empty(None, self.circuit.node(node.inputs[port]), unit)
+                gathered = self._gather(unit, deltas[other].select(*keys))
                 rows = self._trace(node, port, unit, keys=gathered, when=lambda x: x[0] < t[0])
                 return rows.drop(*time_columns(1))
 
@@ -696,16 +831,15 @@ class SparkEngine:
         collection = f"n{node.id}.in{port}"
         records = self._records(unit, collection, "trace", when)
         port_keys = list(_port_keys(self.circuit, node)[port])
-        return self.warehouse.read(
-            self.spark,
+        return unit.tier.read(
             records,
-            self._schema_of(input_node, depth),
+            self._fields(input_node, depth),
             keys=None if keys is None else keys.renamed(port_keys),
             bucket_by=port_keys,
         )
 
-    def _gather(self, keys: DataFrame) -> KeySet:
-        return self.warehouse.gather_keys(keys, (self.traces.buckets,))
+    def _gather(self, unit: _Unit, keys: Any) -> KeySet:
+        return unit.tier.gather_keys(keys, (self.buckets,))
 
     def _touched_keys(
         self, node: Node, t: Time, unit: _Unit, port_keys: Sequence[Sequence[str]]
@@ -720,8 +854,8 @@ class SparkEngine:
             )
             for port in range(len(node.inputs))
         ]
-        schemas = [self._schema_of(self.circuit.node(i), len(t)) for i in node.inputs]
-        return self._keys_of(node, records, port_keys, schemas)
+        schemas = [self._fields(self.circuit.node(i), len(t)) for i in node.inputs]
+        return self._keys_of(node, records, port_keys, schemas, unit)
 
     def _keys_of(
         self,
@@ -729,20 +863,21 @@ class SparkEngine:
         records: Sequence[Sequence[BatchRecord]],
         port_keys: Sequence[Sequence[str]],
         schemas: Sequence[Any],
+        unit: _Unit,
     ) -> KeySet:
         """The keys in each port's ``records`` (named as port 0's keys), gathered by one
-        Spark job. Batches never change, so the same batches give the same keys: a loop
-        iteration that added no batch for the node reuses the previous gathering."""
-        memo = (node.id, tuple(tuple(sorted(r.path for r in rs)) for rs in records))
+        Spark job (or one local query). Batches never change, so the same batches give the
+        same keys: a loop iteration that added no batch for the node reuses the previous
+        gathering."""
+        paths = tuple(tuple(sorted(r.path for r in rs)) for rs in records)
+        memo = (unit.tier.name, node.id, paths)
         if memo in self._key_sets:
             return self._key_sets[memo]
         frames = [
-            self.warehouse.read(self.spark, rs, schemas[port]).select(
-                *_renamed(port_keys[port], port_keys[0])
-            )
+            _renamed(unit.tier.read(rs, schemas[port]), port_keys[port], port_keys[0])
             for port, rs in enumerate(records)
         ]
-        keys = self._gather(reduce(DataFrame.unionByName, frames))
+        keys = self._gather(unit, reduce(lambda a, b: a.unionByName(b), frames))
         if keys.buckets is not None:  # gathered to the driver: a local relation to keep
             self._key_sets[memo] = keys
             while len(self._key_sets) > _KEY_SETS_KEPT:
@@ -760,7 +895,7 @@ class SparkEngine:
         if not records:
             return None
         result_node = self.circuit.node(loop.result)
-        total = self.warehouse.read(self.spark, records, self._schema_of(result_node))
+        total = unit.tier.read(records, self._fields(result_node))
         return consolidate(total, list(node.schema.names))
 
     def run_loop(self, loop: LoopPlan, prefix: Time) -> list[IterationReport]:
@@ -792,7 +927,7 @@ class SparkEngine:
                 f"loop {loop.name!r} of circuit {self.circuit.name!r} did not converge at "
                 f"{list(prefix)} within max_iterations={loop.max_iterations}"
             )
-        unit = _Unit(self._driver_rows_in(prefix[0]))
+        unit = self._epoch_unit(prefix[0])
         t = (*prefix, iteration)
         report = self._iteration(loop, t, unit)
         self.catalog.commit(
@@ -882,7 +1017,7 @@ class SparkEngine:
             if bound is not None and bound <= iteration:
                 deepest = max(deepest, bound)
                 continue
-            schemas = [self._schema_of(self.circuit.node(i), depth) for i in node.inputs]
+            schemas = [self._fields(self.circuit.node(i), depth) for i in node.inputs]
             value = self._deepest_pending(node, prefix, unit, port_keys, names, schemas)
             if value is not None:
                 deepest = max(deepest, value)
@@ -934,7 +1069,8 @@ class SparkEngine:
         ]
         if not any(now):
             return None
-        keys = self._keys_of(node, now, port_keys, schemas)
+        keys = self._keys_of(node, now, port_keys, schemas, unit)
+        F = dialect_of(keys.frame).F
         below = reduce(
             lambda a, b: a & b,
             [F.col(n) <= v for n, v in zip(names[:level], prefix, strict=True)],
@@ -947,24 +1083,21 @@ class SparkEngine:
                 "trace",
                 lambda time: all(a <= b for a, b in zip(time[:level], prefix, strict=True)),
             )
-            rows = self.warehouse.read(
-                self.spark,
+            rows = unit.tier.read(
                 records,
                 schemas[port],
                 keys=keys.renamed(port_keys[port]),
                 bucket_by=list(port_keys[port]),
             )
             history.append(
-                rows.where(below).select(
-                    *_renamed(port_keys[port], port_keys[0]), *names[: level + 1]
-                )
+                _renamed(rows.where(below), port_keys[port], port_keys[0], names[: level + 1])
             )
         flags = [
             F.max(F.when(F.col(n) == v, F.lit(1)).otherwise(F.lit(0))).alias(f"__on{d}")
             for d, (n, v) in enumerate(zip(names[:level], prefix, strict=True))
         ]
         per_key = (
-            reduce(DataFrame.unionByName, history)
+            reduce(lambda a, b: a.unionByName(b), history)
             .groupBy(*port_keys[0])
             .agg(*flags, F.max(names[level]).alias("__deepest"))
         )
@@ -978,14 +1111,17 @@ class SparkEngine:
         t = (epoch,)
         if self.catalog.stage_done(self.circuit.name, "publish", t):
             return UnitReport("publish", t, skipped=True)
-        unit = _Unit(self._driver_rows_in(epoch))
-        report = UnitReport("publish", t)
+        unit = self._epoch_unit(epoch)
+        report = UnitReport("publish", t, tier=unit.tier.name)
         for name, node_id in self.circuit.views.items():
+            node = self.circuit.node(node_id)
             delta = self._delta(node_id, t, unit, {})
             record = (
                 None
                 if delta is None
-                else self.traces.write(f"view.{name}", delta, t, driver_rows=unit.driver_rows)
+                else self._write(
+                    unit, _with_time(delta, t), f"view.{name}", "trace", t, self._fields(node, 1)
+                )
             )
             unit.add(record)
             report.rows_out[name] = record.rows if record else 0
@@ -1032,8 +1168,13 @@ class SparkEngine:
             )
 
     def view(self, name: str) -> ZSet:
+        """The view's contents as of the last committed epoch, read in this process (no
+        Spark job: the rows come to Python anyway)."""
         node = self.circuit.node(self.circuit.views[name])
-        return frame_to_zset(self.view_frame(name), node.schema)
+        epoch = self.last_committed_epoch()
+        records = self.catalog.batches(self.circuit.name, f"view.{name}", max_epoch=epoch)
+        frame = self.local.read(records, self._fields(node, 1))
+        return self.local.zset(frame.drop(*time_columns(1)), node.schema)
 
     def views(self) -> dict[str, ZSet]:
         return {name: self.view(name) for name in self.circuit.views}
@@ -1100,33 +1241,18 @@ class SparkEngine:
             frontier = [(epoch, *([0] * (depth - 1)))]
             if node.op in STATEFUL_OPS:
                 for port, input_id in enumerate(node.inputs):
-                    self.traces.compact(
+                    self._compact(
                         f"n{node.id}.in{port}",
                         frontier,
-                        self._schema_of(self.circuit.node(input_id), depth),
+                        self.circuit.node(input_id),
+                        depth,
                         list(_port_keys(self.circuit, node)[port]),
-                        time_columns(depth),
-                        tiered=True,
                     )
             elif node.op == "upsert_source":
-                self.traces.compact(
-                    f"n{node.id}.state",
-                    [(epoch,)],
-                    self._schema_of(node, 1),
-                    list(node.params["key"]),
-                    time_columns(1),
-                    tiered=True,
-                )
+                self._compact(f"n{node.id}.state", [(epoch,)], node, 1, list(node.params["key"]))
         for name in self.circuit.views:
             node = self.circuit.node(self.circuit.views[name])
-            self.traces.compact(
-                f"view.{name}",
-                [(epoch,)],
-                self._schema_of(node, 1),
-                list(node.schema.names),
-                time_columns(1),
-                tiered=True,
-            )
+            self._compact(f"view.{name}", [(epoch,)], node, 1, list(node.schema.names))
         stale = [
             record.id
             for node in self.circuit.nodes
@@ -1136,12 +1262,85 @@ class SparkEngine:
         if stale:
             self.catalog.commit(self.circuit.name, "retire-deltas", (epoch,), [], supersede=stale)
 
+    def _compact(
+        self,
+        collection: str,
+        frontier: Sequence[Time],
+        node: Node,
+        depth: int,
+        key_columns: list[str],
+    ) -> None:
+        """One trace's tiered compaction; a merge of at most ``local_rows`` rows is
+        rewritten on the local tier (no Spark job), a larger one by Spark."""
+        fields = self._fields(node, depth)
+        names = time_columns(depth)
+
+        def rewrite(chosen: list[BatchRecord], advanced: Any, out_time: Time) -> Any:
+            frame = self.local.read(chosen, fields)
+            for column, expr in advance_columns(advanced, names, dialect_of(frame).F):
+                frame = frame.withColumn(column, expr)
+            merged = consolidate(frame, [n for n, _ in fields if n != WEIGHT])
+            return self.local.write(
+                merged,
+                self.circuit.name,
+                collection,
+                "trace",
+                out_time,
+                fields,
+                bucket_by=key_columns or None,
+            )
+
+        self.traces.compact(
+            collection,
+            frontier,
+            self._schema_of(node, depth),
+            key_columns,
+            names,
+            tiered=True,
+            local=rewrite,
+            local_rows=self.local_rows,
+        )
+
 
 # ==================================================================================== helpers
-def _with_time(df: DataFrame, t: Time) -> DataFrame:
+def _with_time(df: Any, t: Time) -> Any:
+    """``df`` with the time columns of ``t`` (missing ones added, existing ones set)."""
+    F = dialect_of(df).F
     for i, (name, value) in enumerate(zip(time_columns(len(t)), t, strict=True)):
         df = df.withColumn(name, F.lit(value).cast("bigint" if i == 0 else "int"))
     return df
+
+
+def _times(depth: int) -> list[tuple[str, str]]:
+    return time_fields(depth)
+
+
+def _weight_field(node: Node) -> list[tuple[str, str]]:
+    """A Z-set source's raw input carries weights; an upsert source's does not."""
+    return [(WEIGHT, "bigint")] if node.op == "zset_source" else []
+
+
+def _arrow_rows(source: str, table: pa.Table, schema: Any, *, weighted: bool) -> Any:
+    """An Arrow batch as the rows (or, with ``__w``, the Z-set pairs) Python batches are,
+    so it is checked by the same code; columns match by name."""
+    names = list(schema.names)
+    missing = [n for n in names if n not in table.column_names]
+    extra = [n for n in table.column_names if n not in names and n != WEIGHT]
+    if missing or extra:
+        raise InputError(
+            source,
+            f"the Arrow batch has columns {table.column_names}; expected {names}"
+            + (" (and optionally __w)" if weighted else ""),
+        )
+    columns = [table.column(n).to_pylist() for n in names]
+    rows = list(zip(*columns, strict=True)) if names else []
+    if not weighted:
+        return rows
+    if WEIGHT in table.column_names:
+        return [
+            (row, int(w)) for row, w in zip(rows, table.column(WEIGHT).to_pylist(), strict=True)
+        ]
+    return [(row, 1) for row in rows]
 
 
 def _stored_deltas(circuit: Circuit, plan: Plan) -> frozenset[int]:
@@ -1159,9 +1358,13 @@ def _stored_deltas(circuit: Circuit, plan: Plan) -> frozenset[int]:
     return frozenset(stored)
 
 
-def _renamed(source: Sequence[str], target: Sequence[str]) -> list[Any]:
-    """Select ``source`` columns under ``target`` names (one port's keys as another's)."""
-    return [F.col(a).alias(b) for a, b in zip(source, target, strict=True)]
+def _renamed(
+    frame: Any, source: Sequence[str], target: Sequence[str], rest: Sequence[str] = ()
+) -> Any:
+    """``frame``'s ``source`` columns under ``target`` names (one port's keys as another's),
+    then the ``rest``."""
+    F = dialect_of(frame).F
+    return frame.select(*[F.col(a).alias(b) for a, b in zip(source, target, strict=True)], *rest)
 
 
 def _port_keys(circuit: Circuit, node: Node) -> list[tuple[str, ...]]:

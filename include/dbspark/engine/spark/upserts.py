@@ -32,10 +32,9 @@ from dbspark.core.upsert import (
     BadUpsertRow,
     UpsertConflict,
     UpsertSpec,
-    current_state,
-    state_trace,
-    upserts_to_updates,
+    updates_against,
 )
+from dbspark.core.zset import ZSet
 from dbspark.engine.kernels import consolidate
 from dbspark.engine.spark.compile import struct_type
 from dbspark.engine.spark.frames import WEIGHT, frame_to_zset, to_spark_value
@@ -88,19 +87,15 @@ def _on_driver(
         {tuple(r[k] for k in spec.key) for r in rows if all(r[k] is not None for k in spec.key)},
         key=repr,
     )
-    # The stored rows of those keys, arranged as the reference engine arranges the state,
-    # so a key's current row (and a corrupt state) is judged by the same code.
-    stored = state_trace(spec)
+    # The stored rows of those keys, judged by the reference engine's own rule.
+    stored = ZSet()
     if keys:
         key_frame = spark.createDataFrame(
             [tuple(to_spark_value(v, t) for v, t in zip(k, key_types, strict=True)) for k in keys],
             struct_type(Schema(tuple(zip(spec.key, key_types, strict=True)))),
         )
-        # Every stored time is at or before this batch's: one time stands for them all.
-        stored.insert(frame_to_zset(read_state(key_frame), state_schema), (0,))
-    delta = upserts_to_updates(
-        spec, [tuple(r) for r in rows], lambda key: current_state(stored, key), file
-    )
+        stored = frame_to_zset(read_state(key_frame), state_schema)
+    delta = updates_against(spec, [tuple(r) for r in rows], stored, file)
     types = state_schema.types
     return spark.createDataFrame(
         [

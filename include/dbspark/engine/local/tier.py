@@ -1,0 +1,298 @@
+"""The local tier: a unit of work run in this process with DuckDB, on the warehouse's files.
+
+An epoch whose input is small runs every unit here: no Spark session, no JVM, no job.
+The storage is the Spark tier's, byte for byte in layout: a read opens the same
+Parquet batches (only the buckets of the keys it wants, with Spark's own bucket hash
+from ``storage/buckets.py``), and a write produces the same bucketed, key-sorted
+folders, so either tier continues where the other stopped. Frames are
+``LocalFrame``s; the kernels run on them through the local dialect.
+
+Every column written is cast to the type the circuit declares, whatever DuckDB
+computed it as (a sum of BIGINT is a HUGEINT there), so a batch reads back the same
+on both tiers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from dbspark.circuit.types import Schema
+from dbspark.core.zset import ZSet
+from dbspark.engine.local.dialect import arrow_type, semi_join
+from dbspark.engine.local.frame import LocalFrame, LocalSession, duck_type, quote
+from dbspark.engine.values import from_column_value, to_column_value
+from dbspark.storage.buckets import bucket_ids, xxhash64
+from dbspark.storage.catalog import BatchRecord
+from dbspark.storage.warehouse import (
+    BUCKET_COLUMN,
+    DEFAULT_BUCKETS,
+    KeySet,
+    Warehouse,
+    _bucket_dirs,
+    _hidden,
+)
+
+#: ``(name, type)`` of every column of a collection, reserved ones included.
+Fields = Sequence[tuple[str, str]]
+
+
+def arrow_schema(fields: Fields) -> pa.Schema:
+    return pa.schema([(name, arrow_type(kind)) for name, kind in fields])
+
+
+def arrow_table(rows: Iterable[Sequence[Any]], fields: Fields) -> pa.Table:
+    """Rows (tuples in ``fields`` order, reference values) as an Arrow table."""
+    rows = list(rows)
+    columns = list(zip(*rows, strict=True)) if rows else [() for _ in fields]
+    return pa.table(
+        {
+            name: pa.array([to_column_value(v, kind) for v in values], arrow_type(kind))
+            for (name, kind), values in zip(fields, columns, strict=True)
+        },
+        schema=arrow_schema(fields),
+    )
+
+
+class LocalTier:
+    """Frames, reads and writes of the local tier over one warehouse."""
+
+    name = "local"
+
+    def __init__(
+        self,
+        warehouse: Warehouse,
+        session: LocalSession | None = None,
+        *,
+        buckets: int = DEFAULT_BUCKETS,
+    ) -> None:
+        self.warehouse = warehouse
+        self.session = session or LocalSession()
+        self.buckets = buckets
+
+    # frames --------------------------------------------------------------------------
+    def frame(self, rows: Iterable[Sequence[Any]], fields: Fields) -> LocalFrame:
+        return self.session.frame(arrow_table(rows, fields))
+
+    def from_arrow(self, table: pa.Table) -> LocalFrame:
+        return self.session.frame(table)
+
+    def empty(self, fields: Fields) -> LocalFrame:
+        return self.frame([], fields)
+
+    def checkpoint(self, frame: LocalFrame) -> LocalFrame:
+        return frame.localCheckpoint()
+
+    def zset(self, frame: LocalFrame, schema: Schema) -> ZSet:
+        """Collect a frame of ``schema``'s columns (and ``__w``) as a Z-set."""
+        table = frame.select(*schema.names, *(["__w"] if "__w" in frame.columns else [])).toArrow()
+        columns = [table.column(n).to_pylist() for n in schema.names]
+        weights = table.column("__w").to_pylist() if "__w" in table.column_names else None
+        pairs = []
+        for index, values in enumerate(zip(*columns, strict=True)) if columns else []:
+            row = tuple(from_column_value(v, t) for v, t in zip(values, schema.types, strict=True))
+            pairs.append((row, int(weights[index]) if weights is not None else 1))
+        return ZSet(pairs)
+
+    # reading -------------------------------------------------------------------------
+    def read(
+        self,
+        records: Sequence[BatchRecord],
+        fields: Fields,
+        *,
+        keys: KeySet | None = None,
+        bucket_by: Sequence[str] | None = None,
+    ) -> LocalFrame:
+        """The union of ``records`` with ``fields``; with ``keys``, only rows whose key
+        (NULL-safe) is among them, opening only those keys' bucket files."""
+        fields = [(n, t) for n, t in fields if n != BUCKET_COLUMN]
+        key_cols = list(bucket_by or (keys.frame.columns if keys else []))
+        files: list[str] = []
+        for record in records:
+            folder = self.warehouse.abspath(record.path)
+            if not folder.is_dir():
+                raise FileNotFoundError(
+                    f"batch {record.id} of {record.circuit}/{record.collection} at "
+                    f"{list(record.time)} is registered but its directory {folder} is missing"
+                )
+            wanted = None
+            if keys is not None and record.buckets and keys.buckets is not None:
+                wanted = keys.buckets.get(record.buckets)
+                if wanted is None:  # keys gathered for another bucket count
+                    wanted = set(_buckets_of(keys, record.buckets))
+            if record.buckets:
+                for bucket in _bucket_dirs(folder):
+                    if wanted is None or int(bucket.name.split("=", 1)[1]) in wanted:
+                        files.extend(_parquet_files(bucket))
+            else:
+                files.extend(_parquet_files(folder))
+        if not files:
+            return self.empty(fields)
+        listing = ", ".join("'" + f.replace("'", "''") + "'" for f in files)
+        columns = ", ".join(f"CAST({quote(n)} AS {duck_type(t)}) AS {quote(n)}" for n, t in fields)
+        query = (
+            f"SELECT {columns} FROM read_parquet([{listing}], "
+            "hive_partitioning = false, union_by_name = true)"
+        )
+        frame = self.session.sql(query, [n for n, _ in fields])
+        if keys is None:
+            return frame
+        types = dict(fields)
+        key_frame = keys.frame.select(
+            *[
+                keys.frame[c].cast(types[k]).alias(k)
+                for c, k in zip(keys.frame.columns, key_cols, strict=True)
+            ]
+        )
+        return semi_join(frame, key_frame.distinct(), key_cols)
+
+    def gather_keys(
+        self, keys: LocalFrame, bucket_counts: Sequence[int] = (DEFAULT_BUCKETS,)
+    ) -> KeySet:
+        """The distinct rows of ``keys`` kept as an Arrow table, with their buckets."""
+        table = keys.distinct().toArrow()
+        frame = self.session.frame(table)
+        key_set = KeySet(frame, {}, table.num_rows)
+        buckets = {n: frozenset(_buckets_of(key_set, n)) for n in bucket_counts}
+        return KeySet(frame, buckets, table.num_rows)
+
+    # writing -------------------------------------------------------------------------
+    def write(
+        self,
+        frame: LocalFrame,
+        circuit: str,
+        collection: str,
+        kind: str,
+        time: Sequence[int],
+        fields: Fields,
+        *,
+        bucket_by: Sequence[str] | None = None,
+    ) -> BatchRecord | None:
+        """Write ``frame`` (cast to ``fields``) as a new batch; None if it is empty."""
+        table = _conform(frame.toArrow(), fields)
+        return self.write_table(table, circuit, collection, kind, time, bucket_by=bucket_by)
+
+    def write_table(
+        self,
+        table: pa.Table,
+        circuit: str,
+        collection: str,
+        kind: str,
+        time: Sequence[int],
+        *,
+        bucket_by: Sequence[str] | None = None,
+    ) -> BatchRecord | None:
+        if table.num_rows == 0:
+            return None
+        rel = self.warehouse.new_path(circuit, collection, kind, time)
+        target = self.warehouse.abspath(rel)
+        name = f"part-00000-{uuid.uuid4().hex}.parquet"
+        target.mkdir(parents=True)
+        try:
+            if not bucket_by:
+                pq.write_table(table, target / name)
+            else:
+                ids = bucket_ids([table.column(c) for c in bucket_by], self.buckets)
+                table = _sorted_by_bucket(table, ids, bucket_by)
+                ids = table.column(BUCKET_COLUMN).to_numpy()
+                table = table.drop_columns([BUCKET_COLUMN])
+                bounds = np.flatnonzero(np.diff(ids)) + 1
+                starts = [0, *bounds.tolist()]
+                ends = [*bounds.tolist(), len(ids)]
+                for start, end in zip(starts, ends, strict=True):
+                    folder = target / f"{BUCKET_COLUMN}={int(ids[start])}"
+                    folder.mkdir()
+                    pq.write_table(table.slice(start, end - start), folder / name)
+        except BaseException:
+            shutil.rmtree(target, ignore_errors=True)
+            raise
+        size = sum(os.path.getsize(f) for f in _parquet_files(target))
+        return BatchRecord(
+            circuit=circuit,
+            collection=collection,
+            kind=kind,
+            time=tuple(int(x) for x in time),
+            path=rel,
+            rows=table.num_rows,
+            bytes=size,
+            buckets=self.buckets if bucket_by else 0,
+        )
+
+    # ingest --------------------------------------------------------------------------
+    def fingerprint(self, frame: LocalFrame) -> str:
+        """The multiset hash of ``frame``'s rows that the Spark tier's
+        ``frame_fingerprint`` gives (count, and the sum of Spark's ``xxhash64`` of every
+        column, sorted by name, and of the row's NULL pattern)."""
+        return table_fingerprint(frame.toArrow())
+
+
+def table_fingerprint(table: pa.Table) -> str:
+    names = sorted(table.column_names)
+    if table.num_rows:
+        arrays = [table.column(n) for n in names]
+        pattern = pc.binary_join_element_wise(
+            *[pc.cast(pc.cast(pc.is_null(a), pa.int32()), pa.string()) for a in arrays], ""
+        )
+        hashes = xxhash64([*arrays, pattern])
+        total = int(np.sum(hashes.astype(object)))
+    else:
+        total = 0
+    text = f"{','.join(names)}|{table.num_rows}|{total}"
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def _conform(table: pa.Table, fields: Fields) -> pa.Table:
+    """``table`` with exactly ``fields``, in order, cast to their declared types."""
+    columns = {}
+    for name, kind in fields:
+        if name not in table.column_names:
+            raise ValueError(f"column {name!r} missing from {table.column_names}")
+        columns[name] = table.column(name).cast(arrow_type(kind))
+    return pa.table(columns, schema=arrow_schema(fields))
+
+
+def _sorted_by_bucket(table: pa.Table, ids: np.ndarray, keys: Sequence[str]) -> pa.Table:
+    """``table`` with its bucket ids, sorted by bucket and then by key (one sorted file per
+    bucket, as Spark writes them). Keys that Arrow cannot order (arrays) keep their
+    order within a bucket: the order speeds reads up, no reader relies on it."""
+    table = table.append_column(BUCKET_COLUMN, pa.array(ids, pa.int32()))
+    try:
+        return table.sort_by([(BUCKET_COLUMN, "ascending"), *((k, "ascending") for k in keys)])
+    except (pa.ArrowNotImplementedError, pa.ArrowInvalid):
+        return table.sort_by([(BUCKET_COLUMN, "ascending")])
+
+
+def _buckets_of(keys: KeySet, buckets: int) -> set[int]:
+    table = keys.frame.toArrow()
+    if table.num_rows == 0:
+        return set()
+    ids = bucket_ids([table.column(c) for c in table.column_names], buckets)
+    return {int(b) for b in np.unique(ids)}
+
+
+def _parquet_files(folder: Path) -> list[str]:
+    found = []
+    for dirpath, dirs, files in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if not _hidden(d))
+        found.extend(
+            os.path.join(dirpath, f)
+            for f in sorted(files)
+            if f.endswith(".parquet") and not _hidden(f)
+        )
+    return found
+
+
+def records_fields(schema: Schema, extra: Mapping[str, str] | Sequence[tuple[str, str]]) -> Fields:
+    """A collection's fields: the user's columns then the reserved ones."""
+    pairs = extra.items() if isinstance(extra, Mapping) else extra
+    return [*schema.fields, *pairs]
