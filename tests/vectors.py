@@ -25,16 +25,17 @@ if not sorted(VECTOR_DIR.glob("*.json")):
 VECTORS = sorted(VECTOR_DIR.glob("*.json"))
 
 
-def replay_vector(spark: Any, warehouse: Path, path: Path) -> Any:
+def replay_vector(spark: Any, warehouse: Path, path: Path, local_rows: int | None = None) -> Any:
     """Step a fresh ``SparkEngine`` through the vector at ``path``, asserting every
-    epoch's views against the vector's ``expected``; returns the engine."""
+    epoch's views against the vector's ``expected``; returns the engine. ``local_rows=0``
+    keeps every unit on Spark (the default runs small epochs on the local tier)."""
     from dbspark.conformance.runner import zset_to_rows
     from dbspark.conformance.vector import parse_vector
     from dbspark.engine.spark.executor import SparkEngine
 
     vector = parse_vector(path.read_text(encoding="utf-8"))
     expected = json.loads(path.read_text(encoding="utf-8"))["expected"]
-    engine = SparkEngine(vector.circuit, warehouse, spark=spark)
+    engine = SparkEngine(vector.circuit, warehouse, spark=spark, local_rows=local_rows)
     for epoch, inputs in enumerate(vector.epochs):
         result = engine.step(inputs)
         assert result.epoch == epoch

@@ -17,12 +17,12 @@ user's warm Spark batch would compute them (see that module), checked the same w
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from benchmarks.data import epoch_folder, land
@@ -74,10 +74,10 @@ class Series:
 
     def load(self) -> Measurement:
         """Epoch 0, the base load (measured, but not part of any comparison)."""
-        inputs, rows = self._inputs(0)
+        read, rows = self._inputs(0)
         measurement = self._measurement("load", 0, rows, {})
         with self.bench.meter.measure(measurement):
-            self.engine.run_epoch(0, inputs)
+            self.engine.run_epoch(0, read())
         measurement.stored_bytes = self._stored_bytes()
         self.loaded = self.bench.results.add(measurement)
         return measurement
@@ -104,12 +104,14 @@ class Series:
         (with a warm batch) the views' queries over the current tables; every
         measurement carries whether its answers agreed with the maintained views."""
         meter = self.bench.meter
-        inputs, rows = self._inputs(epoch)
+        read, rows = self._inputs(epoch)
         incremental = self._measurement("incremental", epoch, rows, params)
         with meter.measure(incremental):
-            report = self.engine.run_epoch(epoch, inputs)
+            report = self.engine.run_epoch(epoch, read())
         incremental.stored_bytes = self._stored_bytes()
         incremental.params["loop_iterations"] = len(report.iterations)
+        tiers = sorted({unit.tier for unit in report.units if unit.tier})
+        incremental.params["tiers"] = ",".join(tiers)
 
         refresh = self._measurement("full_refresh", epoch, rows, params)
         target = self.root / "full_refresh" / f"epoch={epoch}"
@@ -172,15 +174,25 @@ class Series:
             self.workload, variant, 0.0, self.size, rows, epoch, params={**self.params, **params}
         )
 
-    def _inputs(self, epoch: int) -> tuple[dict[str, DataFrame], int]:
-        """The epoch's landed batches as DataFrames, and how many rows they hold."""
-        inputs, rows = {}, 0
+    def _inputs(self, epoch: int) -> tuple[Callable[[], dict[str, Any]], int]:
+        """A reader of the epoch's landed batches, and how many rows they hold. The reader
+        runs inside the timing: a batch the engine keeps on its local tier is read as an
+        Arrow table (as a user hands over a small batch), a larger one as a Spark frame."""
+        folders, rows = {}, 0
         for source in self.circuit.sources:
             folder = epoch_folder(self.landing, source, epoch)
             if folder.exists():
-                inputs[source] = self.bench.spark.read.parquet(str(folder))
+                folders[source] = folder
                 rows += sum(pq.read_metadata(f).num_rows for f in folder.glob("*.parquet"))
-        return inputs, rows
+        local = rows <= self.engine.local_rows
+
+        def read() -> dict[str, Any]:
+            if local:
+                return {source: pq.read_table(folder) for source, folder in folders.items()}
+            spark = self.bench.spark
+            return {source: spark.read.parquet(str(folder)) for source, folder in folders.items()}
+
+        return read, rows
 
     def _stored_bytes(self) -> int:
         """Live bytes of every batch of the circuit (traces, views, the raw input log)."""

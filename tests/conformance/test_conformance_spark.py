@@ -1,4 +1,4 @@
-"""Every public conformance vector through the Spark engine, epoch by epoch.
+"""Every public conformance vector through the engine, epoch by epoch, on both tiers.
 
 The expected outputs come from the vectors (the seeds' worked examples), not from
 the engine; a second run over the same warehouse must be a no-op that keeps the views.
@@ -19,9 +19,10 @@ from dbspark.engine.spark.executor import SparkEngine
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.parametrize("local_rows", [None, 0], ids=["local-tier", "spark-tier"])
 @pytest.mark.parametrize("path", VECTORS, ids=[p.stem for p in VECTORS])
-def test_vector_on_spark(spark, warehouse_path: Path, path: Path) -> None:
-    replay_vector(spark, warehouse_path, path)
+def test_vector_on_spark(spark, warehouse_path: Path, path: Path, local_rows: int | None) -> None:
+    replay_vector(spark, warehouse_path, path, local_rows)
     vector = parse_vector(path.read_text(encoding="utf-8"))
     expected = json.loads(path.read_text(encoding="utf-8"))["expected"]
     # Replaying a committed epoch changes nothing (the run is a no-op).

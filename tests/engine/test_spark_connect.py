@@ -80,7 +80,7 @@ OVER_CONNECT = [p for p in VECTORS if p.stem == "reachability_shortcut"]
 @pytest.mark.parametrize("path", OVER_CONNECT, ids=[p.stem for p in OVER_CONNECT])
 def test_vector_over_connect(connect_spark, warehouse_path: Path, path: Path) -> None:
     assert is_connect(connect_spark)
-    engine = replay_vector(connect_spark, warehouse_path, path)
+    engine = replay_vector(connect_spark, warehouse_path, path, local_rows=0)
     differences = engine.verify()
     assert set(differences) == set(engine.circuit.views)
     assert all(not diff for diff in differences.values()), differences
@@ -92,7 +92,7 @@ def test_engine_without_a_session_uses_the_active_connect_one(
     """A task that builds ``SparkEngine`` without ``spark=`` joins the Connect session."""
     path = VECTOR_DIR / "join_bilinear.json"
     vector = parse_vector(path.read_text(encoding="utf-8"))
-    engine = SparkEngine(vector.circuit, warehouse_path)
+    engine = SparkEngine(vector.circuit, warehouse_path, local_rows=0)
     assert engine.spark is connect_spark
 
 

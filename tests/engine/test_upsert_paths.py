@@ -93,8 +93,11 @@ def normal(rows: Any) -> list[tuple]:
 def test_driver_and_spark_decide_every_batch_alike(spark, tmp_path: Path) -> None:
     reference = ReferenceEngine(readings())
     engines = {
-        "in-spark": SparkEngine(readings(), tmp_path / "spark", spark=spark, driver_rows=0),
-        "on-driver": SparkEngine(readings(), tmp_path / "driver", spark=spark),
+        "in-spark": SparkEngine(
+            readings(), tmp_path / "spark", spark=spark, driver_rows=0, local_rows=0
+        ),
+        "on-driver": SparkEngine(readings(), tmp_path / "driver", spark=spark, local_rows=0),
+        "local-tier": SparkEngine(readings(), tmp_path / "local", spark=spark),
     }
     for epoch, batch in enumerate(HISTORY):
         expected = normal(reference.step({"readings": batch}).views["current"])
@@ -129,3 +132,19 @@ def test_the_driver_row_limit_comes_from_the_environment(monkeypatch) -> None:
             ValueError, match=f"DBSPARK_DRIVER_ROWS must be an integer >= 0, got '{bad}'"
         ):
             default_driver_rows()
+
+
+def test_the_local_tier_threshold_comes_from_the_environment(monkeypatch, tmp_path) -> None:
+    from dbspark.engine.spark.executor import LOCAL_ROWS, default_local_rows
+
+    monkeypatch.delenv("DBSPARK_LOCAL_ROWS", raising=False)
+    assert default_local_rows() == LOCAL_ROWS
+    monkeypatch.setenv("DBSPARK_LOCAL_ROWS", "0")
+    assert default_local_rows() == 0
+    engine = SparkEngine(readings(), tmp_path / "wh")
+    assert engine.local_rows == 0
+    report = engine.step({"readings": HISTORY[0]}).report
+    assert {unit.tier for unit in report.units} == {"spark"}
+    monkeypatch.setenv("DBSPARK_LOCAL_ROWS", "many")
+    with pytest.raises(ValueError, match="DBSPARK_LOCAL_ROWS must be an integer >= 0"):
+        default_local_rows()

@@ -31,6 +31,8 @@ def test_an_epoch_through_spark_submit(airflow_db, tmp_path, monkeypatch, capfd)
     monkeypatch.setenv(
         "AIRFLOW_CONN_DBSPARK_SPARK", json.dumps({"conn_type": "spark", "host": "local[1]"})
     )
+    # Every unit on Spark: a small epoch would otherwise stay on the local tier.
+    monkeypatch.setenv("DBSPARK_LOCAL_ROWS", "0")
     day0 = Interval(START, START + timedelta(days=1))
     rows = [("to", 1), ("be", 1), ("or", 1), ("not", 1), ("to", 1), ("be", 1)]
     LandingDirectory(tmp_path / "landing").land("words", day0, rows, ["word", "__w"], "csv")
