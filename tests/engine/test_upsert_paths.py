@@ -18,6 +18,7 @@ import pytest
 
 from dbspark.circuit.builder import Circuit
 from dbspark.core.upsert import BadUpsertRow, UpsertConflict
+from dbspark.engine.batches import InputError
 from dbspark.engine.reference.engine import ReferenceEngine
 from dbspark.engine.spark.executor import SparkEngine
 from dbspark.engine.spark.upserts import DRIVER_ROWS, default_driver_rows
@@ -148,3 +149,29 @@ def test_the_local_tier_threshold_comes_from_the_environment(monkeypatch, tmp_pa
     monkeypatch.setenv("DBSPARK_LOCAL_ROWS", "many")
     with pytest.raises(ValueError, match="DBSPARK_LOCAL_ROWS must be an integer >= 0"):
         default_local_rows()
+
+
+def test_arrow_batches_on_either_tier(spark, tmp_path: Path) -> None:
+    """An Arrow table is a batch like Python rows: small ones stay local, larger ones
+    (past local_rows) go to Spark as a frame; both give the reference's view, and a bad
+    Arrow batch (an unknown column) is refused before the epoch opens."""
+    import pyarrow as pa
+
+    from dbspark.engine.local.tier import arrow_table
+
+    fields = readings().node(readings().sources["readings"]).params["user_schema"].fields
+    reference = ReferenceEngine(readings())
+    small = SparkEngine(readings(), tmp_path / "small", spark=spark)
+    large = SparkEngine(readings(), tmp_path / "large", spark=spark, local_rows=1)
+    tiers = {"small": set(), "large": set()}
+    for batch in HISTORY:
+        expected = normal(reference.step({"readings": batch}).views["current"])
+        for name, engine in (("small", small), ("large", large)):
+            result = engine.step({"readings": arrow_table(batch, fields)})
+            assert normal(result.views["current"]) == expected, name
+            tiers[name] |= {u.tier for u in result.report.units if u.unit.startswith("ingest")}
+    assert tiers == {"small": {"local"}, "large": {"spark"}}
+    bad = pa.table({"nope": [1]})
+    for engine in (small, large):
+        with pytest.raises(InputError, match="readings"):
+            engine.step({"readings": bad})

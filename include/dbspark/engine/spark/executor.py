@@ -342,6 +342,9 @@ class SparkEngine:
         if isinstance(batch, DataFrame):
             return CheckedFrame(check_frame(source, schema, batch, weighted=weighted))
         if isinstance(batch, pa.Table):
+            if batch.num_rows > self.local_rows:  # a Spark epoch: no trip through Python rows
+                frame = self.spark.createDataFrame(batch)
+                return CheckedFrame(check_frame(source, schema, frame, weighted=weighted))
             batch = _arrow_rows(source, batch, schema, weighted=weighted)
         if node.op == "zset_source":
             return zset_batch(source, node.schema, batch, file)
