@@ -46,6 +46,13 @@ from dbspark.storage.warehouse import (
 #: ``(name, type)`` of every column of a collection, reserved ones included.
 Fields = Sequence[tuple[str, str]]
 
+#: A keyed batch of at most this many rows is one key-sorted file, not a folder per
+#: bucket: sixteen tiny files cost more to write and to open than one read in full.
+#: Compaction buckets the merged batch again.
+SMALL_BATCH_ROWS = 4096
+#: Batches this tier wrote, kept in memory by path for reading back (the newest few).
+_WRITTEN_KEPT = 64
+
 
 def arrow_schema(fields: Fields) -> pa.Schema:
     return pa.schema([(name, arrow_type(kind)) for name, kind in fields])
@@ -79,6 +86,9 @@ class LocalTier:
         self.warehouse = warehouse
         self.session = session or LocalSession()
         self.buckets = buckets
+        # A unit reads back what it has just written (the delta it stored, the input it
+        # arranged): those batches are served from memory instead of their files.
+        self._written: dict[str, pa.Table] = {}
 
     # frames --------------------------------------------------------------------------
     def frame(self, rows: Iterable[Sequence[Any]], fields: Fields) -> LocalFrame:
@@ -117,6 +127,10 @@ class LocalTier:
         (NULL-safe) is among them, opening only those keys' bucket files."""
         fields = [(n, t) for n, t in fields if n != BUCKET_COLUMN]
         key_cols = list(bucket_by or (keys.frame.columns if keys else []))
+        if keys is None and len(records) == 1 and records[0].path in self._written:
+            table = self._written[records[0].path]
+            if table.schema.names == [n for n, _ in fields]:
+                return self.session.frame(_conform(table, fields))
         files: list[str] = []
         for record in records:
             folder = self.warehouse.abspath(record.path)
@@ -162,8 +176,7 @@ class LocalTier:
         """The distinct rows of ``keys`` kept as an Arrow table, with their buckets."""
         table = keys.distinct().toArrow()
         frame = self.session.frame(table)
-        key_set = KeySet(frame, {}, table.num_rows)
-        buckets = {n: frozenset(_buckets_of(key_set, n)) for n in bucket_counts}
+        buckets = {n: frozenset(_table_buckets(table, n)) for n in bucket_counts}
         return KeySet(frame, buckets, table.num_rows)
 
     # writing -------------------------------------------------------------------------
@@ -180,7 +193,12 @@ class LocalTier:
     ) -> BatchRecord | None:
         """Write ``frame`` (cast to ``fields``) as a new batch; None if it is empty."""
         table = _conform(frame.toArrow(), fields)
-        return self.write_table(table, circuit, collection, kind, time, bucket_by=bucket_by)
+        record = self.write_table(table, circuit, collection, kind, time, bucket_by=bucket_by)
+        if record is not None:
+            self._written[record.path] = table
+            while len(self._written) > _WRITTEN_KEPT:
+                del self._written[next(iter(self._written))]
+        return record
 
     def write_table(
         self,
@@ -198,8 +216,11 @@ class LocalTier:
         target = self.warehouse.abspath(rel)
         name = f"part-00000-{uuid.uuid4().hex}.parquet"
         target.mkdir(parents=True)
+        bucketed = bool(bucket_by) and table.num_rows > SMALL_BATCH_ROWS
         try:
-            if not bucket_by:
+            if not bucketed:
+                if bucket_by:
+                    table = _sorted(table, bucket_by)
                 pq.write_table(table, target / name)
             else:
                 ids = bucket_ids([table.column(c) for c in bucket_by], self.buckets)
@@ -225,7 +246,7 @@ class LocalTier:
             path=rel,
             rows=table.num_rows,
             bytes=size,
-            buckets=self.buckets if bucket_by else 0,
+            buckets=self.buckets if bucketed else 0,
         )
 
     # ingest --------------------------------------------------------------------------
@@ -272,8 +293,18 @@ def _sorted_by_bucket(table: pa.Table, ids: np.ndarray, keys: Sequence[str]) -> 
         return table.sort_by([(BUCKET_COLUMN, "ascending")])
 
 
+def _sorted(table: pa.Table, keys: Sequence[str]) -> pa.Table:
+    try:
+        return table.sort_by([(k, "ascending") for k in keys])
+    except (pa.ArrowNotImplementedError, pa.ArrowInvalid):
+        return table
+
+
 def _buckets_of(keys: KeySet, buckets: int) -> set[int]:
-    table = keys.frame.toArrow()
+    return _table_buckets(keys.frame.toArrow(), buckets)
+
+
+def _table_buckets(table: pa.Table, buckets: int) -> set[int]:
     if table.num_rows == 0:
         return set()
     ids = bucket_ids([table.column(c) for c in table.column_names], buckets)
