@@ -246,8 +246,9 @@ class SparkEngine:
         return self._spark_tier
 
     def tier_for(self, rows: int | None) -> Tier:
-        """The tier for a unit fed by ``rows`` input rows (None: unknown, too many)."""
-        if rows is not None and rows <= self.local_rows:
+        """The tier for a unit fed by ``rows`` input rows (None: unknown, too many);
+        ``local_rows=0`` sends every unit, even an empty one, to Spark."""
+        if rows is not None and self.local_rows > 0 and rows <= self.local_rows:
             return self.local
         return self._spark_unit_tier()
 
