@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -97,9 +97,14 @@ class EpochTasks:
     def _engine(self, deployment: Deployment) -> Iterator[Any]:
         from dbspark.engine.spark.executor import SparkEngine
 
-        with spark_for(deployment) as spark:
+        # Spark is opened only if a unit needs it: a small epoch's units run on the local
+        # tier, in this task, and start no session (no JVM for local Spark).
+        with ExitStack() as opened:
             engine = SparkEngine(
-                self.circuit, deployment.warehouse, spark=spark, catalog_url=deployment.catalog_url
+                self.circuit,
+                deployment.warehouse,
+                spark=lambda: opened.enter_context(spark_for(deployment)),
+                catalog_url=deployment.catalog_url,
             )
             try:
                 yield engine

@@ -189,7 +189,7 @@ class SparkEngine:
         circuit: Circuit,
         warehouse: str | Path,
         *,
-        spark: SparkSession | None = None,
+        spark: SparkSession | Callable[[], SparkSession] | None = None,
         catalog_url: str | None = None,
         buckets: int = 16,
         driver_rows: int | None = None,
@@ -225,14 +225,19 @@ class SparkEngine:
     @property
     def spark(self) -> SparkSession:
         """The Spark session, started on first use: an epoch that stays on the local tier
-        never starts one."""
+        never starts one. ``spark`` may be given as a function that opens it (a task's
+        Spark Connect client, say), which is then called only if a unit needs Spark."""
         if self._spark is None:
             self._spark = spark_session()
+        elif not isinstance(self._spark, SparkSession) and callable(self._spark):
+            self._spark = self._spark()
         return self._spark
 
     @property
     def spark_started(self) -> bool:
-        return self._spark is not None
+        return self._spark is not None and not (
+            callable(self._spark) and not isinstance(self._spark, SparkSession)
+        )
 
     @property
     def local(self) -> LocalTier:

@@ -1,0 +1,40 @@
+"""Which tier runs a unit, and that the local tier never opens Spark.
+
+An epoch whose input has at most ``local_rows`` rows runs every unit in this process;
+the engine's Spark session is opened only when a unit needs it (an Airflow task hands
+the engine a function that opens its Spark Connect client or local session).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from dbspark.engine.spark.executor import SparkEngine
+from dbspark.examples.circuits import NAMED_CIRCUITS
+
+
+def test_spark_is_opened_only_when_a_unit_needs_it(spark: Any, tmp_path: Path) -> None:
+    opened: list[int] = []
+
+    def open_spark() -> Any:
+        opened.append(1)
+        return spark
+
+    engine = SparkEngine(
+        NAMED_CIRCUITS["word_count"](), tmp_path / "wh", spark=open_spark, local_rows=3
+    )
+    small = engine.step({"words": [(("to",), 1), (("be",), 1)]})
+    assert {unit.tier for unit in small.report.units} == {"local"}
+    assert all("ran on the local tier" in unit.describe() for unit in small.report.units)
+    assert not opened and not engine.spark_started
+    words = [((w,), 1) for w in ("or", "not", "to", "be")]
+    large = engine.step({"words": words})
+    assert {unit.tier for unit in large.report.units} == {"spark"}
+    assert opened == [1] and engine.spark_started
+    assert dict(engine.view("counts").items()) == {
+        ("to", 2): 1,
+        ("be", 2): 1,
+        ("or", 1): 1,
+        ("not", 1): 1,
+    }
