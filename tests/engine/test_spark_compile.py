@@ -356,18 +356,20 @@ def test_literals_have_sql_types(spark: Any) -> None:
         spark_compile.compile_expr(lit(2**63), SCHEMA)
 
 
-@settings(max_examples=3, deadline=None, derandomize=True)
-@given(
-    st.lists(
-        st.one_of(
-            st.floats(allow_nan=True, allow_infinity=True),
-            st.floats(min_value=-1e6, max_value=1e6).map(lambda x: round(x, 3)),
-            st.integers(min_value=-(2**60), max_value=2**60).map(float),
-        ),
-        min_size=150,
-        max_size=150,
-    )
+#: Doubles whose text Python's repr and a tier's cast to STRING must agree on.
+DOUBLES = st.lists(
+    st.one_of(
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.floats(min_value=-1e6, max_value=1e6).map(lambda x: round(x, 3)),
+        st.integers(min_value=-(2**60), max_value=2**60).map(float),
+    ),
+    min_size=150,
+    max_size=150,
 )
+
+
+@settings(max_examples=3, deadline=None, derandomize=True)
+@given(DOUBLES)
 def test_double_to_string_is_pythons_repr(spark: Any, values: list[float]) -> None:
     frame = spark.createDataFrame([(v,) for v in values], "d double")
     got = frame.select(spark_compile.python_float_repr(F.col("d"))).collect()
@@ -411,17 +413,7 @@ def test_local_literals_and_projection_have_declared_types(local_session: Any) -
 
 
 @settings(max_examples=3, deadline=None, derandomize=True)
-@given(
-    st.lists(
-        st.one_of(
-            st.floats(allow_nan=True, allow_infinity=True),
-            st.floats(min_value=-1e6, max_value=1e6).map(lambda x: round(x, 3)),
-            st.integers(min_value=-(2**60), max_value=2**60).map(float),
-        ),
-        min_size=150,
-        max_size=150,
-    )
-)
+@given(DOUBLES)
 def test_local_double_to_string_is_pythons_repr(values: list[float]) -> None:
     session = LocalSession()
     try:

@@ -24,27 +24,18 @@ overflow is an error, and numbers beyond BIGINT cast to NULL.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import duckdb
 import pyarrow as pa
 
 from dbspark.circuit.expressions import (
-    ARITHMETIC,
-    COMPARISON,
-    LOGICAL,
     NULL_TYPE,
-    BinaryOp,
-    Call,
-    Cast,
     Expr,
-    Literal,
-    UnaryOp,
     infer_type,
     output_type,
-    unify,
 )
-from dbspark.circuit.expressions import Column as ColumnRef
 from dbspark.circuit.types import (
     BIGINT,
     BOOLEAN,
@@ -54,23 +45,21 @@ from dbspark.circuit.types import (
     array_of,
     is_array,
 )
+from dbspark.engine.expression_compiler import (
+    BIGINT_MIN,
+    FALSE_WORDS,
+    PYTHON_FLOAT_SYNTAX,
+    PYTHON_INT_SYNTAX,
+    TRUE_WORDS,
+    ExpressionCompiler,
+)
 from dbspark.engine.local.frame import LocalColumn, duck_type, quote, sql_literal
-
-BIGINT_MIN = -(2**63)
-BIGINT_MAX = 2**63 - 1
 
 #: Python's ``str.isspace`` characters, as an RE2 character class.
 _WS = (
     r"[\t\n\x{0b}\x{0c}\r\x{1c}-\x{1f} \x{85}\x{a0}\x{1680}\x{2000}-\x{200a}"
     r"\x{2028}\x{2029}\x{202f}\x{205f}\x{3000}]"
 )
-_INT_SYNTAX = r"^[+-]?[0-9](_?[0-9])*$"
-_FLOAT_SYNTAX = (
-    r"^[+-]?(([0-9](_?[0-9])*)(\.([0-9](_?[0-9])*)?)?|\.[0-9](_?[0-9])*)"
-    r"([eE][+-]?[0-9](_?[0-9])*)?$"
-)
-_TRUE_WORDS = ("true", "t", "yes", "y", "1")
-_FALSE_WORDS = ("false", "f", "no", "n", "0")
 _ASCII = r"^[\x{00}-\x{7f}]*$"
 
 #: Python functions the SQL calls (registered once per connection by ``register``).
@@ -108,8 +97,9 @@ def compile_expr(expr: Expr, schema: Schema) -> LocalColumn:
 def compile_typed(expr: Expr, schema: Schema) -> tuple[LocalColumn, str]:
     """``expr`` cast to its stored type (``output_type``), and that type."""
     target = output_type(infer_type(expr, schema, "local compile"))
-    sql, kind = _Compiler(schema).compile(expr)
-    return LocalColumn(_cast_sql(_coerce(sql, kind, target), target)), target
+    compiler = _Compiler(schema)
+    sql, kind = compiler.compile(expr)
+    return LocalColumn(compiler.typed(sql, kind, target)), target
 
 
 def compile_projection(columns: Mapping[str, Expr], schema: Schema) -> list[LocalColumn]:
@@ -124,220 +114,125 @@ def compile_predicate(expr: Expr, schema: Schema) -> LocalColumn:
     return LocalColumn(f"coalesce({sql}, FALSE)")
 
 
-# --- the compiler ------------------------------------------------------------------------
+# --- the compiler: DuckDB SQL for what ``ExpressionCompiler`` decides ----------------------
 
 
-class _Compiler:
-    def __init__(self, schema: Schema) -> None:
-        self.schema = schema
+class _Compiler(ExpressionCompiler[str]):
+    def typed(self, column: str, kind: str, target: str) -> str:
+        # Also store the declared type (a BIGINT sum may be a HUGEINT in DuckDB).
+        coerced = self.coerce(column, kind, target)
+        return coerced if target == NULL_TYPE else f"CAST({coerced} AS {duck_type(target)})"
 
-    def compile(self, expr: Expr) -> tuple[str, str]:
-        """``(sql, type)``; the type is the reference's inferred type (``null`` possible)."""
-        if isinstance(expr, ColumnRef):
-            return quote(expr.name), self.schema.type_of(expr.name)
-        if isinstance(expr, Literal):
-            return _literal(expr.value)
-        if isinstance(expr, UnaryOp):
-            return self._unary(expr)
-        if isinstance(expr, BinaryOp):
-            return self._binary(expr)
-        if isinstance(expr, Cast):
-            inner, kind = self.compile(expr.operand)
-            return cast_sql(inner, kind, expr.to), expr.to
-        if isinstance(expr, Call):
-            return self._call(expr)
-        raise TypeError(f"cannot compile {expr!r} for the local tier")
+    def column(self, name: str) -> str:
+        return quote(name)
 
-    def _unary(self, expr: UnaryOp) -> tuple[str, str]:
-        inner, kind = self.compile(expr.operand)
-        if expr.op == "neg":
-            if kind == NULL_TYPE:
-                return _null(BIGINT), BIGINT
-            return f"(- {inner})", kind
-        if expr.op == "not":
-            return f"(NOT {_coerce(inner, kind, BOOLEAN)})", BOOLEAN
-        if expr.op == "is_null":
-            return ("TRUE" if kind == NULL_TYPE else f"({inner} IS NULL)"), BOOLEAN
-        if expr.op == "is_not_null":
-            return ("FALSE" if kind == NULL_TYPE else f"({inner} IS NOT NULL)"), BOOLEAN
-        raise TypeError(f"unknown unary operator {expr.op}")
+    def constant(self, value: Any) -> str:
+        return sql_literal(value)
 
-    def _binary(self, expr: BinaryOp) -> tuple[str, str]:
-        left, left_type = self.compile(expr.left)
-        right, right_type = self.compile(expr.right)
-        op = expr.op
-        if op in LOGICAL:
-            a, b = _coerce(left, left_type, BOOLEAN), _coerce(right, right_type, BOOLEAN)
-            return f"({a} {'AND' if op == 'and' else 'OR'} {b})", BOOLEAN
-        common = unify(left_type, right_type)
-        if common is None:
-            raise TypeError(f"cannot apply {op} to {left_type} and {right_type}")
-        if op in COMPARISON:
-            if common == NULL_TYPE:
-                return _null(BOOLEAN), BOOLEAN
-            a, b = _coerce(left, left_type, common), _coerce(right, right_type, common)
-            sql_op = {"==": "=", "!=": "<>"}.get(op, op)
-            return f"({a} {sql_op} {b})", BOOLEAN
-        if op not in ARITHMETIC:
-            raise TypeError(f"unknown binary operator {op}")
-        result_type = DOUBLE if op == "/" else (BIGINT if common == NULL_TYPE else common)
-        if common == NULL_TYPE:
-            return _null(result_type), result_type
-        a, b = _coerce(left, left_type, common), _coerce(right, right_type, common)
-        if op == "/":
-            return (
-                f"(CASE WHEN {b} = 0 THEN NULL ELSE CAST({a} AS DOUBLE) / CAST({b} AS DOUBLE) END)",
-                DOUBLE,
-            )
-        if op == "%":
-            return f"(CASE WHEN {b} = 0 THEN NULL ELSE {a} % {b} END)", result_type
-        return f"({a} {op} {b})", result_type
+    def typed_constant(self, value: Any, kind: str) -> str:
+        if kind == BIGINT:
+            return f"CAST({value} AS BIGINT)"
+        return sql_literal(value)  # a float literal is already a DOUBLE
 
-    def _call(self, expr: Call) -> tuple[str, str]:
-        name = expr.function
-        compiled = [self.compile(a) for a in expr.args]
-        if name in ("coalesce", "greatest", "least", "array"):
-            common = NULL_TYPE
-            for _, kind in compiled:
-                merged = unify(common, kind)
-                if merged is None:
-                    raise TypeError(f"{name} mixes {common} and {kind}")
-                common = merged
-            if name == "array":
-                element = BIGINT if common == NULL_TYPE else common
-                items = [_coerce(c, k, element) for c, k in compiled]
-                return f"CAST([{', '.join(items)}] AS {duck_type(array_of(element))})", array_of(
-                    element
-                )
-            if common == NULL_TYPE:
-                return _null(BIGINT), NULL_TYPE
-            present = [_coerce(c, k, common) for c, k in compiled if k != NULL_TYPE]
-            if name == "coalesce":
-                return (present[0] if len(present) == 1 else f"coalesce({', '.join(present)})"), (
-                    common
-                )
-            return _extremum(name, present, common), common
-        if name == "if_else":
-            (cond, cond_type), (then, then_type), (other, other_type) = compiled
-            common = unify(then_type, other_type)
-            if common is None:
-                raise TypeError(f"if_else branches have types {then_type} and {other_type}")
-            target = BIGINT if common == NULL_TYPE else common
-            then_c, other_c = _coerce(then, then_type, target), _coerce(other, other_type, target)
-            if cond_type == NULL_TYPE:
-                return other_c, common
-            return f"(CASE WHEN {cond} THEN {then_c} ELSE {other_c} END)", common
-        if name in ("lower", "upper", "length"):
-            ((arg, kind),) = compiled
-            result = BIGINT if name == "length" else STRING
-            if kind == NULL_TYPE:
-                return _null(result), result
-            if name == "length":
-                return f"CAST(length({arg}) AS BIGINT)", BIGINT
-            python = LOWER if name == "lower" else UPPER
-            return (
-                f"(CASE WHEN regexp_matches({arg}, '{_ASCII}') THEN {name}({arg}) "
-                f"ELSE {python}({arg}) END)",
-                STRING,
-            )
-        if name == "abs":
-            ((arg, kind),) = compiled
-            return f"abs({arg})", kind
-        if name == "concat":
-            if any(kind == NULL_TYPE for _, kind in compiled):
-                return _null(STRING), STRING
-            parts = [cast_sql(c, kind, STRING) for c, kind in compiled]
-            return f"({' || '.join(parts)})", STRING
-        if name == "sequence":
-            (start, start_type), (stop, stop_type) = compiled
-            if NULL_TYPE in (start_type, stop_type):
-                return _null(array_of(BIGINT)), array_of(BIGINT)
-            a, b = f"CAST({start} AS BIGINT)", f"CAST({stop} AS BIGINT)"
-            step = f"(CASE WHEN {b} >= {a} THEN 1 ELSE -1 END)"
-            return f"generate_series({a}, {b}, {step})", array_of(BIGINT)
-        if name == "split":
-            (text, text_type), _ = compiled
-            if text_type == NULL_TYPE:
-                return _null(array_of(STRING)), array_of(STRING)
-            separator = expr.args[1]
-            if not (
-                isinstance(separator, Literal)
-                and isinstance(separator.value, str)
-                and separator.value
-            ):
-                raise TypeError(
-                    f"split needs a non-empty literal string separator, got {separator!r}"
-                )
-            return f"string_split({text}, {sql_literal(separator.value)})", array_of(STRING)
-        raise TypeError(f"unknown function {name}")
+    def untyped_null(self) -> str:
+        return "NULL"
+
+    def null(self, kind: str) -> str:
+        return _null(kind)
+
+    def coerce(self, column: str, kind: str, target: str) -> str:
+        if kind == target or target == NULL_TYPE:
+            return column
+        if kind == NULL_TYPE:
+            return _null(target)
+        if kind == BIGINT and target == DOUBLE:
+            return f"CAST({column} AS DOUBLE)"
+        if is_array(kind) and is_array(target):
+            return f"CAST({column} AS {duck_type(target)})"
+        return column
+
+    def convert(self, column: str, kind: str, target: str) -> str:
+        return _convert(column, kind, target)
+
+    def negate(self, column: str) -> str:
+        return f"(- {column})"
+
+    def logical_not(self, column: str) -> str:
+        return f"(NOT {column})"
+
+    def is_null(self, column: str) -> str:
+        return f"({column} IS NULL)"
+
+    def is_not_null(self, column: str) -> str:
+        return f"({column} IS NOT NULL)"
+
+    def logical(self, op: str, a: str, b: str) -> str:
+        return f"({a} {'AND' if op == 'and' else 'OR'} {b})"
+
+    def compare(self, op: str, a: str, b: str) -> str:
+        return f"({a} {_SQL_COMPARE.get(op, op)} {b})"
+
+    def arithmetic(self, op: str, a: str, b: str) -> str:
+        return f"({a} {op} {b})"
+
+    def divide(self, a: str, b: str) -> str:
+        return f"(CASE WHEN {b} = 0 THEN NULL ELSE CAST({a} AS DOUBLE) / CAST({b} AS DOUBLE) END)"
+
+    def remainder(self, a: str, b: str) -> str:
+        return f"(CASE WHEN {b} = 0 THEN NULL ELSE {a} % {b} END)"
+
+    def array(self, items: Sequence[str], element: str) -> str:
+        return f"CAST([{', '.join(items)}] AS {duck_type(array_of(element))})"
+
+    def coalesce(self, values: Sequence[str]) -> str:
+        return f"coalesce({', '.join(values)})"
+
+    def extremum(self, name: str, values: Sequence[str], kind: str) -> str:
+        if kind != DOUBLE:
+            return f"{name}({', '.join(values)})"
+        beats = "x > best" if name == "greatest" else "x < best"
+        step = (
+            f"lambda best, x: CASE WHEN x IS NULL THEN best "
+            f"WHEN best IS NULL OR ({beats} AND NOT isnan(x) AND NOT isnan(best)) THEN x "
+            "ELSE best END"
+        )
+        return f"list_reduce([{', '.join(values)}], {step})"
+
+    def if_else(self, condition: str, then: str, otherwise: str) -> str:
+        return f"(CASE WHEN {condition} THEN {then} ELSE {otherwise} END)"
+
+    def string_function(self, name: str, text: str) -> str:
+        if name == "length":
+            return f"CAST(length({text}) AS BIGINT)"
+        python = LOWER if name == "lower" else UPPER
+        return (
+            f"(CASE WHEN regexp_matches({text}, '{_ASCII}') THEN {name}({text}) "
+            f"ELSE {python}({text}) END)"
+        )
+
+    def absolute(self, column: str) -> str:
+        return f"abs({column})"
+
+    def concat(self, parts: Sequence[str]) -> str:
+        return f"({' || '.join(parts)})"
+
+    def sequence(self, start: str, stop: str) -> str:
+        a, b = f"CAST({start} AS BIGINT)", f"CAST({stop} AS BIGINT)"
+        return f"generate_series({a}, {b}, (CASE WHEN {b} >= {a} THEN 1 ELSE -1 END))"
+
+    def split(self, text: str, separator: str) -> str:
+        return f"string_split({text}, {sql_literal(separator)})"
 
 
-# --- pieces ------------------------------------------------------------------------------
+_SQL_COMPARE = {"==": "=", "!=": "<>"}
 
 
 def _null(type_name: str) -> str:
     return f"CAST(NULL AS {duck_type(type_name)})"
 
 
-def _literal(value: object) -> tuple[str, str]:
-    if value is None:
-        return "NULL", NULL_TYPE
-    if isinstance(value, bool):
-        return sql_literal(value), BOOLEAN
-    if isinstance(value, int):
-        if not BIGINT_MIN <= value <= BIGINT_MAX:
-            raise ValueError(f"literal {value} does not fit in a BIGINT")
-        return f"CAST({value} AS BIGINT)", BIGINT
-    if isinstance(value, float):
-        return sql_literal(value), DOUBLE
-    if isinstance(value, str):
-        return sql_literal(value), STRING
-    raise TypeError(f"unsupported literal {value!r}")
-
-
-def _coerce(sql: str, kind: str, target: str) -> str:
-    """``sql`` (of type ``kind``) as ``target``: NULL literals typed, BIGINT widened."""
-    if kind == target or target == NULL_TYPE:
-        return sql
-    if kind == NULL_TYPE:
-        return _null(target)
-    if kind == BIGINT and target == DOUBLE:
-        return f"CAST({sql} AS DOUBLE)"
-    if is_array(kind) and is_array(target):
-        return f"CAST({sql} AS {duck_type(target)})"
-    return sql
-
-
-def _cast_sql(sql: str, target: str) -> str:
-    """A typed cast that only changes how a value is stored (the types already agree)."""
-    return sql if target == NULL_TYPE else f"CAST({sql} AS {duck_type(target)})"
-
-
-def _extremum(name: str, values: list[str], kind: str) -> str:
-    """greatest/least skipping NULLs; over DOUBLEs a left fold with Python's comparisons."""
-    if len(values) == 1:
-        return values[0]
-    if kind != DOUBLE:
-        return f"{name}({', '.join(values)})"
-    beats = "x > best" if name == "greatest" else "x < best"
-    step = (
-        f"lambda best, x: CASE WHEN x IS NULL THEN best "
-        f"WHEN best IS NULL OR ({beats} AND NOT isnan(x) AND NOT isnan(best)) THEN x "
-        "ELSE best END"
-    )
-    return f"list_reduce([{', '.join(values)}], {step})"
-
-
-def cast_sql(sql: str, kind: str, target: str) -> str:
-    """The reference's ``cast_value`` (NULL on failure) from ``kind`` to ``target``."""
-    if kind == NULL_TYPE:
-        return _null(target)
-    if is_array(kind) or is_array(target):
-        if kind == target:
-            return sql
-        raise TypeError(f"the local tier cannot cast {kind} to {target}")
-    if kind == target:
-        return sql
+def _convert(sql: str, kind: str, target: str) -> str:
+    """``ExpressionCompiler.convert``: between two different scalar types."""
     if target == STRING:
         if kind == BOOLEAN:
             return f"(CASE WHEN {sql} THEN 'true' WHEN NOT {sql} THEN 'false' END)"
@@ -346,7 +241,7 @@ def cast_sql(sql: str, kind: str, target: str) -> str:
         if kind == STRING:
             text = _strip(sql)
             return (
-                f"(CASE WHEN regexp_matches({text}, '{_INT_SYNTAX}') "
+                f"(CASE WHEN regexp_matches({text}, '{PYTHON_INT_SYNTAX}') "
                 f"THEN TRY_CAST(replace({text}, '_', '') AS BIGINT) END)"
             )
         if kind == DOUBLE:
@@ -363,8 +258,8 @@ def cast_sql(sql: str, kind: str, target: str) -> str:
     if target == BOOLEAN:
         if kind == STRING:
             word = f"lower({_strip(sql)})"
-            trues = ", ".join(sql_literal(w) for w in _TRUE_WORDS)
-            falses = ", ".join(sql_literal(w) for w in _FALSE_WORDS)
+            trues = ", ".join(sql_literal(w) for w in TRUE_WORDS)
+            falses = ", ".join(sql_literal(w) for w in FALSE_WORDS)
             return (
                 f"(CASE WHEN {word} IN ({trues}) THEN TRUE "
                 f"WHEN {word} IN ({falses}) THEN FALSE END)"
@@ -386,6 +281,6 @@ def _parse_float(text: str) -> str:
         f"(CASE WHEN {unsigned} = 'nan' THEN CAST('nan' AS DOUBLE) "
         f"WHEN {unsigned} IN ('inf', 'infinity') AND {negative} THEN CAST('-inf' AS DOUBLE) "
         f"WHEN {unsigned} IN ('inf', 'infinity') THEN CAST('inf' AS DOUBLE) "
-        f"WHEN regexp_matches({text}, '{_FLOAT_SYNTAX}') "
+        f"WHEN regexp_matches({text}, '{PYTHON_FLOAT_SYNTAX}') "
         f"THEN TRY_CAST(replace({text}, '_', '') AS DOUBLE) END)"
     )

@@ -53,45 +53,32 @@ from pyspark.sql.types import (
 )
 
 from dbspark.circuit.expressions import (
-    ARITHMETIC,
-    COMPARISON,
-    LOGICAL,
     NULL_TYPE,
-    BinaryOp,
-    Call,
-    Cast,
     Expr,
-    Literal,
-    UnaryOp,
     infer_type,
     output_type,
-    unify,
 )
-from dbspark.circuit.expressions import Column as ColumnRef
 from dbspark.circuit.types import (
     BIGINT,
     BOOLEAN,
     DOUBLE,
     STRING,
     Schema,
-    array_of,
     element_type,
     is_array,
 )
-
-BIGINT_MIN = -(2**63)
-BIGINT_MAX = 2**63 - 1
+from dbspark.engine.expression_compiler import (
+    BIGINT_MIN,
+    FALSE_WORDS,
+    PYTHON_FLOAT_SYNTAX,
+    PYTHON_INT_SYNTAX,
+    TRUE_WORDS,
+    ExpressionCompiler,
+)
 
 #: Python's ``str.isspace`` characters as a Java regex class (Unicode White_Space plus the
 #: information separators U+001C..U+001F that Python also strips).
 _WS = r"[\p{IsWhite_Space}\x{1c}-\x{1f}]"
-_INT_SYNTAX = r"^[+-]?[0-9](_?[0-9])*$"
-_FLOAT_SYNTAX = (
-    r"^[+-]?(([0-9](_?[0-9])*)(\.([0-9](_?[0-9])*)?)?|\.[0-9](_?[0-9])*)"
-    r"([eE][+-]?[0-9](_?[0-9])*)?$"
-)
-_TRUE_WORDS = ("true", "t", "yes", "y", "1")
-_FALSE_WORDS = ("false", "f", "no", "n", "0")
 _FLOAT_DIGITS = 17  # enough significant digits to round-trip every double
 
 
@@ -138,8 +125,9 @@ def compile_expr(expr: Expr, schema: Schema) -> Column:
 def compile_typed(expr: Expr, schema: Schema) -> tuple[Column, str]:
     """``expr`` as a ``Column`` cast to its stored type, and that type (``output_type``)."""
     target = output_type(infer_type(expr, schema, "spark compile"))
-    column, kind = _Compiler(schema).compile(expr)
-    return _coerce(column, kind, target), target
+    compiler = _Compiler(schema)
+    column, kind = compiler.compile(expr)
+    return compiler.typed(column, kind, target), target
 
 
 def compile_projection(columns: Mapping[str, Expr], schema: Schema) -> list[Column]:
@@ -155,137 +143,110 @@ def compile_predicate(expr: Expr, schema: Schema) -> Column:
     return F.coalesce(column, F.lit(False))
 
 
-# --- the compiler ------------------------------------------------------------------------
+# --- the compiler: PySpark for what ``ExpressionCompiler`` decides -------------------------
 
 
-class _Compiler:
-    def __init__(self, schema: Schema) -> None:
-        self.schema = schema
+_SPARK_COMPARE = {
+    "==": lambda a, b: a == b,
+    "!=": lambda a, b: a != b,
+    "<": lambda a, b: a < b,
+    "<=": lambda a, b: a <= b,
+    ">": lambda a, b: a > b,
+    ">=": lambda a, b: a >= b,
+}
 
-    def compile(self, expr: Expr) -> tuple[Column, str]:
-        """``(column, type)`` where type is the reference's inferred type (``null`` possible)."""
-        if isinstance(expr, ColumnRef):
-            return F.col(expr.name), self.schema.type_of(expr.name)
-        if isinstance(expr, Literal):
-            return _literal(expr.value)
-        if isinstance(expr, UnaryOp):
-            return self._unary(expr)
-        if isinstance(expr, BinaryOp):
-            return self._binary(expr)
-        if isinstance(expr, Cast):
-            inner, kind = self.compile(expr.operand)
-            return cast_column(inner, kind, expr.to), expr.to
-        if isinstance(expr, Call):
-            return self._call(expr)
-        raise TypeError(f"cannot compile {expr!r} for Spark")
 
-    # unary ------------------------------------------------------------------------------
-    def _unary(self, expr: UnaryOp) -> tuple[Column, str]:
-        inner, kind = self.compile(expr.operand)
-        if expr.op == "neg":
-            if kind == NULL_TYPE:
-                return _null(BIGINT), BIGINT
-            return -inner, kind
-        if expr.op == "not":
-            return ~_coerce(inner, kind, BOOLEAN), BOOLEAN
-        if expr.op == "is_null":
-            return (F.lit(True) if kind == NULL_TYPE else inner.isNull()), BOOLEAN
-        if expr.op == "is_not_null":
-            return (F.lit(False) if kind == NULL_TYPE else inner.isNotNull()), BOOLEAN
-        raise TypeError(f"unknown unary operator {expr.op}")
+class _Compiler(ExpressionCompiler[Column]):
+    def column(self, name: str) -> Column:
+        return F.col(name)
 
-    # binary -----------------------------------------------------------------------------
-    def _binary(self, expr: BinaryOp) -> tuple[Column, str]:
-        left, left_type = self.compile(expr.left)
-        right, right_type = self.compile(expr.right)
-        op = expr.op
-        if op in LOGICAL:
-            a, b = _coerce(left, left_type, BOOLEAN), _coerce(right, right_type, BOOLEAN)
-            return (a & b if op == "and" else a | b), BOOLEAN
-        common = unify(left_type, right_type)
-        if common is None:
-            raise TypeError(f"cannot apply {op} to {left_type} and {right_type}")
-        if op in COMPARISON:
-            if common == NULL_TYPE:
-                return _null(BOOLEAN), BOOLEAN
-            a, b = _coerce(left, left_type, common), _coerce(right, right_type, common)
-            return _compare(op, a, b), BOOLEAN
-        if op not in ARITHMETIC:
-            raise TypeError(f"unknown binary operator {op}")
-        result_type = DOUBLE if op == "/" else (BIGINT if common == NULL_TYPE else common)
-        if common == NULL_TYPE:
-            return _null(result_type), result_type
-        a, b = _coerce(left, left_type, common), _coerce(right, right_type, common)
-        if op == "+":
-            return a + b, result_type
-        if op == "-":
-            return a - b, result_type
-        if op == "*":
-            return a * b, result_type
-        if op == "/":
-            return F.try_divide(a.cast("double"), b.cast("double")), DOUBLE
-        return F.try_mod(a, b), result_type
+    def constant(self, value: Any) -> Column:
+        return F.lit(value)
 
-    # calls ------------------------------------------------------------------------------
-    def _call(self, expr: Call) -> tuple[Column, str]:
-        name = expr.function
-        compiled = [self.compile(a) for a in expr.args]
-        if name in ("coalesce", "greatest", "least", "array"):
-            common = NULL_TYPE
-            for _, kind in compiled:
-                merged = unify(common, kind)
-                if merged is None:
-                    raise TypeError(f"{name} mixes {common} and {kind}")
-                common = merged
-            if name == "array":
-                element = BIGINT if common == NULL_TYPE else common
-                items = [_coerce(c, k, element) for c, k in compiled]
-                return F.array(*items), array_of(element)
-            if common == NULL_TYPE:
-                return _null(BIGINT), NULL_TYPE
-            present = [_coerce(c, k, common) for c, k in compiled if k != NULL_TYPE]
-            if name == "coalesce":
-                return (present[0] if len(present) == 1 else F.coalesce(*present)), common
-            return _extremum(name, present, common), common
-        if name == "if_else":
-            (cond, cond_type), (then, then_type), (other, other_type) = compiled
-            common = unify(then_type, other_type)
-            if common is None:
-                raise TypeError(f"if_else branches have types {then_type} and {other_type}")
-            target = BIGINT if common == NULL_TYPE else common
-            then_c, other_c = _coerce(then, then_type, target), _coerce(other, other_type, target)
-            if cond_type == NULL_TYPE:
-                return other_c, common
-            return F.when(cond, then_c).otherwise(other_c), common
-        if name in ("lower", "upper", "length"):
-            ((arg, kind),) = compiled
-            result = BIGINT if name == "length" else STRING
-            if kind == NULL_TYPE:
-                return _null(result), result
-            if name == "lower":
-                return F.lower(arg), STRING
-            if name == "upper":
-                return F.upper(arg), STRING
-            return F.length(arg).cast("bigint"), BIGINT
-        if name == "abs":
-            ((arg, kind),) = compiled
-            return F.abs(arg), kind
-        if name == "concat":
-            if any(kind == NULL_TYPE for _, kind in compiled):
-                return _null(STRING), STRING
-            parts = [cast_column(c, kind, STRING) for c, kind in compiled]
-            return (parts[0] if len(parts) == 1 else F.concat(*parts)), STRING
-        if name == "sequence":
-            (start, start_type), (stop, stop_type) = compiled
-            if NULL_TYPE in (start_type, stop_type):
-                return _null(array_of(BIGINT)), array_of(BIGINT)
-            return F.sequence(start.cast("bigint"), stop.cast("bigint")), array_of(BIGINT)
-        if name == "split":
-            (text, text_type), _ = compiled
-            if text_type == NULL_TYPE:
-                return _null(array_of(STRING)), array_of(STRING)
-            return _split(text, expr.args[1]), array_of(STRING)
-        raise TypeError(f"unknown function {name}")
+    def typed_constant(self, value: Any, kind: str) -> Column:
+        return F.lit(value).cast(spark_type(kind))
+
+    def untyped_null(self) -> Column:
+        return F.lit(None)
+
+    def null(self, kind: str) -> Column:
+        return _null(kind)
+
+    def coerce(self, column: Column, kind: str, target: str) -> Column:
+        return _coerce(column, kind, target)
+
+    def convert(self, column: Column, kind: str, target: str) -> Column:
+        return _convert(column, kind, target)
+
+    def negate(self, column: Column) -> Column:
+        return -column
+
+    def logical_not(self, column: Column) -> Column:
+        return ~column
+
+    def is_null(self, column: Column) -> Column:
+        return column.isNull()
+
+    def is_not_null(self, column: Column) -> Column:
+        return column.isNotNull()
+
+    def logical(self, op: str, a: Column, b: Column) -> Column:
+        return a & b if op == "and" else a | b
+
+    def compare(self, op: str, a: Column, b: Column) -> Column:
+        # Spark's order is the reference's: NaN = NaN, NaN above every other double,
+        # -0.0 = 0.0.
+        return _SPARK_COMPARE[op](a, b)
+
+    def arithmetic(self, op: str, a: Column, b: Column) -> Column:
+        return {"+": a + b, "-": a - b, "*": a * b}[op]
+
+    def divide(self, a: Column, b: Column) -> Column:
+        return F.try_divide(a.cast("double"), b.cast("double"))
+
+    def remainder(self, a: Column, b: Column) -> Column:
+        return F.try_mod(a, b)
+
+    def array(self, items: Sequence[Column], element: str) -> Column:
+        return F.array(*items)
+
+    def coalesce(self, values: Sequence[Column]) -> Column:
+        return F.coalesce(*values)
+
+    def extremum(self, name: str, values: Sequence[Column], kind: str) -> Column:
+        if kind != DOUBLE:
+            return F.greatest(*values) if name == "greatest" else F.least(*values)
+
+        def better(x: Column, best: Column) -> Column:
+            beats = x > best if name == "greatest" else x < best
+            return beats & ~F.isnan(x) & ~F.isnan(best)
+
+        def step(best: Column, x: Column) -> Column:
+            return F.when(x.isNull(), best).when(best.isNull() | better(x, best), x).otherwise(best)
+
+        return F.aggregate(F.array(*values), _null(DOUBLE), step)
+
+    def if_else(self, condition: Column, then: Column, otherwise: Column) -> Column:
+        return F.when(condition, then).otherwise(otherwise)
+
+    def string_function(self, name: str, text: Column) -> Column:
+        if name == "lower":
+            return F.lower(text)
+        if name == "upper":
+            return F.upper(text)
+        return F.length(text).cast("bigint")
+
+    def absolute(self, column: Column) -> Column:
+        return F.abs(column)
+
+    def concat(self, parts: Sequence[Column]) -> Column:
+        return F.concat(*parts)
+
+    def sequence(self, start: Column, stop: Column) -> Column:
+        return F.sequence(start.cast("bigint"), stop.cast("bigint"))
+
+    def split(self, text: Column, separator: str) -> Column:
+        return F.split(text, java_regex_quote(separator), -1)
 
 
 # --- pieces ------------------------------------------------------------------------------
@@ -293,22 +254,6 @@ class _Compiler:
 
 def _null(type_name: str) -> Column:
     return F.lit(None).cast(spark_type(type_name))
-
-
-def _literal(value: Any) -> tuple[Column, str]:
-    if value is None:
-        return F.lit(None), NULL_TYPE
-    if isinstance(value, bool):
-        return F.lit(value), BOOLEAN
-    if isinstance(value, int):
-        if not BIGINT_MIN <= value <= BIGINT_MAX:
-            raise ValueError(f"literal {value} does not fit in a BIGINT")
-        return F.lit(value).cast("bigint"), BIGINT
-    if isinstance(value, float):
-        return F.lit(value).cast("double"), DOUBLE
-    if isinstance(value, str):
-        return F.lit(value), STRING
-    raise TypeError(f"unsupported literal {value!r}")
 
 
 def _coerce(column: Column, kind: str, target: str) -> Column:
@@ -324,52 +269,11 @@ def _coerce(column: Column, kind: str, target: str) -> Column:
     return column
 
 
-_SPARK_COMPARE = {
-    "==": lambda a, b: a == b,
-    "!=": lambda a, b: a != b,
-    "<": lambda a, b: a < b,
-    "<=": lambda a, b: a <= b,
-    ">": lambda a, b: a > b,
-    ">=": lambda a, b: a >= b,
-}
-
-
-def _compare(op: str, a: Column, b: Column) -> Column:
-    # Spark's order is the reference's: NaN = NaN, NaN above every other double,
-    # -0.0 = 0.0.
-    return _SPARK_COMPARE[op](a, b)
-
-
-def _extremum(name: str, values: Sequence[Column], kind: str) -> Column:
-    """greatest/least skipping NULLs; over DOUBLEs a left fold with Python's comparisons."""
-    if len(values) == 1:
-        return values[0]
-    if kind != DOUBLE:
-        return F.greatest(*values) if name == "greatest" else F.least(*values)
-
-    def better(x: Column, best: Column) -> Column:
-        beats = x > best if name == "greatest" else x < best
-        return beats & ~F.isnan(x) & ~F.isnan(best)
-
-    def step(best: Column, x: Column) -> Column:
-        return F.when(x.isNull(), best).when(best.isNull() | better(x, best), x).otherwise(best)
-
-    return F.aggregate(F.array(*values), _null(DOUBLE), step)
-
-
 # --- casts -------------------------------------------------------------------------------
 
 
-def cast_column(column: Column, kind: str, target: str) -> Column:
-    """The reference's ``cast_value`` (NULL on failure) from ``kind`` to ``target``."""
-    if kind == NULL_TYPE:
-        return _null(target)
-    if is_array(kind) or is_array(target):
-        if kind == target:
-            return column
-        raise TypeError(f"the Spark engine cannot cast {kind} to {target}")
-    if kind == target:
-        return column
+def _convert(column: Column, kind: str, target: str) -> Column:
+    """``ExpressionCompiler.convert``: between two different scalar types."""
     if target == STRING:
         if kind == DOUBLE:
             return python_float_repr(column)
@@ -379,7 +283,8 @@ def cast_column(column: Column, kind: str, target: str) -> Column:
             return let(
                 python_strip(column),
                 lambda text: F.when(
-                    text.rlike(_INT_SYNTAX), F.regexp_replace(text, "_", "").try_cast("bigint")
+                    text.rlike(PYTHON_INT_SYNTAX),
+                    F.regexp_replace(text, "_", "").try_cast("bigint"),
                 ),
             )
         if kind == DOUBLE:
@@ -395,8 +300,8 @@ def cast_column(column: Column, kind: str, target: str) -> Column:
         if kind == STRING:
             return let(
                 F.lower(python_strip(column)),
-                lambda word: F.when(word.isin(*_TRUE_WORDS), F.lit(True)).when(
-                    word.isin(*_FALSE_WORDS), F.lit(False)
+                lambda word: F.when(word.isin(*TRUE_WORDS), F.lit(True)).when(
+                    word.isin(*FALSE_WORDS), F.lit(False)
                 ),
             )
         return column != F.lit(0).cast(spark_type(kind))  # bool(x): NaN is true
@@ -421,7 +326,9 @@ def _parse_stripped_float(text: Column) -> Column:
         .when(unsigned.isin("inf", "infinity") & negative, F.lit(float("-inf")))
         .when(unsigned.isin("inf", "infinity"), F.lit(float("inf")))
     )
-    number = F.when(text.rlike(_FLOAT_SYNTAX), F.regexp_replace(text, "_", "").try_cast("double"))
+    number = F.when(
+        text.rlike(PYTHON_FLOAT_SYNTAX), F.regexp_replace(text, "_", "").try_cast("double")
+    )
     return F.coalesce(special, number)
 
 
@@ -515,11 +422,3 @@ def java_regex_quote(text: str) -> str:
     if "\\E" not in text:
         return f"\\Q{text}\\E"
     return "\\Q" + text.replace("\\E", "\\E\\\\E\\Q") + "\\E"
-
-
-def _split(text: Column, separator: Expr) -> Column:
-    if not (
-        isinstance(separator, Literal) and isinstance(separator.value, str) and separator.value
-    ):
-        raise TypeError(f"split needs a non-empty literal string separator, got {separator!r}")
-    return F.split(text, java_regex_quote(separator.value), -1)
