@@ -84,13 +84,27 @@ def zset_batch(
     return ZSet(checked)
 
 
+class CheckedRows(list):
+    """Upsert rows that ``upsert_batch`` already checked against ``schema`` (as tuples):
+    an engine that checks a whole epoch before it opens does not check them again."""
+
+    def __init__(self, rows: Iterable[tuple], schema: Schema) -> None:
+        super().__init__(rows)
+        self.schema = schema
+
+
 def upsert_batch(
     source: str, schema: Schema, batch: Iterable[Any], file: str | None = None
 ) -> list[tuple]:
     """Check an upsert batch: rows as tuples or mappings (missing columns are NULL)."""
+    if isinstance(batch, CheckedRows) and batch.schema == schema:
+        return batch
     if isinstance(batch, (str, bytes, Mapping)):
         raise InputError(source, "an upsert batch must be a list of rows", file)
-    return [check_row(source, schema, row, position, file) for position, row in enumerate(batch)]
+    return CheckedRows(
+        (check_row(source, schema, row, position, file) for position, row in enumerate(batch)),
+        schema,
+    )
 
 
 def upsert_spec(node: Node) -> UpsertSpec:

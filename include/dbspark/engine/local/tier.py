@@ -59,16 +59,26 @@ def arrow_schema(fields: Fields) -> pa.Schema:
 
 
 def arrow_table(rows: Iterable[Sequence[Any]], fields: Fields) -> pa.Table:
-    """Rows (tuples in ``fields`` order, reference values) as an Arrow table."""
+    """Rows (tuples in ``fields`` order, values of the columns' types: checked input or
+    an engine's own results) as an Arrow table."""
     rows = list(rows)
     columns = list(zip(*rows, strict=True)) if rows else [() for _ in fields]
     return pa.table(
         {
-            name: pa.array([to_column_value(v, kind) for v in values], arrow_type(kind))
+            name: _arrow_array(values, kind)
             for (name, kind), values in zip(fields, columns, strict=True)
         },
         schema=arrow_schema(fields),
     )
+
+
+def _arrow_array(values: Sequence[Any], kind: str) -> pa.Array:
+    # Arrow converts ints in DOUBLE columns and tuples in arrays itself; values it takes
+    # another way go through the per-value conversion.
+    try:
+        return pa.array(values, arrow_type(kind))
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError):
+        return pa.array([to_column_value(v, kind) for v in values], arrow_type(kind))
 
 
 class LocalTier:
