@@ -26,9 +26,9 @@ from dbspark.core.zset import ZSet
 from dbspark.engine import kernels
 from dbspark.engine.local.dialect import arrow_type
 from dbspark.engine.local.frame import LocalSession
+from dbspark.engine.local.tier import table_zset
 from dbspark.engine.spark.compile import struct_type
 from dbspark.engine.spark.frames import frame_to_zset
-from dbspark.engine.values import from_column_value
 
 SCHEMA = Schema((("k", "bigint"), ("v", "double"), ("s", "string")))
 RIGHT = Schema((("rk", "bigint"), ("x", "bigint")))
@@ -68,12 +68,7 @@ class Tiers:
     def zset(frame: Any, schema: Schema) -> ZSet:
         if hasattr(frame, "sparkSession"):
             return frame_to_zset(frame, schema)
-        table = frame.toArrow()
-        pairs = []
-        for record in table.to_pylist():
-            row = tuple(from_column_value(record[n], t) for n, t in schema.fields)
-            pairs.append((row, int(record["__w"])))
-        return ZSet(pairs)
+        return table_zset(frame.toArrow(), schema)
 
     def same(self, kernel: Any, spark_args: tuple, local_args: tuple, out: Schema) -> ZSet:
         want = self.zset(kernel(*spark_args), out)

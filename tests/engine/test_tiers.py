@@ -38,3 +38,34 @@ def test_spark_is_opened_only_when_a_unit_needs_it(spark: Any, tmp_path: Path) -
         ("or", 1): 1,
         ("not", 1): 1,
     }
+
+
+def test_either_tier_recognises_the_other_tiers_committed_batch(spark: Any, tmp_path: Path) -> None:
+    """An ingest re-run after its epoch committed is checked by fingerprint: the Spark tier
+    (a Spark job) and the local tier (NumPy) must fingerprint the same rows alike, NULLs,
+    NaN and -0.0 included."""
+    import pytest
+
+    from dbspark.circuit.builder import Circuit
+    from dbspark.engine.batches import InputError
+
+    def circuit() -> Circuit:
+        c = Circuit("fingerprints")
+        rows = c.zset_source("rows", {"k": "bigint", "x": "double", "s": "string", "b": "boolean"})
+        c.view("present", rows.distinct())
+        return c
+
+    batch = [
+        ((1, 2.5, "a", True), 1),
+        ((2, None, None, None), 3),
+        ((None, float("nan"), "ß", False), -1),
+        ((4, -0.0, "", True), 2),
+    ]
+    for first, again in ((0, None), (None, 0)):
+        warehouse = tmp_path / f"wh{first}"
+        SparkEngine(circuit(), warehouse, spark=spark, local_rows=first).step({"rows": batch})
+        rerun = SparkEngine(circuit(), warehouse, spark=spark, local_rows=again)
+        report = rerun.ingest("rows", 0, batch)
+        assert report.skipped and report.note == "same batch as committed"
+        with pytest.raises(InputError, match="already ingested a different batch"):
+            rerun.ingest("rows", 0, batch[:-1])

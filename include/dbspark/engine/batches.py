@@ -13,6 +13,7 @@ the files) and raises the same ``InputError``, naming the file and the line or r
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -105,6 +106,15 @@ def upsert_batch(
         (check_row(source, schema, row, position, file) for position, row in enumerate(batch)),
         schema,
     )
+
+
+def fingerprint_text(columns: Iterable[str], rows: int, row_hash_sum: int) -> str:
+    """A batch's fingerprint: its columns, its row count and the sum of its rows' hashes
+    (Spark's ``xxhash64`` of every column, sorted by name, and of the row's NULL
+    pattern). Both tiers compute the sum their own way and format it here, so a
+    committed batch is recognised whichever tier ingested it."""
+    text = f"{','.join(sorted(columns))}|{rows}|{row_hash_sum}"
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
 def upsert_spec(node: Node) -> UpsertSpec:

@@ -57,10 +57,6 @@ def consolidate(df: DataFrame, columns: Sequence[str]) -> DataFrame:
     )
 
 
-def _union(a: DataFrame, b: DataFrame) -> DataFrame:
-    return a.unionByName(b)
-
-
 # --- linear --------------------------------------------------------------------------------
 def select(df: DataFrame, columns: dict[str, Expr], schema: Schema) -> DataFrame:
     d = dialect_of(df)
@@ -127,7 +123,7 @@ def general_linear(
         weight = (F.col(WEIGHT) * factor).cast("bigint")
         part = part.where(factor.isNotNull() & (factor != 0))
         parts.append(part.select(*projected, weight.alias(WEIGHT), due.alias("__epoch")))
-    combined = reduce(_union, parts)
+    combined = reduce(plus, parts)
     return consolidate(combined, [*out_schema.names, "__epoch"])
 
 
@@ -150,11 +146,11 @@ def candidates(trace: DataFrame, key_columns: Sequence[str], t: Time) -> DataFra
     names = time_columns(len(t))
     rows = trace.where(at_or_before(F, t))
     flags = [
-        F.max(F.when(F.col(n) == v, F.lit(1)).otherwise(F.lit(0))).alias(f"__on{d}")
-        for d, (n, v) in enumerate(zip(names, t, strict=True))
+        F.max(F.when(F.col(n) == v, F.lit(1)).otherwise(F.lit(0))).alias(f"__on{axis}")
+        for axis, (n, v) in enumerate(zip(names, t, strict=True))
     ]
     grouped = rows.groupBy(*key_columns).agg(*flags)
-    condition = reduce(lambda a, b: a & b, [F.col(f"__on{d}") == 1 for d in range(len(t))])
+    condition = reduce(lambda a, b: a & b, [F.col(f"__on{axis}") == 1 for axis in range(len(t))])
     return grouped.where(condition).select(*key_columns)
 
 
@@ -237,7 +233,7 @@ def aggregate_delta(
                 *[F.col(k) for k in keys], *values, F.lit(sign).cast("bigint").alias(WEIGHT)
             )
         )
-    return consolidate(reduce(_union, outputs), out_schema.names)
+    return consolidate(reduce(plus, outputs), out_schema.names)
 
 
 def _user_aggregate(
@@ -335,7 +331,7 @@ def join_delta_root(
         _join_output(left_before, d_right, *args),
         _join_output(d_left, d_right, *args),
     ]
-    return consolidate(reduce(_union, parts), out_columns)
+    return consolidate(reduce(plus, parts), out_columns)
 
 
 def join_delta_nested(

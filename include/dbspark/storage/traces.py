@@ -95,7 +95,7 @@ class TraceStore:
 
     @property
     def spark(self) -> SparkSession:
-        if callable(self._spark) and not hasattr(self._spark, "sparkContext"):
+        if callable(self._spark):  # a session object is not callable; its opener is
             self._spark = self._spark()
         return self._spark  # type: ignore[return-value]
 

@@ -53,12 +53,7 @@ def evaluate_user_aggregates(
     apply = user_aggregates.applier(columns)
     gathered = {c.gathered for c in columns}
     kept = [name for name in table.column_names if name not in gathered]
-    names = table.column_names
-    records = [
-        dict(zip(names, values, strict=True))
-        for values in zip(*(table.column(n).to_pylist() for n in names), strict=True)
-    ]
-    results = [apply(record) for record in records]
+    results = [apply(record) for record in table.to_pylist()]
     data = {name: table.column(name) for name in kept}
     for index, column in enumerate(columns):
         data[column.output] = pa.array(

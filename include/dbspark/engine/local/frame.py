@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import duckdb
@@ -96,9 +96,6 @@ class LocalColumn:
     def cast(self, type_name: Any) -> LocalColumn:
         return LocalColumn(f"CAST({self.sql} AS {duck_type(type_name)})", self.name)
 
-    def try_cast(self, type_name: Any) -> LocalColumn:
-        return LocalColumn(f"TRY_CAST({self.sql} AS {duck_type(type_name)})", self.name)
-
     # predicates --------------------------------------------------------------------------
     def isNull(self) -> LocalColumn:
         return LocalColumn(f"({self.sql} IS NULL)")
@@ -108,22 +105,6 @@ class LocalColumn:
 
     def eqNullSafe(self, other: Any) -> LocalColumn:
         return LocalColumn(f"({self.sql} IS NOT DISTINCT FROM {_sql(other)})")
-
-    def isin(self, *values: Any) -> LocalColumn:
-        if len(values) == 1 and isinstance(values[0], (list, tuple, set)):
-            values = tuple(values[0])
-        if not values:
-            return LocalColumn("FALSE")
-        return LocalColumn(f"({self.sql} IN ({', '.join(_sql(v) for v in values)}))")
-
-    # struct fields and list items (0-based, as ``getItem`` on a Spark array) ---------------
-    def getItem(self, key: Any) -> LocalColumn:
-        if isinstance(key, int):
-            return LocalColumn(f"({self.sql})[{key + 1}]")
-        return LocalColumn(f"struct_extract({self.sql}, {sql_literal(key)})", key)
-
-    def __getitem__(self, key: Any) -> LocalColumn:
-        return self.getItem(key)
 
     # operators ---------------------------------------------------------------------------
     def _binary(self, op: str, other: Any, reverse: bool = False) -> LocalColumn:
@@ -249,28 +230,12 @@ def min(column: Any) -> LocalColumn:
     return _function("min", column)
 
 
-def count(column: Any) -> LocalColumn:
-    return _function("count", column)
-
-
 def greatest(*columns: Any) -> LocalColumn:
     return _function("greatest", *columns)
 
 
 def least(*columns: Any) -> LocalColumn:
     return _function("least", *columns)
-
-
-def coalesce(*columns: Any) -> LocalColumn:
-    return _function("coalesce", *columns)
-
-
-def isnan(column: Any) -> LocalColumn:
-    return _function("isnan", column)
-
-
-def abs(column: Any) -> LocalColumn:
-    return _function("abs", column)
 
 
 def collect_list(column: Any) -> LocalColumn:
@@ -300,10 +265,6 @@ def explode(column: Any) -> LocalColumn:
     return LocalColumn(f"unnest({_sql(_column(column))})")
 
 
-def broadcast(frame: LocalFrame) -> LocalFrame:
-    return frame
-
-
 # --- rows -----------------------------------------------------------------------------------
 
 
@@ -322,9 +283,6 @@ class LocalRow(tuple):
             return super().__getitem__(self._names.index(key))
         return super().__getitem__(key)
 
-    def asDict(self) -> dict[str, Any]:
-        return dict(zip(self._names, self, strict=True))
-
 
 # --- frames ---------------------------------------------------------------------------------
 
@@ -332,16 +290,13 @@ class LocalRow(tuple):
 class LocalSession:
     """One DuckDB connection and the Arrow tables its frames have handed to it."""
 
-    def __init__(self, threads: int | None = None) -> None:
+    def __init__(self) -> None:
         from dbspark.engine.local.compile import register
 
         self.connection = duckdb.connect(":memory:")
         register(self.connection)
-        if threads:
-            self.connection.execute(f"SET threads = {int(threads)}")
         self._names = itertools.count()
         self._registered: set[str] = set()
-        self.queries = 0  # how many queries ran: the local tier's "jobs", for reports
 
     def table_name(self) -> str:
         return f"__dbspark_t{next(self._names)}"
@@ -349,7 +304,9 @@ class LocalSession:
     def frame(self, table: pa.Table) -> LocalFrame:
         """A frame over an Arrow table (registered when a query needs it)."""
         name = self.table_name()
-        return LocalFrame(self, quote(name), list(table.column_names), {name: table})
+        frame = LocalFrame(self, quote(name), list(table.column_names), {name: table})
+        frame.table = table
+        return frame
 
     def sql(self, query: str, columns: Sequence[str]) -> LocalFrame:
         return LocalFrame(self, f"({query})", list(columns), {})
@@ -361,7 +318,6 @@ class LocalSession:
                 self.connection.register(name, table)
                 self._registered.add(name)
         try:
-            self.queries += 1
             return self.connection.sql(frame.query()).to_arrow_table()
         finally:
             self.release(frame.tables)
@@ -392,6 +348,8 @@ class LocalFrame:
         self.columns = columns
         self.tables = tables
         self.alias_name = alias_name
+        # Set for a frame that is an Arrow table as it stands: its rows need no query.
+        self.table: pa.Table | None = None
 
     def __repr__(self) -> str:
         return f"LocalFrame({self.columns})"
@@ -433,16 +391,11 @@ class LocalFrame:
         text = condition if isinstance(condition, str) else condition.sql
         return self._derive([col(c) for c in self.columns], f" WHERE {text}")
 
-    filter = where
-
     def withColumn(self, name: str, column: Any) -> LocalFrame:
         column = lit(column)
         if name in self.columns:
             return self._derive([column.alias(c) if c == name else col(c) for c in self.columns])
         return self._derive([*(col(c) for c in self.columns), column.alias(name)])
-
-    def withColumnRenamed(self, old: str, new: str) -> LocalFrame:
-        return self._derive([col(c).alias(new if c == old else c) for c in self.columns])
 
     def drop(self, *names: str) -> LocalFrame:
         dropped = set(names)
@@ -455,52 +408,26 @@ class LocalFrame:
         query = f"(SELECT DISTINCT * FROM {self.source})"
         return LocalFrame(self.session, query, self.columns, self.tables)
 
-    def limit(self, n: int) -> LocalFrame:
-        query = f"(SELECT * FROM {self.source} LIMIT {int(n)})"
-        return LocalFrame(self.session, query, self.columns, self.tables)
-
     def groupBy(self, *keys: str | LocalColumn) -> LocalGrouped:
         return LocalGrouped(self, [_column(k) for k in keys])
 
     def agg(self, *aggregates: LocalColumn) -> LocalFrame:
         return LocalGrouped(self, []).agg(*aggregates)
 
-    def join(self, other: LocalFrame, on: Any = None, how: str = "inner") -> LocalFrame:
-        kind = {
-            "inner": "JOIN",
-            "left_semi": "SEMI JOIN",
-            "semi": "SEMI JOIN",
-            "leftsemi": "SEMI JOIN",
-            "left_anti": "ANTI JOIN",
-            "anti": "ANTI JOIN",
-            "leftanti": "ANTI JOIN",
-            "left": "LEFT JOIN",
-            "left_outer": "LEFT JOIN",
-            "cross": "CROSS JOIN",
-        }[how]
+    def join(self, other: LocalFrame, on: LocalColumn, how: str = "inner") -> LocalFrame:
+        """An inner join (both sides' columns) or a ``left_semi`` join (this side's), on a
+        condition: the two joins the kernels make."""
+        kinds = {"inner": "JOIN", "left_semi": "SEMI JOIN"}
+        if how not in kinds:
+            raise ValueError(f"the local tier has no {how!r} join")
         left = quote(self.alias_name or "__l")
         right = quote(other.alias_name or "__r")
-        if on is None:
-            condition = ""
-        elif isinstance(on, LocalColumn):
-            condition = f" ON {on.sql}"
-        else:
-            names = [on] if isinstance(on, str) else list(on)
-            condition = f" USING ({', '.join(quote(n) for n in names)})"
         query = (
-            f"(SELECT * FROM {self.source} AS {left} {kind} {other.source} AS {right}{condition})"
+            f"(SELECT * FROM {self.source} AS {left} {kinds[how]} {other.source} AS {right} "
+            f"ON {on.sql})"
         )
-        if kind in ("SEMI JOIN", "ANTI JOIN"):
-            columns = list(self.columns)
-        elif condition.startswith(" USING"):
-            keys = [on] if isinstance(on, str) else list(on)
-            columns = [*self.columns, *(c for c in other.columns if c not in keys)]
-        else:
-            columns = [*self.columns, *other.columns]
+        columns = [*self.columns, *other.columns] if how == "inner" else list(self.columns)
         return LocalFrame(self.session, query, columns, {**self.tables, **other.tables})
-
-    def crossJoin(self, other: LocalFrame) -> LocalFrame:
-        return self.join(other, how="cross")
 
     def unionByName(self, other: LocalFrame) -> LocalFrame:
         if sorted(self.columns) != sorted(other.columns):
@@ -513,31 +440,14 @@ class LocalFrame:
         """The rows computed once and kept as an Arrow table (as Spark's checkpoint)."""
         return self.session.frame(self.toArrow())
 
-    cache = localCheckpoint
-
     # actions ---------------------------------------------------------------------------
     def toArrow(self) -> pa.Table:
-        return self.session.run(self)
+        return self.table if self.table is not None else self.session.run(self)
 
     def collect(self) -> list[LocalRow]:
         table = self.toArrow()
         columns = [table.column(i).to_pylist() for i in range(table.num_columns)]
         return [LocalRow(values, self.columns) for values in zip(*columns, strict=True)]
-
-    def first(self) -> LocalRow | None:
-        rows = self.limit(1).collect()
-        return rows[0] if rows else None
-
-    def count(self) -> int:
-        query = f"(SELECT count(*) AS n FROM {self.source})"
-        table = self.session.run(LocalFrame(self.session, query, ["n"], self.tables))
-        return int(table.column(0)[0].as_py())
-
-    def isEmpty(self) -> bool:
-        return self.limit(1).count() == 0
-
-    def __iter__(self) -> Iterator[LocalRow]:
-        return iter(self.collect())
 
 
 class LocalGrouped:

@@ -14,11 +14,10 @@ on both tiers.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +28,13 @@ import pyarrow.parquet as pq
 
 from dbspark.circuit.types import Schema
 from dbspark.core.zset import ZSet
+from dbspark.engine.batches import fingerprint_text
 from dbspark.engine.local.dialect import arrow_type, semi_join
 from dbspark.engine.local.frame import LocalFrame, LocalSession, duck_type, quote
 from dbspark.engine.values import from_column_value, to_column_value
 from dbspark.storage.buckets import bucket_ids, xxhash64
 from dbspark.storage.catalog import BatchRecord
+from dbspark.storage.traces import WEIGHT_COLUMN as WEIGHT
 from dbspark.storage.warehouse import (
     BUCKET_COLUMN,
     DEFAULT_BUCKETS,
@@ -115,14 +116,7 @@ class LocalTier:
 
     def zset(self, frame: LocalFrame, schema: Schema) -> ZSet:
         """Collect a frame of ``schema``'s columns (and ``__w``) as a Z-set."""
-        table = frame.select(*schema.names, *(["__w"] if "__w" in frame.columns else [])).toArrow()
-        columns = [table.column(n).to_pylist() for n in schema.names]
-        weights = table.column("__w").to_pylist() if "__w" in table.column_names else None
-        pairs = []
-        for index, values in enumerate(zip(*columns, strict=True)) if columns else []:
-            row = tuple(from_column_value(v, t) for v, t in zip(values, schema.types, strict=True))
-            pairs.append((row, int(weights[index]) if weights is not None else 1))
-        return ZSet(pairs)
+        return table_zset(frame.toArrow(), schema)
 
     # reading -------------------------------------------------------------------------
     def read(
@@ -267,7 +261,21 @@ class LocalTier:
         return table_fingerprint(frame.toArrow())
 
 
+def table_zset(table: pa.Table, schema: Schema) -> ZSet:
+    """A table of ``schema``'s columns (and ``__w``; without it each row counts once) as
+    a Z-set of the reference engine's values."""
+    weighted = WEIGHT in table.column_names
+    return ZSet(
+        (
+            tuple(from_column_value(record[n], t) for n, t in schema.fields),
+            int(record[WEIGHT]) if weighted else 1,
+        )
+        for record in table.select([*schema.names, *([WEIGHT] if weighted else [])]).to_pylist()
+    )
+
+
 def table_fingerprint(table: pa.Table) -> str:
+    """``batches.fingerprint_text`` of the table, the row hashes summed with NumPy."""
     names = sorted(table.column_names)
     if table.num_rows:
         arrays = [table.column(n) for n in names]
@@ -278,8 +286,7 @@ def table_fingerprint(table: pa.Table) -> str:
         total = int(np.sum(hashes.astype(object)))
     else:
         total = 0
-    text = f"{','.join(names)}|{table.num_rows}|{total}"
-    return hashlib.sha256(text.encode()).hexdigest()[:24]
+    return fingerprint_text(names, table.num_rows, total)
 
 
 def _conform(table: pa.Table, fields: Fields) -> pa.Table:
@@ -331,9 +338,3 @@ def _parquet_files(folder: Path) -> list[str]:
             if f.endswith(".parquet") and not _hidden(f)
         )
     return found
-
-
-def records_fields(schema: Schema, extra: Mapping[str, str] | Sequence[tuple[str, str]]) -> Fields:
-    """A collection's fields: the user's columns then the reserved ones."""
-    pairs = extra.items() if isinstance(extra, Mapping) else extra
-    return [*schema.fields, *pairs]

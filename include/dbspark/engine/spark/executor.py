@@ -42,7 +42,13 @@ from dbspark.core.timestamps import Time
 from dbspark.core.upsert import UpsertError, updates_against
 from dbspark.core.zset import ZSet
 from dbspark.engine import kernels as ops
-from dbspark.engine.batches import InputError, upsert_batch, upsert_spec, zset_batch
+from dbspark.engine.batches import (
+    InputError,
+    fingerprint_text,
+    upsert_batch,
+    upsert_spec,
+    zset_batch,
+)
 from dbspark.engine.dialect import dialect_of
 from dbspark.engine.kernels import consolidate
 from dbspark.engine.local.frame import LocalFrame
@@ -55,7 +61,7 @@ from dbspark.engine.spark.frames import (
     time_fields,
 )
 from dbspark.engine.spark.session import int_setting, is_connect, spark_session
-from dbspark.engine.spark.tier import SparkTier
+from dbspark.engine.spark.tier import SparkTier, spark_struct
 from dbspark.engine.spark.upserts import default_driver_rows, state_delta
 from dbspark.storage.catalog import BatchRecord, Catalog, LoopIteration
 from dbspark.storage.traces import TraceStore, advance_columns
@@ -229,15 +235,13 @@ class SparkEngine:
         Spark Connect client, say), which is then called only if a unit needs Spark."""
         if self._spark is None:
             self._spark = spark_session()
-        elif not isinstance(self._spark, SparkSession) and callable(self._spark):
+        elif callable(self._spark):  # a session object is not callable; its opener is
             self._spark = self._spark()
         return self._spark
 
     @property
     def spark_started(self) -> bool:
-        return self._spark is not None and not (
-            callable(self._spark) and not isinstance(self._spark, SparkSession)
-        )
+        return self._spark is not None and not callable(self._spark)
 
     @property
     def local(self) -> LocalTier:
@@ -418,7 +422,7 @@ class SparkEngine:
         if fingerprint is None:
             observation = Observation(f"dbspark_fingerprint_{uuid.uuid4().hex}")
             logged = frame.observe(observation, *_fingerprint_columns(frame))
-        input_fields = [*self._user_schema(node).fields, *_weight_field(node), *_times(1)]
+        input_fields = [*self._user_schema(node).fields, *_weight_field(node), *time_fields(1)]
         logged = _with_time(logged, t)
         unit.add(self._write(unit, logged, f"n{node.id}.input", "trace", t, input_fields))
         if observation is not None:
@@ -474,11 +478,11 @@ class SparkEngine:
         spec = self._specs[node.id]
         keys = list(spec.key)
         state_collection = f"n{node.id}.state"
-        state_fields = [*node.schema.fields, (WEIGHT, "bigint"), *_times(1)]
+        state_fields = [*node.schema.fields, (WEIGHT, "bigint"), *time_fields(1)]
         if isinstance(unit.tier, LocalTier):
             delta = self._local_upsert_delta(node, batch, unit.tier, state_fields, file)
         else:
-            state_struct = struct_type(node.schema, extra=[(WEIGHT, "bigint"), *time_fields(1)])
+            state_struct = spark_struct(state_fields)
 
             def read_state(key_frame: DataFrame) -> DataFrame:
                 return self.traces.read(
@@ -568,13 +572,13 @@ class SparkEngine:
 
     # ================================================================================ reading
     def _schema_of(self, node: Node, depth: int = 0) -> Any:
-        times = time_fields(depth) if depth else []
-        return struct_type(node.schema, extra=[(WEIGHT, "bigint"), *times])
+        """``_fields`` as a Spark schema (for Spark's own reads: views, full refresh)."""
+        return spark_struct(self._fields(node, depth))
 
     def _fields(self, node: Node, depth: int = 0) -> list[tuple[str, str]]:
         """A node's collection as ``(name, type)`` pairs: its columns, ``__w`` and the time
         columns of ``depth`` (none for a delta)."""
-        return [*node.schema.fields, (WEIGHT, "bigint"), *(_times(depth) if depth else [])]
+        return [*node.schema.fields, (WEIGHT, "bigint"), *(time_fields(depth) if depth else [])]
 
     def _write(
         self,
@@ -587,20 +591,11 @@ class SparkEngine:
         *,
         bucket_by: Sequence[str] | None = None,
     ) -> BatchRecord | None:
-        """Write a unit's output with the unit's tier (not yet committed)."""
-        if isinstance(unit.tier, LocalTier):
-            return unit.tier.write(
-                frame, self.circuit.name, collection, kind, t, fields, bucket_by=bucket_by
-            )
+        """Write a unit's output with the unit's tier (not yet committed); a Spark unit
+        may write from the driver (``driver_rows``), the local tier always writes here."""
+        options = {} if isinstance(unit.tier, LocalTier) else {"driver_rows": unit.driver_rows}
         return unit.tier.write(
-            frame,
-            self.circuit.name,
-            collection,
-            kind,
-            t,
-            fields,
-            bucket_by=bucket_by,
-            driver_rows=unit.driver_rows,
+            frame, self.circuit.name, collection, kind, t, fields, bucket_by=bucket_by, **options
         )
 
     def _records(
@@ -886,7 +881,7 @@ class SparkEngine:
             _renamed(unit.tier.read(rs, schemas[port]), port_keys[port], port_keys[0])
             for port, rs in enumerate(records)
         ]
-        keys = self._gather(unit, reduce(lambda a, b: a.unionByName(b), frames))
+        keys = self._gather(unit, reduce(ops.plus, frames))
         if keys.buckets is not None:  # gathered to the driver: a local relation to keep
             self._key_sets[memo] = keys
             while len(self._key_sets) > _KEY_SETS_KEPT:
@@ -1106,7 +1101,7 @@ class SparkEngine:
             for d, (n, v) in enumerate(zip(names[:level], prefix, strict=True))
         ]
         per_key = (
-            reduce(lambda a, b: a.unionByName(b), history)
+            reduce(ops.plus, history)
             .groupBy(*port_keys[0])
             .agg(*flags, F.max(names[level]).alias("__deepest"))
         )
@@ -1320,10 +1315,6 @@ def _with_time(df: Any, t: Time) -> Any:
     return df
 
 
-def _times(depth: int) -> list[tuple[str, str]]:
-    return time_fields(depth)
-
-
 def _weight_field(node: Node) -> list[tuple[str, str]]:
     """A Z-set source's raw input carries weights; an upsert source's does not."""
     return [(WEIGHT, "bigint")] if node.op == "zset_source" else []
@@ -1408,8 +1399,7 @@ def _fingerprint_columns(frame: DataFrame) -> list[Any]:
 
 
 def _fingerprint_text(frame: DataFrame, values: Mapping[str, Any]) -> str:
-    text = f"{','.join(sorted(frame.columns))}|{values.get('n') or 0}|{values.get('h') or 0}"
-    return hashlib.sha256(text.encode()).hexdigest()[:24]
+    return fingerprint_text(frame.columns, int(values.get("n") or 0), int(values.get("h") or 0))
 
 
 def records_rows(records: Iterable[BatchRecord]) -> int:

@@ -7,15 +7,13 @@ input is too large for this process run here; so do full refresh and verificatio
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
 from dbspark.circuit.types import Schema
-from dbspark.core.zset import ZSet
 from dbspark.engine.spark.compile import struct_type
-from dbspark.engine.spark.frames import frame_to_zset, to_spark_value
 from dbspark.storage.catalog import BatchRecord
 from dbspark.storage.warehouse import DEFAULT_BUCKETS, KeySet, Warehouse
 
@@ -38,21 +36,11 @@ class SparkTier:
         self.warehouse = warehouse
         self.buckets = buckets
 
-    def frame(self, rows: Iterable[Sequence[Any]], fields: Fields) -> DataFrame:
-        types = [t for _, t in fields]
-        data = [
-            tuple(to_spark_value(v, t) for v, t in zip(row, types, strict=True)) for row in rows
-        ]
-        return self.spark.createDataFrame(data, spark_struct(fields))
-
     def empty(self, fields: Fields) -> DataFrame:
         return self.spark.createDataFrame([], spark_struct(fields))
 
     def checkpoint(self, frame: DataFrame) -> DataFrame:
         return frame.localCheckpoint()
-
-    def zset(self, frame: DataFrame, schema: Schema) -> ZSet:
-        return frame_to_zset(frame, schema)
 
     def read(
         self,
