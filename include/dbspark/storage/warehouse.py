@@ -358,42 +358,45 @@ def semi_join(
     return left.join(right, cond, "left_semi")
 
 
+def parquet_files(path: Path) -> list[str]:
+    """The Parquet files under ``path`` that a read sees (Spark's rule for hidden ones),
+    in a stable order."""
+    found = []
+    for dirpath, dirs, files in os.walk(path):
+        dirs[:] = sorted(d for d in dirs if not _hidden(d))
+        found.extend(
+            os.path.join(dirpath, f)
+            for f in sorted(files)
+            if f.endswith(".parquet") and not _hidden(f)
+        )
+    return found
+
+
 def parquet_stats(path: Path) -> tuple[int, int]:
     """(rows, bytes) of the Parquet files under ``path``, from their footers."""
-    rows = size = 0
-    for dirpath, dirs, files in os.walk(path):
-        dirs[:] = [d for d in dirs if not _hidden(d)]
-        for f in files:
-            if _hidden(f) or not f.endswith(".parquet"):
-                continue
-            full = os.path.join(dirpath, f)
-            rows += pq.read_metadata(full).num_rows
-            size += os.path.getsize(full)
-    return rows, size
+    files = parquet_files(path)
+    rows = sum(pq.read_metadata(f).num_rows for f in files)
+    return rows, sum(os.path.getsize(f) for f in files)
 
 
 def _footer_max(path: Path, column: str) -> int | None:
     """The maximum of ``column`` over the Parquet files under ``path`` from their row group
     statistics; None when a file lacks the column or a row group lacks statistics."""
     top: int | None = None
-    for dirpath, dirs, files in os.walk(path):
-        dirs[:] = [d for d in dirs if not _hidden(d)]
-        for f in files:
-            if _hidden(f) or not f.endswith(".parquet"):
+    for file in parquet_files(path):
+        meta = pq.read_metadata(file)
+        names = [meta.schema.column(i).path for i in range(meta.num_columns)]
+        if column not in names:
+            return None
+        index = names.index(column)
+        for g in range(meta.num_row_groups):
+            group = meta.row_group(g)
+            if group.num_rows == 0:
                 continue
-            meta = pq.read_metadata(os.path.join(dirpath, f))
-            names = [meta.schema.column(i).path for i in range(meta.num_columns)]
-            if column not in names:
+            stats = group.column(index).statistics
+            if stats is None or not stats.has_min_max:
                 return None
-            index = names.index(column)
-            for g in range(meta.num_row_groups):
-                group = meta.row_group(g)
-                if group.num_rows == 0:
-                    continue
-                stats = group.column(index).statistics
-                if stats is None or not stats.has_min_max:
-                    return None
-                top = int(stats.max) if top is None else max(top, int(stats.max))
+            top = int(stats.max) if top is None else max(top, int(stats.max))
     return top
 
 

@@ -18,7 +18,6 @@ import os
 import shutil
 import uuid
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -41,7 +40,7 @@ from dbspark.storage.warehouse import (
     KeySet,
     Warehouse,
     _bucket_dirs,
-    _hidden,
+    parquet_files,
 )
 
 #: ``(name, type)`` of every column of a collection, reserved ones included.
@@ -151,9 +150,9 @@ class LocalTier:
             if record.buckets:
                 for bucket in _bucket_dirs(folder):
                     if wanted is None or int(bucket.name.split("=", 1)[1]) in wanted:
-                        files.extend(_parquet_files(bucket))
+                        files.extend(parquet_files(bucket))
             else:
-                files.extend(_parquet_files(folder))
+                files.extend(parquet_files(folder))
         if not files:
             return self.empty(fields)
         listing = ", ".join("'" + f.replace("'", "''") + "'" for f in files)
@@ -241,7 +240,7 @@ class LocalTier:
         except BaseException:
             shutil.rmtree(target, ignore_errors=True)
             raise
-        size = sum(os.path.getsize(f) for f in _parquet_files(target))
+        size = sum(os.path.getsize(f) for f in parquet_files(target))
         return BatchRecord(
             circuit=circuit,
             collection=collection,
@@ -326,15 +325,3 @@ def _table_buckets(table: pa.Table, buckets: int) -> set[int]:
         return set()
     ids = bucket_ids([table.column(c) for c in table.column_names], buckets)
     return {int(b) for b in np.unique(ids)}
-
-
-def _parquet_files(folder: Path) -> list[str]:
-    found = []
-    for dirpath, dirs, files in os.walk(folder):
-        dirs[:] = sorted(d for d in dirs if not _hidden(d))
-        found.extend(
-            os.path.join(dirpath, f)
-            for f in sorted(files)
-            if f.endswith(".parquet") and not _hidden(f)
-        )
-    return found
