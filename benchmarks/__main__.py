@@ -68,6 +68,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--keep-work", action="store_true", help="keep the warehouses and landed data (work/)"
     )
     parser.add_argument("--sf", type=float, action="append", help="W1 scale factor (repeatable)")
+    parser.add_argument(
+        "--w2-nodes", type=int, action="append", help="W2 graph size in nodes (repeatable)"
+    )
+    parser.add_argument("--w3-days", type=int, action="append", help="W3 base days (repeatable)")
     args = parser.parse_args(argv)
     args.only = [w.strip().upper() for w in args.only.split(",") if w.strip()]
     unknown = sorted(set(args.only) - set(WORKLOADS))
@@ -85,6 +89,12 @@ def main(argv: list[str] | None = None) -> int:
         plan.w0_airflow = False
     if args.sf:
         plan.w1_scale_factors = sorted(args.sf)
+    if args.w2_nodes:
+        plan.w2_sizes = sorted(args.w2_nodes)
+        if plan.w2_sweep_nodes not in plan.w2_sizes:
+            plan.w2_sweep_nodes = None
+    if args.w3_days:
+        plan.w3_base_days = sorted(args.w3_days)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     out = (args.out or REPO / "var" / "bench" / stamp).resolve()
     work = out / "work"

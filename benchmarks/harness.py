@@ -26,6 +26,8 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
+from dbspark.engine.local.tier import READS as LOCAL_READS
+
 #: Settings of the benchmark's Spark session (besides dbspark's defaults).
 BENCH_SPARK_CONF = {
     # Exact input bytes: vectored Parquet reads report only footer bytes.
@@ -65,8 +67,13 @@ class Meter:
     def __init__(self, spark: SparkSession) -> None:
         self.spark = spark
         self._store = spark.sparkContext._jsc.sc().statusStore()
+        self._local_bytes = 0
+        LOCAL_READS.enabled = True
 
     def counters(self) -> Counters:
+        """Spark's counters, with the bytes the local tier's reads opened added to the
+        input bytes (an epoch on the local tier runs no Spark job)."""
+        local_bytes = LOCAL_READS.take()
         executors = self._store.executorList(True)
         input_bytes = shuffle = 0
         for i in range(executors.size()):
@@ -75,7 +82,8 @@ class Meter:
             shuffle += summary.totalShuffleRead()
         tracker = self.spark.sparkContext.statusTracker()
         ids = list(tracker.getJobIdsForGroup(None)) + list(tracker.getActiveJobsIds())
-        return Counters(input_bytes, shuffle, (max(ids) + 1) if ids else 0)
+        self._local_bytes += local_bytes
+        return Counters(input_bytes + self._local_bytes, shuffle, (max(ids) + 1) if ids else 0)
 
     @contextmanager
     def measure(self, measurement: Measurement) -> Iterator[Measurement]:

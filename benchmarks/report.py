@@ -22,11 +22,14 @@ from typing import Any
 
 from benchmarks.harness import Measurement, Results, linear_fit, loglog_slope, median
 
-#: The issue's targets: R at a 0.1% epoch, per workload, and alpha.
-TARGET_R = {"W1": 0.1, "W2": 0.05, "W3": 0.1}
+#: The targets of the headline epoch (the smallest delta at the largest size): R per
+#: workload (issue 20: W1's 0.1% epoch and W2's ±10 edges at most 2% of a full refresh),
+#: and alpha.
+TARGET_R = {"W1": 0.02, "W2": 0.02, "W3": 0.1}
 TARGET_ALPHA = 0.3
-#: B's target: a small W1 epoch at most a tenth of the warm batch it replaces.
-TARGET_B = {"W1": 0.1}
+#: B's target: a small W1 epoch at most a tenth of the warm batch it replaces, a W3 day
+#: at most a fifth.
+TARGET_B = {"W1": 0.1, "W3": 0.2}
 
 
 def _pairs(results: Results, workload: str) -> list[tuple[Measurement, Measurement]]:

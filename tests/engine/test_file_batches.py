@@ -22,7 +22,7 @@ from dbspark.conformance.runner import zset_to_rows
 from dbspark.conformance.vector import parse_vector
 from dbspark.core.upsert import BadUpsertRow, UpsertConflict
 from dbspark.engine.batches import InputError
-from dbspark.engine.spark.files import FileBatch
+from dbspark.engine.file_batches import FileBatch
 
 ORDERS = {"order_id": "bigint", "cust_id": "bigint", "amount": "bigint", "ts": "bigint"}
 ORDERS_ALL = [*ORDERS, "deleted_at"]
@@ -107,16 +107,30 @@ def test_a_file_batch_is_a_checked_value(tmp_path: Path) -> None:
         FileBatch(["a.csv", "b.csv", "a.csv"], "csv")
 
 
-# --- Spark ---------------------------------------------------------------------------------
+# --- the engine ----------------------------------------------------------------------------
+#: ``local_rows`` per tier: small Parquet files are read in this process on the local
+#: tier; CSV and JSON always, and Parquet with ``local_rows=0``, by Spark.
+TIERS = {"local": 200_000, "spark": 0}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["watermarks_and_tombstones.json", "join_bilinear.json"])
-def test_good_files_give_the_vectors_answers(spark, tmp_path: Path, name: str) -> None:
+@pytest.mark.parametrize(
+    ("name", "tier"),
+    [
+        ("watermarks_and_tombstones.json", "local"),
+        ("join_bilinear.json", "local"),
+        ("watermarks_and_tombstones.json", "spark"),
+    ],
+)
+def test_good_files_give_the_vectors_answers(spark, tmp_path: Path, name: str, tier: str) -> None:
     """Every format in turn (one per epoch, so one run covers all three), split over two
     files in every other epoch; views equal the vector's expected output after each."""
     from dbspark.engine.spark.executor import SparkEngine
 
     vector, expected = load(name)
-    engine = SparkEngine(vector.circuit, tmp_path / "warehouse", spark=spark)
+    engine = SparkEngine(
+        vector.circuit, tmp_path / "warehouse", spark=spark, local_rows=TIERS[tier]
+    )
     formats = ["parquet", "csv", "jsonl"]
     for epoch in range(len(vector.epochs)):
         fmt = formats[epoch % 3]
@@ -148,11 +162,11 @@ def test_z_set_files_without_a_weight_column_count_each_line_once(
     assert views(engine) == expected[0]
 
 
-def orders_engine(spark: Any, warehouse: Path) -> tuple[Any, Any, list]:
+def orders_engine(spark: Any, warehouse: Path, tier: str = "local") -> tuple[Any, Any, list]:
     from dbspark.engine.spark.executor import SparkEngine
 
     vector, expected = load("watermarks_and_tombstones.json")
-    engine = SparkEngine(vector.circuit, warehouse, spark=spark)
+    engine = SparkEngine(vector.circuit, warehouse, spark=spark, local_rows=TIERS[tier])
     engine.run_epoch(0, vector.epochs[0])
     return engine, vector, expected
 
@@ -267,12 +281,13 @@ BAD_FILES = {
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("tier", sorted(TIERS))
 def test_bad_files_commit_nothing_and_fixed_files_run(
-    spark, tmp_path: Path, warehouse_path: Path
+    spark, tmp_path: Path, warehouse_path: Path, tier: str
 ) -> None:
     """Each kind of bad file in turn against one engine (a rejected batch changes nothing,
     which is what lets the cases share it), then the fixed file runs the same epoch."""
-    engine, _, expected = orders_engine(spark, warehouse_path)
+    engine, _, expected = orders_engine(spark, warehouse_path, tier)
     for case, (make, pattern) in sorted(BAD_FILES.items()):
         bad_dir = tmp_path / case
         bad_dir.mkdir()
@@ -292,10 +307,26 @@ def test_bad_files_commit_nothing_and_fixed_files_run(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("tier", sorted(TIERS))
 def test_upsert_problems_in_files_name_the_files(
-    spark, tmp_path: Path, warehouse_path: Path
+    spark, tmp_path: Path, warehouse_path: Path, tier: str
 ) -> None:
-    engine, _, expected = orders_engine(spark, warehouse_path)
+    engine, _, expected = orders_engine(spark, warehouse_path, tier)
+    # Parquet files with a NULL key, and with a tie, name their files on either tier.
+    p_null = write(
+        tmp_path / "null.parquet", "parquet", [{**GOOD_ORDERS[0], "order_id": None}], ORDER_TYPES
+    )
+    with pytest.raises(BadUpsertRow, match="NULL in a key column") as caught:
+        engine.run_epoch(1, {"orders": FileBatch(p_null, "parquet")})
+    assert str(p_null) in str(caught.value)
+    p_tie = write(
+        tmp_path / "tie.parquet", "parquet", [{**GOOD_ORDERS[2], "amount": 61}], ORDER_TYPES
+    )
+    p_fine = write(tmp_path / "fine.parquet", "parquet", GOOD_ORDERS, ORDER_TYPES)
+    p_other = write(tmp_path / "other.parquet", "parquet", [GOOD_ORDERS[0]], ORDER_TYPES)
+    with pytest.raises(UpsertConflict, match="same watermark in one batch") as caught:
+        engine.run_epoch(1, {"orders": FileBatch([p_tie, p_other, p_fine], "parquet")})
+    assert f"{p_tie}, {p_fine}" in str(caught.value) and str(p_other) not in str(caught.value)
     a = write(tmp_path / "a.parquet", "parquet", GOOD_ORDERS[:2], ORDER_TYPES)
     null_key = write(
         tmp_path / "b.jsonl", "jsonl", [{"cust_id": 7, "amount": 6, "ts": 300}], ORDER_TYPES

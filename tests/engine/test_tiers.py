@@ -69,3 +69,39 @@ def test_either_tier_recognises_the_other_tiers_committed_batch(spark: Any, tmp_
         assert report.skipped and report.note == "same batch as committed"
         with pytest.raises(InputError, match="already ingested a different batch"):
             rerun.ingest("rows", 0, batch[:-1])
+
+
+def test_a_small_parquet_landing_is_read_without_spark(spark: Any, tmp_path: Path) -> None:
+    """A landed Parquet batch under ``local_rows`` is read and checked in this process (what
+    lets a small epoch's Airflow ingest task start no JVM); a larger one goes to Spark."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from dbspark.engine.file_batches import FileBatch
+
+    opened: list[int] = []
+
+    def open_spark() -> Any:
+        opened.append(1)
+        return spark
+
+    def landed(name: str, words: list[str]) -> FileBatch:
+        path = tmp_path / f"{name}.parquet"
+        pq.write_table(pa.table({"word": pa.array(words, pa.string())}), path)
+        return FileBatch(path, "parquet")
+
+    engine = SparkEngine(
+        NAMED_CIRCUITS["word_count"](), tmp_path / "wh", spark=open_spark, local_rows=3
+    )
+    small = engine.step({"words": landed("small", ["to", "be"])})
+    assert {unit.tier for unit in small.report.units} == {"local"}
+    assert not opened and not engine.spark_started
+    large = engine.step({"words": landed("large", ["or", "not", "to", "be"])})
+    assert {unit.tier for unit in large.report.units} == {"spark"}
+    assert opened == [1]
+    assert dict(engine.view("counts").items()) == {
+        ("to", 2): 1,
+        ("be", 2): 1,
+        ("or", 1): 1,
+        ("not", 1): 1,
+    }

@@ -20,7 +20,7 @@ import pytest
 import sqlalchemy as sa
 
 from dbspark.engine.batches import InputError, upsert_batch
-from dbspark.engine.spark.files import FileBatch
+from dbspark.engine.file_batches import FileBatch
 from dbspark.examples.circuits import orders
 from dbspark.orchestration.connectors import (
     LandingDirectory,

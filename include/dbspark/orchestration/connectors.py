@@ -5,7 +5,7 @@ source's ingest task asks that source's :class:`SourceConnector` for the batch o
 interval and hands it to ``SparkEngine.check_batch`` / ``ingest``. A connector returns
 what the engine already accepts:
 
-* a :class:`~dbspark.engine.spark.files.FileBatch` (files the engine reads and checks
+* a :class:`~dbspark.engine.file_batches.FileBatch` (files the engine reads and checks
   itself, naming the file and line of any bad row): :class:`LandingDirectory`;
 * a list of Python rows in the source's schema order (``[row, weight]`` pairs for a
   Z-set source): :class:`SqlTable`;
@@ -39,7 +39,7 @@ import sqlalchemy as sa
 
 from dbspark.circuit.builder import Circuit
 from dbspark.engine.batches import InputError
-from dbspark.engine.spark.files import FORMATS, FileBatch
+from dbspark.engine.file_batches import FORMATS, FileBatch
 from dbspark.orchestration.intervals import Interval
 
 if TYPE_CHECKING:

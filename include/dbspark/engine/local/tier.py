@@ -54,6 +54,54 @@ SMALL_BATCH_ROWS = 4096
 _WRITTEN_KEPT = 64
 
 
+class ReadMeter:
+    """The bytes this process's local reads opened: the compressed column chunks of the
+    columns read, in every file a read lists (DuckDB may skip row groups inside them,
+    so this is an upper bound). The local tier's counterpart of Spark's executor input
+    bytes, for the benchmarks.
+
+    Off unless ``enabled``: a read then only notes its files and columns, and the sizes
+    come from the files' footers when ``take`` is called, outside the timed work.
+    """
+
+    def __init__(self) -> None:
+        self.enabled = False
+        self._pending: list[tuple[list[str], frozenset[str]]] = []
+        self._chunk_bytes: dict[str, dict[str, int]] = {}
+
+    def note(self, files: list[str], columns: Iterable[str]) -> None:
+        if self.enabled:
+            self._pending.append((files, frozenset(columns)))
+
+    def take(self) -> int:
+        """The bytes opened since the last call."""
+        total = 0
+        for files, columns in self._pending:
+            for file in files:
+                sizes = self._chunk_bytes.get(file)
+                if sizes is None:
+                    sizes = self._chunk_bytes[file] = _column_chunk_bytes(file)
+                total += sum(size for column, size in sizes.items() if column in columns)
+        self._pending.clear()
+        return total
+
+
+def _column_chunk_bytes(file: str) -> dict[str, int]:
+    metadata = pq.read_metadata(file)
+    sizes: dict[str, int] = {}
+    for group in range(metadata.num_row_groups):
+        row_group = metadata.row_group(group)
+        for index in range(row_group.num_columns):
+            chunk = row_group.column(index)
+            name = chunk.path_in_schema.split(".", 1)[0]
+            sizes[name] = sizes.get(name, 0) + chunk.total_compressed_size
+    return sizes
+
+
+#: Every local read of this process reports to this meter.
+READS = ReadMeter()
+
+
 def arrow_schema(fields: Fields) -> pa.Schema:
     return pa.schema([(name, arrow_type(kind)) for name, kind in fields])
 
@@ -155,6 +203,7 @@ class LocalTier:
                 files.extend(parquet_files(folder))
         if not files:
             return self.empty(fields)
+        READS.note(files, (n for n, _ in fields))
         listing = ", ".join("'" + f.replace("'", "''") + "'" for f in files)
         columns = ", ".join(f"CAST({quote(n)} AS {duck_type(t)}) AS {quote(n)}" for n, t in fields)
         query = (

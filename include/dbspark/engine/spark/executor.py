@@ -50,11 +50,13 @@ from dbspark.engine.batches import (
     zset_batch,
 )
 from dbspark.engine.dialect import dialect_of
+from dbspark.engine.file_batches import FileBatch
 from dbspark.engine.kernels import consolidate
+from dbspark.engine.local.files import CheckedFiles, read_files
 from dbspark.engine.local.frame import LocalFrame
 from dbspark.engine.local.tier import LocalTier
 from dbspark.engine.spark.compile import struct_type
-from dbspark.engine.spark.files import CheckedFrame, FileBatch, check_frame, load_files
+from dbspark.engine.spark.files import CheckedFrame, check_frame, load_files
 from dbspark.engine.spark.frames import (
     WEIGHT,
     time_columns,
@@ -344,10 +346,15 @@ class SparkEngine:
         node = self.circuit.node(self.circuit.sources[source])
         weighted = node.op == "zset_source"
         schema = node.schema if weighted else node.params["user_schema"]
-        if isinstance(batch, CheckedFrame):
+        if isinstance(batch, (CheckedFrame, CheckedFiles)):
             return batch
         if isinstance(batch, FileBatch):
             spec = None if weighted else self._specs[node.id]
+            small = read_files(
+                source, schema, batch, weighted=weighted, upsert=spec, max_rows=self.local_rows
+            )
+            if small is not None:  # read here: an ingest of a small landing starts no JVM
+                return small
             return load_files(self.spark, source, schema, batch, weighted=weighted, upsert=spec)
         if isinstance(batch, DataFrame):
             return CheckedFrame(check_frame(source, schema, batch, weighted=weighted))
@@ -374,6 +381,10 @@ class SparkEngine:
             return UnitReport(unit_name, t, skipped=True)
         if isinstance(batch, (FileBatch, DataFrame, pa.Table)):
             batch = self.check_batch(source, batch, file)
+        from_files = batch if isinstance(batch, (CheckedFrame, CheckedFiles)) else None
+        if isinstance(batch, CheckedFiles):
+            file = file or batch.file_label()
+            batch = batch.batch
         if isinstance(batch, CheckedFrame):
             file = file or batch.file_label()
             unit = _Unit(self._spark_unit_tier())
@@ -405,10 +416,10 @@ class SparkEngine:
             try:
                 delta = self._upsert_delta(node, frame, t, unit, file)
             except UpsertError as error:
-                if not isinstance(batch, CheckedFrame) or len(batch.files) < 2:
+                if from_files is None or len(from_files.files) < 2:
                     raise
                 # Name only the files that hold the offending keys.
-                holding = batch.files_holding(error.key_columns, error.keys)
+                holding = from_files.files_holding(error.key_columns, error.keys)
                 raise type(error)(
                     error.source,
                     ", ".join(holding),

@@ -42,9 +42,8 @@ from __future__ import annotations
 
 import csv
 import io
-import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import reduce
 from typing import Any
@@ -56,46 +55,20 @@ from pyspark.sql import types as T
 from dbspark.circuit.types import BIGINT, BOOLEAN, DOUBLE, STRING, Schema, element_type, is_array
 from dbspark.core.upsert import BadUpsertRow, UpsertConflict, UpsertSpec
 from dbspark.engine.batches import InputError
+from dbspark.engine.file_batches import (
+    FILE,
+    POSITION,
+    FileBatch,
+    check_names,
+    declared_columns,
+    wrong_type,
+)
 from dbspark.engine.spark.compile import spark_type
 from dbspark.engine.spark.frames import WEIGHT
 
-FORMATS = ("parquet", "csv", "jsonl")
-#: Which file a row came from (NULL for rows of a DataFrame batch).
-FILE = "__file"
-#: Where in its file: the 0-based row of a Parquet file; NULL for text files.
-POSITION = "__pos"
 _CORRUPT = "__corrupt"
 _PROBLEM = "__problem"
 _MAX_SHOWN = 5
-
-
-@dataclass(frozen=True)
-class FileBatch:
-    """One batch for one source, as files of one format (read when the epoch is checked).
-
-    ``paths`` are local paths or any URI Spark can read (``s3a://...``); a single path may
-    be given as a string. The batch is a value: two equal FileBatches read the same files.
-    """
-
-    paths: tuple[str, ...]
-    format: str
-
-    def __init__(self, paths: str | os.PathLike[str] | Iterable[Any], format: str) -> None:
-        if isinstance(paths, (str, os.PathLike)):
-            paths = [paths]
-        normal = tuple(os.fspath(p) for p in paths)
-        fmt = str(format).strip().lower()
-        if fmt == "json":
-            fmt = "jsonl"
-        if fmt not in FORMATS:
-            raise ValueError(f"file format {format!r} is not one of {', '.join(FORMATS)}")
-        if not normal:
-            raise ValueError("a FileBatch needs at least one path")
-        twice = sorted({p for p in normal if normal.count(p) > 1})
-        if twice:  # its rows would count twice
-            raise ValueError(f"a FileBatch lists {twice} more than once")
-        object.__setattr__(self, "paths", normal)
-        object.__setattr__(self, "format", fmt)
 
 
 @dataclass(frozen=True)
@@ -163,48 +136,14 @@ def spark_type_fits(dtype: T.DataType, type_name: str) -> bool:
     return False
 
 
-def _declared(schema: Schema, weighted: bool) -> dict[str, str]:
-    columns = dict(schema.fields)
-    if weighted:
-        columns[WEIGHT] = BIGINT
-    return columns
-
-
-def _check_names(
-    source: str, schema: Schema, names: Sequence[str], weighted: bool, file: str | None, what: str
-) -> None:
-    allowed = _declared(schema, weighted)
-    duplicates = sorted({n for n in names if list(names).count(n) > 1})
-    if duplicates:
-        raise InputError(source, f"{what} has the column(s) {duplicates} more than once", file)
-    missing = [n for n in schema.names if n not in names]
-    extra = [n for n in names if n not in allowed]
-    if missing or extra:
-        parts = []
-        if missing:
-            parts.append(f"missing column(s) {missing}")
-        if extra:
-            parts.append(f"unknown column(s) {extra}")
-        weight = f" (and optionally {WEIGHT!r})" if weighted else ""
-        raise InputError(
-            source,
-            f"{what} has {' and '.join(parts)}; the source declares {schema}{weight}",
-            file,
-        )
-
-
 def _check_types(
     source: str, schema: Schema, dtypes: T.StructType, weighted: bool, file: str | None, what: str
 ) -> None:
-    declared = _declared(schema, weighted)
+    declared = declared_columns(schema, weighted)
     for f in dtypes.fields:
         if not spark_type_fits(f.dataType, declared[f.name]):
-            raise InputError(
-                source,
-                f"{what}: column {f.name!r} is {declared[f.name].upper()}, "
-                f"got {f.dataType.simpleString().upper()}",
-                file,
-            )
+            got = f.dataType.simpleString().upper()
+            raise wrong_type(source, what, f.name, declared[f.name], got, file)
 
 
 def _shaped(
@@ -226,7 +165,7 @@ def check_frame(source: str, schema: Schema, frame: DataFrame, *, weighted: bool
     must fit (:func:`spark_type_fits`). Values are not looked at here (that costs a job):
     NULL weights and upsert problems are found by :func:`check_rows` and at ingest.
     """
-    _check_names(source, schema, frame.columns, weighted, None, "the DataFrame")
+    check_names(source, schema, frame.columns, weighted, None, "the DataFrame")
     _check_types(source, schema, frame.schema, weighted, None, "the DataFrame")
     return _shaped(frame, schema, weighted)
 
@@ -277,7 +216,7 @@ def load_files(
         raise AssertionError("unreachable") from error
     problems = frame.where(F.col(_PROBLEM).isNotNull()).limit(_MAX_SHOWN).collect()
     if problems:
-        _raise_problem(spark, source, problems[0], _declared(schema, weighted))
+        _raise_problem(spark, source, problems[0], declared_columns(schema, weighted))
     checked = CheckedFrame(frame.drop(_PROBLEM), batch.paths)
     if upsert is not None:
         check_rows(source, checked, upsert)
@@ -315,7 +254,7 @@ def _read_parquet(
     spark: SparkSession, source: str, schema: Schema, path: str, weighted: bool
 ) -> DataFrame:
     raw = _open(source, path, lambda: spark.read.parquet(path))
-    _check_names(source, schema, raw.columns, weighted, path, "the file")
+    check_names(source, schema, raw.columns, weighted, path, "the file")
     _check_types(source, schema, raw.schema, weighted, path, "the file")
     located = raw.select("*", F.col("_metadata.row_index").alias(POSITION))
     shaped = _shaped(located, schema, weighted, keep=[POSITION])
@@ -333,8 +272,8 @@ def _read_csv(
     header = _open(source, path, lambda: spark.read.option("header", True).csv(path).columns)
     if not header:
         raise InputError(source, "the CSV file has no header line", path)
-    _check_names(source, schema, header, weighted, path, "the header")
-    declared = _declared(schema, weighted)
+    check_names(source, schema, header, weighted, path, "the header")
+    declared = declared_columns(schema, weighted)
     # Read in the header's order: Spark applies a CSV schema by position.
     fields = [T.StructField(n, spark_type(declared[n]), True) for n in header]
     fields.append(T.StructField(_CORRUPT, T.StringType(), True))
@@ -374,7 +313,7 @@ def _read_jsonl(
     spark: SparkSession, source: str, schema: Schema, path: str, weighted: bool
 ) -> DataFrame:
     text = _open(source, path, lambda: spark.read.text(path))
-    declared = _declared(schema, weighted)
+    declared = declared_columns(schema, weighted)
     lines = text.where(F.trim("value") != "").select(
         "value", F.expr("try_parse_json(value)").alias("__v")
     )

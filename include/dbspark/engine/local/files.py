@@ -1,0 +1,261 @@
+"""Feeding a source from small Parquet files without Spark: read them with pyarrow.
+
+A landing batch of a few thousand rows is read in this process, so the Airflow task
+that ingests it starts no JVM. The rules are the Spark tier's (``engine/spark/files.py``):
+the file's own schema is checked against the declared columns (the same messages, from
+``engine/file_batches.py``), types may only widen safely, rows are cast to the declared
+types, and rows then get the checks Python rows get, naming the files that hold a bad
+key. What this tier does not take it leaves to Spark, which reads anything:
+
+* files that are not Parquet (CSV and JSON parsing rules are Spark's own, and a second
+  parser would read some files differently);
+* paths that are not local files (``s3a://``, ``hdfs://``);
+* batches with more than ``local_rows`` rows, counted from the files' footers.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import reduce
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from dbspark.circuit.types import BIGINT, BOOLEAN, DOUBLE, STRING, Schema, element_type, is_array
+from dbspark.core.upsert import BadUpsertRow, UpsertError, UpsertSpec, upserts_to_updates
+from dbspark.core.zset import ZSet
+from dbspark.engine.batches import CheckedRows, InputError, upsert_batch, zset_batch
+from dbspark.engine.file_batches import (
+    FileBatch,
+    check_names,
+    declared_columns,
+    wrong_type,
+)
+from dbspark.engine.local.dialect import arrow_type
+from dbspark.storage.traces import WEIGHT_COLUMN as WEIGHT
+
+#: Bad rows shown in one error.
+_MAX_SHOWN = 5
+
+
+@dataclass(frozen=True)
+class CheckedFiles:
+    """A file batch read and checked on the local tier: ``batch`` is what ingest takes
+    (checked upsert rows, or a Z-set), ``row_files`` names each row's file."""
+
+    batch: CheckedRows | ZSet
+    files: tuple[str, ...]
+    row_files: tuple[str, ...]
+    rows: int
+
+    def file_label(self) -> str:
+        return ", ".join(self.files)
+
+    def files_holding(self, key_columns: Sequence[str], keys: Sequence[tuple | None]) -> list[str]:
+        """The files that hold rows with one of ``keys`` (for errors found at ingest)."""
+        if not isinstance(self.batch, CheckedRows):
+            return list(self.files)
+        names = list(self.batch.schema.names)
+        index = [names.index(c) for c in key_columns]
+        wanted = {k for k in keys if k is not None}
+        found = {
+            file
+            for row, file in zip(self.batch, self.row_files, strict=True)
+            if tuple(row[i] for i in index) in wanted
+        }
+        return [f for f in self.files if f in found] or list(self.files)
+
+
+def local_path(path: str) -> str | None:
+    """``path`` as a local file path, or None if it names another file system."""
+    if path.startswith("file://"):
+        return path[len("file://") :]
+    if "://" in path:
+        return None
+    return path
+
+
+def read_files(
+    source: str,
+    schema: Schema,
+    batch: FileBatch,
+    *,
+    weighted: bool,
+    upsert: UpsertSpec | None,
+    max_rows: int,
+) -> CheckedFiles | None:
+    """Read and check ``batch`` here, or None if it is the Spark tier's to read (see the
+    module docstring). Raises what the Spark tier raises for a bad file."""
+    if batch.format != "parquet" or max_rows <= 0:
+        return None
+    paths = [local_path(p) for p in batch.paths]
+    if any(p is None for p in paths):
+        return None
+    files = [_open(source, path) for path in paths]  # type: ignore[arg-type]
+    if sum(f.metadata.num_rows for f in files) > max_rows:
+        return None
+    tables = [
+        _read(source, schema, file, path, weighted)
+        for file, path in zip(files, batch.paths, strict=True)
+    ]
+    row_files = tuple(
+        path for table, path in zip(tables, batch.paths, strict=True) for _ in range(table.num_rows)
+    )
+    if upsert is not None:
+        _check_null_keys(source, upsert, tables, batch.paths)
+    table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+    label = ", ".join(batch.paths)
+    columns = [table.column(n).to_pylist() for n in schema.names]
+    rows = list(zip(*columns, strict=True)) if columns else []
+    if weighted:
+        pairs = zip(rows, table.column(WEIGHT).to_pylist(), strict=True)
+        zset = zset_batch(source, schema, list(pairs), label)
+        return CheckedFiles(zset, batch.paths, row_files, table.num_rows)
+    checked = upsert_batch(source, schema, rows, label)
+    result = CheckedFiles(checked, batch.paths, row_files, table.num_rows)
+    assert upsert is not None
+    try:  # NULL keys and ties within the batch, before the epoch opens
+        upserts_to_updates(upsert, checked, lambda key: None, label)
+    except UpsertError as error:
+        holding = result.files_holding(error.key_columns, error.keys)
+        raise type(error)(
+            error.source,
+            ", ".join(holding),
+            error.keys,
+            error.detail,
+            error.positions,
+            error.key_columns,
+        ) from None
+    return result
+
+
+def _check_null_keys(
+    source: str, spec: UpsertSpec, tables: Sequence[pa.Table], paths: Sequence[str]
+) -> None:
+    """Rows with a NULL in a key column, reported as the Spark tier reports them."""
+    keys = list(spec.key)
+    found: list[tuple[str, int, pa.Table]] = []
+    for table, path in zip(tables, paths, strict=True):
+        mask = reduce(pc.or_, [pc.is_null(table.column(k)) for k in keys])
+        for position in pc.indices_nonzero(mask).to_pylist()[:_MAX_SHOWN]:
+            found.append((path, position, table))
+    if not found:
+        return
+    path, position, table = found[0]
+    first = [table.column(c)[position].as_py() for c in spec.columns]
+    raise BadUpsertRow(
+        source,
+        ", ".join(sorted({p for p, _, _ in found})),
+        [tuple(t.column(k)[i].as_py() for k in keys) for _, i, t in found[:_MAX_SHOWN]],
+        detail=f"NULL in a key column (row {position} of the file): {first!r}",
+        key_columns=keys,
+    )
+
+
+def _open(source: str, path: str) -> pq.ParquetFile:
+    if not os.path.isfile(path):
+        raise InputError(source, "the file does not exist", path)
+    try:
+        return pq.ParquetFile(path)
+    except (OSError, pa.ArrowException) as error:
+        raise InputError(source, f"cannot be read: {_summary(error)}", path) from None
+
+
+def _read(source: str, schema: Schema, file: pq.ParquetFile, path: str, weighted: bool) -> pa.Table:
+    arrow_schema = file.schema_arrow
+    check_names(source, schema, arrow_schema.names, weighted, path, "the file")
+    declared = declared_columns(schema, weighted)
+    for field in arrow_schema:
+        if not arrow_type_fits(field.type, declared[field.name]):
+            raise wrong_type(
+                source,
+                "the file",
+                field.name,
+                declared[field.name],
+                spark_sql_name(field.type),
+                path,
+            )
+    try:
+        table = file.read()
+    except (OSError, pa.ArrowException) as error:
+        raise InputError(source, f"cannot be read: {_summary(error)}", path) from None
+    columns = [table.column(n).cast(arrow_type(t)) for n, t in schema.fields]
+    names = list(schema.names)
+    if weighted:
+        names.append(WEIGHT)
+        if WEIGHT in table.column_names:
+            weights = table.column(WEIGHT).cast(pa.int64())
+            if weights.null_count:
+                first = weights.is_null().to_pylist().index(True)
+                raise InputError(source, f"row {first}: the weight {WEIGHT!r} is NULL", path)
+            columns.append(weights)
+        else:
+            columns.append(pa.array([1] * table.num_rows, pa.int64()))
+    return pa.Table.from_arrays(columns, names=names)
+
+
+def _summary(error: BaseException) -> str:
+    first = next((line.strip() for line in str(error).splitlines() if line.strip()), "")
+    return f"[{type(error).__name__}] {first}"[:400]
+
+
+# ==================================================================================== types
+_SIGNED_NARROW = (pa.int8(), pa.int16(), pa.int32())
+_UNSIGNED_NARROW = (pa.uint8(), pa.uint16())
+
+
+def arrow_type_fits(dtype: pa.DataType, type_name: str) -> bool:
+    """Can a Parquet column read as Arrow ``dtype`` be read as ``type_name`` without
+    losing data? The Spark tier's rule (``spark_type_fits``) on the types Spark reads
+    the same column as: unsigned 8/16-bit as SMALLINT/INT, unsigned 32-bit as BIGINT,
+    unsigned 64-bit as DECIMAL(20,0)."""
+    if pa.types.is_null(dtype):
+        return True
+    if type_name == BIGINT:
+        return dtype in (*_SIGNED_NARROW, pa.int64(), *_UNSIGNED_NARROW, pa.uint32())
+    if type_name == DOUBLE:
+        return dtype in (pa.float32(), pa.float64(), *_SIGNED_NARROW, *_UNSIGNED_NARROW)
+    if type_name == STRING:
+        return pa.types.is_string(dtype) or pa.types.is_large_string(dtype)
+    if type_name == BOOLEAN:
+        return pa.types.is_boolean(dtype)
+    if is_array(type_name):
+        return (pa.types.is_list(dtype) or pa.types.is_large_list(dtype)) and arrow_type_fits(
+            dtype.value_type, element_type(type_name)
+        )
+    return False
+
+
+_SPARK_NAMES = {
+    pa.int8(): "TINYINT",
+    pa.int16(): "SMALLINT",
+    pa.int32(): "INT",
+    pa.int64(): "BIGINT",
+    pa.uint8(): "SMALLINT",
+    pa.uint16(): "INT",
+    pa.uint32(): "BIGINT",
+    pa.uint64(): "DECIMAL(20,0)",
+    pa.float32(): "FLOAT",
+    pa.float64(): "DOUBLE",
+    pa.string(): "STRING",
+    pa.large_string(): "STRING",
+    pa.bool_(): "BOOLEAN",
+    pa.binary(): "BINARY",
+    pa.date32(): "DATE",
+}
+
+
+def spark_sql_name(dtype: pa.DataType) -> str:
+    """The name Spark gives the type it reads an Arrow type as (for error messages)."""
+    if dtype in _SPARK_NAMES:
+        return _SPARK_NAMES[dtype]
+    if pa.types.is_list(dtype) or pa.types.is_large_list(dtype):
+        return f"ARRAY<{spark_sql_name(dtype.value_type)}>"
+    if pa.types.is_decimal(dtype):
+        return f"DECIMAL({dtype.precision},{dtype.scale})"
+    if pa.types.is_timestamp(dtype):
+        return "TIMESTAMP" if dtype.tz else "TIMESTAMP_NTZ"
+    return str(dtype).upper()
