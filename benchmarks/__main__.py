@@ -29,6 +29,8 @@ class Plan:
 
     w0_repeats: int = 3
     w0_airflow: bool = True
+    #: W1's first epoch at the largest scale factor through a real Airflow scheduler.
+    w1_airflow: bool = True
     w1_scale_factors: list[float] = field(default_factory=lambda: [0.01, 0.1])
     w1_fractions: list[float] = field(default_factory=lambda: [0.001, 0.01])
     w2_sizes: list[int] = field(default_factory=lambda: [200, 400, 800, 2000])
@@ -43,6 +45,7 @@ class Plan:
     def quick(cls) -> Plan:
         return cls(
             w0_repeats=1,
+            w1_airflow=False,
             w1_scale_factors=[0.01],
             w1_fractions=[0.001],
             w2_sizes=[60],
@@ -86,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.no_sdp:
         plan.sdp = False
     if args.no_airflow:
-        plan.w0_airflow = False
+        plan.w0_airflow = plan.w1_airflow = False
     if args.sf:
         plan.w1_scale_factors = sorted(args.sf)
     if args.w2_nodes:
@@ -127,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
                 cache / "tpch",
                 scale_factors=plan.w1_scale_factors,
                 fractions=plan.w1_fractions,
+                airflow=plan.w1_airflow,
             )
             landings["W1"] = by_sf[max(by_sf)]
         if "W3" in args.only:

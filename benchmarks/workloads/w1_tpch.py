@@ -9,6 +9,7 @@ than one scale factor), one more epoch per scale factor changes a fixed number o
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from benchmarks import queries
@@ -25,9 +26,16 @@ WARM_BATCH = WarmBatch(TPCH_KEYS, queries.TPCH_Q3)
 
 
 def run(
-    bench: Bench, cache: Path, *, scale_factors: list[float], fractions: list[float]
+    bench: Bench,
+    cache: Path,
+    *,
+    scale_factors: list[float],
+    fractions: list[float],
+    airflow: bool = False,
 ) -> dict[float, Path]:
-    """Run W1 at each scale factor; the landing folder of each (for the SDP side)."""
+    """Run W1 at each scale factor; the landing folder of each (for the SDP side). With
+    ``airflow``, the first epoch of the largest scale factor also runs through Airflow
+    (``w1_airflow.py``)."""
     landings = {}
     smallest_rows = None
     previous = None
@@ -43,6 +51,11 @@ def run(
         previous = series
         series.land(0, base)
         series.load()
+        loaded = None
+        if airflow and sf == max(scale_factors):  # the base load, for the Airflow side
+            loaded = bench.work / WORKLOAD / "airflow-base"
+            shutil.rmtree(loaded, ignore_errors=True)
+            shutil.copytree(series.root / "warehouse", loaded)
         plan = [(f, False) for f in fractions]
         if len(scale_factors) > 1:
             plan.append((fractions[0] * smallest_rows / rows, True))
@@ -51,5 +64,9 @@ def run(
                 break
             series.land(epoch, tpch.change_tables(base, fraction, epoch, SEED))
             series.compare(epoch, fraction=fraction, fixed_delta=fixed_delta)
+            if loaded is not None and epoch == 1:
+                from benchmarks.workloads import w1_airflow
+
+                w1_airflow.run(bench, series, loaded, epoch)
         landings[sf] = series.landing
     return landings

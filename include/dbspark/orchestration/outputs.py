@@ -49,6 +49,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
@@ -234,12 +236,25 @@ def _publish_dir(
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _write_frame(frame: DataFrame, columns: Sequence[str], tmp: Path) -> dict[str, int]:
+def _view(engine: SparkEngine, view: str, epoch: int, *, change: bool = False) -> Any:
+    """The view (or its change) as Arrow when it is small enough to read in this process
+    (no Spark job for a small epoch's export), else as a Spark DataFrame."""
+    table = engine.view_table(view, epoch, change=change)
+    if table is not None:
+        return table
+    return engine.view_change(view, epoch) if change else engine.view_frame(view, epoch)
+
+
+def _write_frame(frame: DataFrame | pa.Table, columns: Sequence[str], tmp: Path) -> dict[str, int]:
     from dbspark.storage.warehouse import parquet_stats, spark_path
 
-    # Spark writes one empty part file with the schema for an empty frame, which is
-    # what lets readers tell an empty change from a missing one.
-    frame.select(*columns).write.mode("error").parquet(spark_path(tmp))
+    # An empty frame is written as one empty part file with the schema (what Spark does),
+    # which is what lets readers tell an empty change from a missing one.
+    if isinstance(frame, pa.Table):
+        tmp.mkdir()
+        pq.write_table(frame.select(list(columns)), tmp / f"part-00000-{uuid.uuid4().hex}.parquet")
+    else:
+        frame.select(*columns).write.mode("error").parquet(spark_path(tmp))
     rows, size = parquet_stats(tmp)
     return {"rows": rows, "bytes": size}
 
@@ -263,10 +278,11 @@ def read_change_rows(path: Path, schema: Schema) -> list[WeightedRow]:
 
 
 def _parquet_rows(path: Path, schema: Schema) -> list[WeightedRow]:
-    import pyarrow.parquet as pq
-
     # Arrow skips "_"- and "."-prefixed files (_SUCCESS, the marker, .crc) like Spark.
-    table = pq.read_table(path, columns=[*schema.names, WEIGHT])
+    return _arrow_rows(pq.read_table(path, columns=[*schema.names, WEIGHT]), schema)
+
+
+def _arrow_rows(table: pa.Table, schema: Schema) -> list[WeightedRow]:
     return [
         (tuple(_from_arrow(record[n], t) for n, t in schema.fields), int(record[WEIGHT]))
         for record in table.to_pylist()
@@ -738,7 +754,7 @@ def export_epoch(
             snap_dir = output_dir(root, circuit, name, SNAPSHOT, epoch)
             skipped, marker = _publish_dir(
                 snap_dir,
-                lambda tmp, n=name, c=columns: _write_frame(engine.view_frame(n, epoch), c, tmp),
+                lambda tmp, n=name, c=columns: _write_frame(_view(engine, n, epoch), c, tmp),
                 _marker(circuit, name, SNAPSHOT, epoch, schema),
             )
             item.snapshot = DirectoryExport(SNAPSHOT, snap_dir, int(marker["rows"]), skipped)
@@ -768,7 +784,11 @@ def export_epoch(
             else:
                 from dbspark.engine.spark.frames import frame_to_zset
 
-                change = list(frame_to_zset(engine.view_change(name, epoch), schema).items())
+                table = engine.view_table(name, epoch, change=True)
+                if table is not None:
+                    change = _arrow_rows(table, schema)
+                else:
+                    change = list(frame_to_zset(engine.view_change(name, epoch), schema).items())
             item.serving = serving.apply(circuit, name, schema, epoch, change)
             if item.changes is None:
                 item.changes = DirectoryExport(
@@ -785,7 +805,7 @@ def export_epoch(
 def _write_change(
     engine: SparkEngine, view: str, epoch: int, schema: Schema, columns: Sequence[str], tmp: Path
 ) -> dict[str, int]:
-    stats = _write_frame(engine.view_change(view, epoch), columns, tmp)
+    stats = _write_frame(_view(engine, view, epoch, change=True), columns, tmp)
     # A change is small: its +/- sizes are read back from the files just written.
     rows = _parquet_rows(tmp, schema)
     stats["inserted"] = sum(w for _, w in rows if w > 0)

@@ -235,12 +235,22 @@ class TraceStore:
         if self.catalog.stage_done(self.circuit, stage, meet):
             return None
 
-        eligible = [
+        live = [
             b
             for b in self.catalog.batches(self.circuit, collection, kind="trace")
-            if len(b.time) == depth and not frontier.less_equal(b.time)
+            if len(b.time) == depth
         ]
+        eligible = [b for b in live if not frontier.less_equal(b.time)]
         chosen = _tiered_choice(eligible) if tiered else eligible
+        # Inside a loop an epoch writes a batch per iteration, each larger than all before
+        # it, so the binary counter never merges them and every read would open them all.
+        # They are merged here, at the epoch's close, as they are: their rows keep their
+        # iteration (advancing by the frontier leaves a time at or beyond it unchanged),
+        # and every reader selects rows by their own times.
+        # (The older batches join them only when the binary counter merges them anyway.)
+        this_epoch = [b for b in live if depth > 1 and b.time[0] == meet[0] and b not in eligible]
+        if len(this_epoch) > 1:
+            chosen = [*(chosen if len(chosen) > 1 or not tiered else []), *this_epoch]
         if not chosen or (tiered and len(chosen) < 2):
             return None
 

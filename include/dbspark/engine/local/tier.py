@@ -52,6 +52,11 @@ Fields = Sequence[tuple[str, str]]
 SMALL_BATCH_ROWS = 4096
 #: Batches this tier wrote, kept in memory by path for reading back (the newest few).
 _WRITTEN_KEPT = 64
+#: A read of batches holding at most this many rows decodes their files into memory and
+#: keeps them for the rest of the epoch; a larger one is scanned by DuckDB, streaming.
+CACHED_READ_ROWS = 2_000_000
+#: At most this much decoded data is kept per epoch.
+CACHED_BYTES = 1 << 30
 
 
 class ReadMeter:
@@ -147,6 +152,15 @@ class LocalTier:
         # A unit reads back what it has just written (the delta it stored, the input it
         # arranged): those batches are served from memory instead of their files.
         self._written: dict[str, pa.Table] = {}
+        # Files read in this epoch, decoded: a loop's iterations read the same trace
+        # slices again and again (files never change once written).
+        self._files: dict[str, pa.Table] = {}
+        self._files_bytes = 0
+
+    def forget_files(self) -> None:
+        """Drop the decoded files (at an epoch's start: what one epoch keeps, it read)."""
+        self._files.clear()
+        self._files_bytes = 0
 
     # frames --------------------------------------------------------------------------
     def frame(self, rows: Iterable[Sequence[Any]], fields: Fields) -> LocalFrame:
@@ -203,14 +217,15 @@ class LocalTier:
                 files.extend(parquet_files(folder))
         if not files:
             return self.empty(fields)
-        READS.note(files, (n for n, _ in fields))
-        listing = ", ".join("'" + f.replace("'", "''") + "'" for f in files)
-        columns = ", ".join(f"CAST({quote(n)} AS {duck_type(t)}) AS {quote(n)}" for n, t in fields)
-        query = (
-            f"SELECT {columns} FROM read_parquet([{listing}], "
-            "hive_partitioning = false, union_by_name = true)"
-        )
-        frame = self.session.sql(query, [n for n, _ in fields])
+        kept = None
+        if sum(r.rows for r in records) <= CACHED_READ_ROWS:
+            kept = self._kept_files(files, fields)
+        if kept is not None and keys is not None and len(key_cols) == 1:
+            # One key column, rows in memory: pick the keys' rows with a hash lookup here
+            # instead of handing every row of the buckets to DuckDB's semi-join.
+            wanted = keys.frame.toArrow().column(0).cast(kept.schema.field(key_cols[0]).type)
+            return self.session.frame(kept.filter(pc.is_in(kept.column(key_cols[0]), wanted)))
+        frame = self.session.frame(kept) if kept is not None else self._scan(files, fields)
         if keys is None:
             return frame
         types = dict(fields)
@@ -221,6 +236,36 @@ class LocalTier:
             ]
         )
         return semi_join(frame, key_frame.distinct(), key_cols)
+
+    def _kept_files(self, files: list[str], fields: Fields) -> pa.Table | None:
+        """``files`` decoded (from memory when this epoch read them before), with
+        ``fields``; None when they do not fit in memory or lack a column."""
+        names = [n for n, _ in fields]
+        tables = []
+        for file in files:
+            table = self._files.get(file)
+            if table is None:
+                table = pq.read_table(file)
+                if self._files_bytes + table.nbytes > CACHED_BYTES:
+                    return None
+                self._files[file] = table
+                self._files_bytes += table.nbytes
+                READS.note([file], names)
+            if not set(names) <= set(table.column_names):
+                return None
+            tables.append(_conform(table.select(names), fields))
+        return pa.concat_tables(tables)
+
+    def _scan(self, files: list[str], fields: Fields) -> LocalFrame:
+        """A lazy DuckDB scan of ``files`` (columns matched by name, cast to ``fields``)."""
+        READS.note(files, (n for n, _ in fields))
+        listing = ", ".join("'" + f.replace("'", "''") + "'" for f in files)
+        columns = ", ".join(f"CAST({quote(n)} AS {duck_type(t)}) AS {quote(n)}" for n, t in fields)
+        query = (
+            f"SELECT {columns} FROM read_parquet([{listing}], "
+            "hive_partitioning = false, union_by_name = true)"
+        )
+        return self.session.sql(query, [n for n, _ in fields])
 
     def gather_keys(
         self, keys: LocalFrame, bucket_counts: Sequence[int] = (DEFAULT_BUCKETS,)

@@ -281,6 +281,8 @@ class SparkEngine:
         ``label`` says what the epoch stands for (an Airflow data interval); the catalog
         keeps it and refuses to give one label two epochs."""
         name = self.circuit.name
+        if self._local is not None:
+            self._local.forget_files()
         state = self.catalog.epoch_state(name, epoch)
         if state == "committed":
             if label is not None:
@@ -336,6 +338,8 @@ class SparkEngine:
         """Commit the epoch, then compact traces under the new frontier."""
         self.catalog.commit_epoch(self.circuit.name, epoch)
         self.compact(epoch)
+        if self._local is not None:
+            self._local.forget_files()
 
     # ================================================================================ input
     def check_batch(self, source: str, batch: Any, file: str | None = None) -> Any:
@@ -1151,12 +1155,7 @@ class SparkEngine:
         A view's batch for an epoch is registered by ``publish`` before the epoch commits;
         readers must not see it until the epoch does: only the publishing task, which
         exports it, asks for an uncommitted epoch explicitly."""
-        node = self.circuit.node(self.circuit.views[name])
-        if epoch is None:
-            epoch = self.last_committed_epoch()
-        else:
-            self._require_published(epoch)
-        records = self.catalog.batches(self.circuit.name, f"view.{name}", max_epoch=epoch)
+        node, records = self._view_records(name, epoch, change=False)
         frame = self.warehouse.read(self.spark, records, self._schema_of(node, 1))
         return consolidate(frame.drop(*time_columns(1)), list(node.schema.names))
 
@@ -1165,16 +1164,36 @@ class SparkEngine:
 
         Compaction at the close of the epoch merges the batch into older ones, so the
         change is read between ``publish`` and ``close_epoch``."""
+        node, records = self._view_records(name, epoch, change=True)
+        frame = self.warehouse.read(self.spark, records, self._schema_of(node, 1))
+        return consolidate(frame.drop(*time_columns(1)), list(node.schema.names))
+
+    def view_table(self, name: str, epoch: int, *, change: bool = False) -> pa.Table | None:
+        """``view_frame`` (or, with ``change``, ``view_change``) as Arrow, read in this
+        process when the batches hold at most ``local_rows`` rows; None when they hold
+        more (read them with Spark), so exporting a small epoch starts no Spark."""
+        node, records = self._view_records(name, epoch, change=change)
+        if records_rows(records) > self.local_rows:
+            return None
+        frame = self.local.read(records, self._fields(node, 1))
+        return consolidate(frame.drop(*time_columns(1)), list(node.schema.names)).toArrow()
+
+    def _view_records(
+        self, name: str, epoch: int | None, *, change: bool
+    ) -> tuple[Node, list[BatchRecord]]:
         node = self.circuit.node(self.circuit.views[name])
-        self._require_published(epoch)
+        if epoch is None:
+            epoch = self.last_committed_epoch()
+        else:
+            self._require_published(epoch)
+        if not change:
+            return node, self.catalog.batches(self.circuit.name, f"view.{name}", max_epoch=epoch)
         if self.catalog.epoch_state(self.circuit.name, epoch) == "committed":
             raise EpochOrderError(
                 f"circuit {self.circuit.name!r}: epoch {epoch} is committed and its view "
                 f"batches may be compacted; read a change between publish and close_epoch"
             )
-        records = self.catalog.batches(self.circuit.name, f"view.{name}", epoch=epoch)
-        frame = self.warehouse.read(self.spark, records, self._schema_of(node, 1))
-        return consolidate(frame.drop(*time_columns(1)), list(node.schema.names))
+        return node, self.catalog.batches(self.circuit.name, f"view.{name}", epoch=epoch)
 
     def _require_published(self, epoch: int) -> None:
         if not self.catalog.stage_done(self.circuit.name, "publish", (epoch,)):
