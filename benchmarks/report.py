@@ -234,6 +234,33 @@ def write(results: Results) -> Path:
                 f"| {workload} | {row['epoch']} | {row['dbspark_s']} | {row['sdp_s']} | "
                 f"{row['sdp_graph_s']} | {_yes(row['ok'])} |"
             )
+    through_airflow = results.of("W1-airflow", "airflow")
+    if through_airflow:
+        lines += [
+            "",
+            "## W1 through Airflow (real scheduler, LocalExecutor; target <= 15 s, no JVM)",
+            "",
+            *_header(
+                "run",
+                "delta",
+                "wall s (trigger to success)",
+                "engine only s",
+                "tasks",
+                "task seconds, sum",
+                "queue wait, sum",
+                "Spark started",
+                "same answer",
+            ),
+        ]
+        for m in through_airflow:
+            p = m.params
+            lines.append(
+                f"| {p.get('run')} | {m.delta} | {round(m.seconds, 3)} | "
+                f"{_dash(p.get('engine_only_s'))} | {p.get('tasks')} | "
+                f"{p.get('task_seconds_sum')} | {p.get('queue_wait_sum')} | "
+                f"{'yes: ' + ', '.join(p['spark_signs']) if p.get('spark_signs') else 'no'} | "
+                f"{_yes(m.ok)} |"
+            )
     if results.skipped:
         lines += ["", "## Skipped", ""] + [f"- {s}" for s in results.skipped]
     if results.failures:
