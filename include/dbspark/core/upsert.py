@@ -116,6 +116,11 @@ class UpsertError(ValueError):
         args = (self.source, self.file, self.keys, self.detail, self.positions, self.key_columns)
         return (type(self), args)
 
+    def in_files(self, files: Sequence[str]) -> UpsertError:
+        """The same error, naming ``files`` (those of a batch that hold its keys)."""
+        args = (self.source, ", ".join(files), self.keys, self.detail, self.positions)
+        return type(self)(*args, self.key_columns)
+
     def _message(self) -> str:
         where = f"file {self.file!r}" if self.file is not None else "no file"
         shown = ", ".join(format_key(k, self.key_columns) for k in self.keys[:_MAX_LISTED])

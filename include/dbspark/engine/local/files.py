@@ -120,15 +120,7 @@ def read_files(
     try:  # NULL keys and ties within the batch, before the epoch opens
         upserts_to_updates(upsert, checked, lambda key: None, label)
     except UpsertError as error:
-        holding = result.files_holding(error.key_columns, error.keys)
-        raise type(error)(
-            error.source,
-            ", ".join(holding),
-            error.keys,
-            error.detail,
-            error.positions,
-            error.key_columns,
-        ) from None
+        raise error.in_files(result.files_holding(error.key_columns, error.keys)) from None
     return result
 
 

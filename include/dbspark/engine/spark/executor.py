@@ -424,14 +424,7 @@ class SparkEngine:
                     raise
                 # Name only the files that hold the offending keys.
                 holding = from_files.files_holding(error.key_columns, error.keys)
-                raise type(error)(
-                    error.source,
-                    ", ".join(holding),
-                    error.keys,
-                    error.detail,
-                    error.positions,
-                    error.key_columns,
-                ) from None
+                raise error.in_files(holding) from None
         # The raw input log lets full refresh replay every source from scratch.
         logged, observation = frame, None
         if fingerprint is None:
