@@ -7,7 +7,8 @@ is rejected here with an error that names the source, the file (when known)
 and the offending row, before any state changes.
 
 The Spark engine also takes a ``DataFrame`` or a ``FileBatch`` (parquet, csv, jsonl
-files) per source; ``engine/spark/files.py`` checks those (schema, every row read from
+files) per source; ``engine/spark/files.py`` (and, for small local Parquet files,
+``engine/local/files.py``) checks those (schema, every row read from
 the files) and raises the same ``InputError``, naming the file and the line or row.
 """
 
