@@ -18,10 +18,13 @@ import hashlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import pyarrow as pa
+
 from dbspark.circuit.builder import Node
 from dbspark.circuit.types import Schema, python_value_fits
 from dbspark.core.upsert import UpsertSpec
 from dbspark.core.zset import ZSet
+from dbspark.storage.traces import WEIGHT_COLUMN as WEIGHT
 
 
 class InputError(ValueError):
@@ -107,6 +110,29 @@ def upsert_batch(
         (check_row(source, schema, row, position, file) for position, row in enumerate(batch)),
         schema,
     )
+
+
+def arrow_rows(source: str, table: pa.Table, schema: Schema, *, weighted: bool) -> Any:
+    """An Arrow batch as the rows (or, with ``__w``, the Z-set pairs) Python batches are,
+    so it is checked by the same code; columns match by name."""
+    names = list(schema.names)
+    missing = [n for n in names if n not in table.column_names]
+    extra = [n for n in table.column_names if n not in names and n != WEIGHT]
+    if missing or extra:
+        raise InputError(
+            source,
+            f"the Arrow batch has columns {table.column_names}; expected {names}"
+            + (" (and optionally __w)" if weighted else ""),
+        )
+    columns = [table.column(n).to_pylist() for n in names]
+    rows = list(zip(*columns, strict=True)) if names else []
+    if not weighted:
+        return rows
+    if WEIGHT in table.column_names:
+        return [
+            (row, int(w)) for row, w in zip(rows, table.column(WEIGHT).to_pylist(), strict=True)
+        ]
+    return [(row, 1) for row in rows]
 
 
 def fingerprint_text(columns: Iterable[str], rows: int, row_hash_sum: int) -> str:

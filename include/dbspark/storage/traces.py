@@ -248,7 +248,9 @@ class TraceStore:
         # iteration (advancing by the frontier leaves a time at or beyond it unchanged),
         # and every reader selects rows by their own times.
         # (The older batches join them only when the binary counter merges them anyway.)
-        this_epoch = [b for b in live if depth > 1 and b.time[0] == meet[0] and b not in eligible]
+        this_epoch = [
+            b for b in live if depth > 1 and b.time[0] == meet[0] and frontier.less_equal(b.time)
+        ]
         if len(this_epoch) > 1:
             chosen = [*(chosen if len(chosen) > 1 or not tiered else []), *this_epoch]
         if not chosen or (tiered and len(chosen) < 2):

@@ -27,7 +27,13 @@ import pyarrow.parquet as pq
 from dbspark.circuit.types import BIGINT, BOOLEAN, DOUBLE, STRING, Schema, element_type, is_array
 from dbspark.core.upsert import BadUpsertRow, UpsertError, UpsertSpec, upserts_to_updates
 from dbspark.core.zset import ZSet
-from dbspark.engine.batches import CheckedRows, InputError, upsert_batch, zset_batch
+from dbspark.engine.batches import (
+    CheckedRows,
+    InputError,
+    arrow_rows,
+    upsert_batch,
+    zset_batch,
+)
 from dbspark.engine.file_batches import (
     FileBatch,
     check_names,
@@ -49,7 +55,6 @@ class CheckedFiles:
     batch: CheckedRows | ZSet
     files: tuple[str, ...]
     row_files: tuple[str, ...]
-    rows: int
 
     def file_label(self) -> str:
         return ", ".join(self.files)
@@ -108,14 +113,11 @@ def read_files(
         _check_null_keys(source, upsert, tables, batch.paths)
     table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
     label = ", ".join(batch.paths)
-    columns = [table.column(n).to_pylist() for n in schema.names]
-    rows = list(zip(*columns, strict=True)) if columns else []
+    rows = arrow_rows(source, table, schema, weighted=weighted)
     if weighted:
-        pairs = zip(rows, table.column(WEIGHT).to_pylist(), strict=True)
-        zset = zset_batch(source, schema, list(pairs), label)
-        return CheckedFiles(zset, batch.paths, row_files, table.num_rows)
+        return CheckedFiles(zset_batch(source, schema, rows, label), batch.paths, row_files)
     checked = upsert_batch(source, schema, rows, label)
-    result = CheckedFiles(checked, batch.paths, row_files, table.num_rows)
+    result = CheckedFiles(checked, batch.paths, row_files)
     assert upsert is not None
     try:  # NULL keys and ties within the batch, before the epoch opens
         upserts_to_updates(upsert, checked, lambda key: None, label)

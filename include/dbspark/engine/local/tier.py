@@ -250,7 +250,7 @@ class LocalTier:
                     return None
                 self._files[file] = table
                 self._files_bytes += table.nbytes
-                READS.note([file], names)
+                READS.note([file], table.column_names)  # decoded whole, kept for the epoch
             if not set(names) <= set(table.column_names):
                 return None
             tables.append(_conform(table.select(names), fields))

@@ -44,6 +44,7 @@ from dbspark.core.zset import ZSet
 from dbspark.engine import kernels as ops
 from dbspark.engine.batches import (
     InputError,
+    arrow_rows,
     fingerprint_text,
     upsert_batch,
     upsert_spec,
@@ -366,7 +367,7 @@ class SparkEngine:
             if batch.num_rows > self.local_rows:  # a Spark epoch: no trip through Python rows
                 frame = self.spark.createDataFrame(batch)
                 return CheckedFrame(check_frame(source, schema, frame, weighted=weighted))
-            batch = _arrow_rows(source, batch, schema, weighted=weighted)
+            batch = arrow_rows(source, batch, schema, weighted=weighted)
         if node.op == "zset_source":
             return zset_batch(source, node.schema, batch, file)
         return upsert_batch(source, node.params["user_schema"], batch, file)
@@ -1341,29 +1342,6 @@ def _with_time(df: Any, t: Time) -> Any:
 def _weight_field(node: Node) -> list[tuple[str, str]]:
     """A Z-set source's raw input carries weights; an upsert source's does not."""
     return [(WEIGHT, "bigint")] if node.op == "zset_source" else []
-
-
-def _arrow_rows(source: str, table: pa.Table, schema: Any, *, weighted: bool) -> Any:
-    """An Arrow batch as the rows (or, with ``__w``, the Z-set pairs) Python batches are,
-    so it is checked by the same code; columns match by name."""
-    names = list(schema.names)
-    missing = [n for n in names if n not in table.column_names]
-    extra = [n for n in table.column_names if n not in names and n != WEIGHT]
-    if missing or extra:
-        raise InputError(
-            source,
-            f"the Arrow batch has columns {table.column_names}; expected {names}"
-            + (" (and optionally __w)" if weighted else ""),
-        )
-    columns = [table.column(n).to_pylist() for n in names]
-    rows = list(zip(*columns, strict=True)) if names else []
-    if not weighted:
-        return rows
-    if WEIGHT in table.column_names:
-        return [
-            (row, int(w)) for row, w in zip(rows, table.column(WEIGHT).to_pylist(), strict=True)
-        ]
-    return [(row, 1) for row in rows]
 
 
 def _stored_deltas(circuit: Circuit, plan: Plan) -> frozenset[int]:
