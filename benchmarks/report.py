@@ -234,6 +234,35 @@ def write(results: Results) -> Path:
                 f"| {workload} | {row['epoch']} | {row['dbspark_s']} | {row['sdp_s']} | "
                 f"{row['sdp_graph_s']} | {_yes(row['ok'])} |"
             )
+    spark_only = [m for w in ("W1", "W2", "W3") for m in results.of(w, "spark_only")]
+    if spark_only:
+        lines += [
+            "",
+            "## The Spark tier alone (local tier off; target: <= 3 jobs per stage unit, "
+            "1 per loop iteration)",
+            "",
+            *_header(
+                "workload",
+                "size",
+                "delta",
+                "epoch",
+                "seconds",
+                "jobs",
+                "units",
+                "jobs per unit",
+                "loop iterations",
+                "same answer",
+            ),
+        ]
+        for m in spark_only:
+            p = m.params
+            units = p.get("units") or 0
+            per_unit = round(m.jobs / units, 1) if m.jobs is not None and units else None
+            lines.append(
+                f"| {m.workload} | {m.size} | {m.delta} | {m.epoch} | {round(m.seconds, 3)} | "
+                f"{_dash(m.jobs)} | {units} | {_dash(per_unit)} | "
+                f"{p.get('loop_iterations')} | {_yes(m.ok)} |"
+            )
     through_airflow = results.of("W1-airflow", "airflow")
     if through_airflow:
         lines += [
@@ -379,6 +408,10 @@ def _plots(results: Results) -> list[Path]:
     ax.legend()
     written.append(_save(fig, results.out / "bytes.png"))
 
+    delta_plot = _delta_plot(results, plt)
+    if delta_plot is not None:
+        written.append(delta_plot)
+
     sdp = [(w, results.summary[w]["sdp"]) for w in workloads if results.summary[w].get("sdp")]
     if sdp:
         fig, axes = plt.subplots(1, len(sdp), figsize=(5 * len(sdp), 4), squeeze=False)
@@ -400,6 +433,54 @@ def _plots(results: Results) -> list[Path]:
             ax.legend()
         written.append(_save(fig, results.out / "sdp.png"))
     return written
+
+
+def _delta_plot(results: Results, plt: Any) -> Path | None:
+    """``delta.png``: epoch time against delta size at one base size per workload (W1's
+    and W2's largest with more than one delta), the warm batch and the full refresh as
+    horizontal lines (their medians there): where incremental stops paying."""
+    panels = []
+    for workload in ("W1", "W2"):
+        epochs = results.of(workload, "incremental")
+        sizes = {m.size for m in epochs if m.size}
+        swept = [n for n in sizes if len({m.delta for m in epochs if m.size == n}) > 1]
+        if swept:
+            panels.append((workload, max(swept)))
+    if not panels:
+        return None
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), squeeze=False)
+    for ax, (workload, size) in zip(axes[0], panels, strict=True):
+        points = sorted(
+            (m.delta, m.seconds, m.params.get("tiers", ""))
+            for m in results.of(workload, "incremental")
+            if m.size == size and m.delta
+        )
+        ax.plot(
+            [p[0] for p in points], [p[1] for p in points], marker="o", label="incremental epoch"
+        )
+        for delta, seconds, tiers in points:
+            ax.annotate(
+                tiers, (delta, seconds), fontsize=7, xytext=(3, 3), textcoords="offset points"
+            )
+        for variant, style, label in (
+            ("full_refresh", "--", "full refresh"),
+            ("warm_batch", ":", "warm batch"),
+        ):
+            times = [m.seconds for m in results.of(workload, variant) if m.size == size]
+            if times:
+                ax.axhline(
+                    median(times),
+                    linestyle=style,
+                    color="grey" if style == "--" else "black",
+                    label=f"{label} (median)",
+                )
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("rows changed in the epoch")
+        ax.set_ylabel("seconds")
+        ax.set_title(f"{workload} at base size {size:,}")
+        ax.legend(fontsize=8)
+    return _save(fig, results.out / "delta.png")
 
 
 def _save(fig: Any, path: Path) -> Path:

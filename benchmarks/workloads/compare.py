@@ -99,12 +99,19 @@ class Series:
         self.bench.results.skip(f"{self.workload} {what} (time budget)")
         return False
 
-    def compare(self, epoch: int, **params: Any) -> list[Measurement]:
+    def compare(self, epoch: int, *, spark_only: bool = False, **params: Any) -> list[Measurement]:
         """Run ``epoch`` incrementally, then a full refresh of the same snapshot, then
         (with a warm batch) the views' queries over the current tables; every
-        measurement carries whether its answers agreed with the maintained views."""
+        measurement carries whether its answers agreed with the maintained views. With
+        ``spark_only``, the same epoch also runs on a copy of the warehouse with the local
+        tier off (``local_rows=0``), to count the Spark tier's jobs per unit."""
         meter = self.bench.meter
         read, rows = self._inputs(epoch)
+        before = None
+        if spark_only:  # the state the epoch starts from, copied outside any timing
+            before = self.root / "spark-only" / "warehouse"
+            shutil.rmtree(before.parent, ignore_errors=True)
+            shutil.copytree(self.root / "warehouse", before)
         incremental = self._measurement("incremental", epoch, rows, params)
         with meter.measure(incremental):
             report = self.engine.run_epoch(epoch, read())
@@ -124,7 +131,38 @@ class Series:
             self._check(measurement, differences)
         if self.warm_batch is not None:
             measured.append(self._warm_batch(self.warm_batch, epoch, rows, params))
+        if before is not None:
+            measured.append(self._spark_only(before, epoch, rows, params))
         return measured
+
+    def _spark_only(
+        self, warehouse: Path, epoch: int, rows: int, params: dict[str, Any]
+    ) -> Measurement:
+        """The epoch again with the local tier off, from the copied state: its time, jobs,
+        units and loop iterations; its views must equal the maintained ones."""
+        engine = SparkEngine(self.circuit, warehouse, spark=self.bench.spark, local_rows=0)
+        spark = self.bench.spark
+        inputs = {
+            source: spark.read.parquet(str(folder)) for source, folder in self._folders(epoch)
+        }
+        measurement = self._measurement("spark_only", epoch, rows, params)
+        with self.bench.meter.measure(measurement):
+            report = engine.run_epoch(epoch, inputs)
+        ran = [u for u in report.units if not u.skipped]
+        measurement.params.update(
+            units=len(ran),
+            loop_iterations=len(report.iterations),
+            tiers=",".join(sorted({u.tier for u in ran if u.tier})),
+        )
+        differences = {}
+        for name in self.circuit.views:
+            maintained = self.engine.view_frame(name)
+            columns = [c for c in maintained.columns if c != WEIGHT]
+            count = verify(engine.view_frame(name), maintained, columns).count()
+            if count:
+                differences[name] = count
+        shutil.rmtree(warehouse.parent, ignore_errors=True)
+        return self._check(measurement, differences)
 
     def _warm_batch(
         self, batch: WarmBatch, epoch: int, rows: int, params: dict[str, Any]
@@ -178,12 +216,9 @@ class Series:
         """A reader of the epoch's landed batches, and how many rows they hold. The reader
         runs inside the timing: a batch the engine keeps on its local tier is read as an
         Arrow table (as a user hands over a small batch), a larger one as a Spark frame."""
-        folders, rows = {}, 0
-        for source in self.circuit.sources:
-            folder = epoch_folder(self.landing, source, epoch)
-            if folder.exists():
-                folders[source] = folder
-                rows += sum(pq.read_metadata(f).num_rows for f in folder.glob("*.parquet"))
+        folders, rows = dict(self._folders(epoch)), 0
+        for folder in folders.values():
+            rows += sum(pq.read_metadata(f).num_rows for f in folder.glob("*.parquet"))
         local = rows <= self.engine.local_rows
 
         def read() -> dict[str, Any]:
@@ -193,6 +228,11 @@ class Series:
             return {source: spark.read.parquet(str(folder)) for source, folder in folders.items()}
 
         return read, rows
+
+    def _folders(self, epoch: int) -> list[tuple[str, Path]]:
+        """Each source's landed folder for ``epoch`` (sources without one are left out)."""
+        folders = [(s, epoch_folder(self.landing, s, epoch)) for s in self.circuit.sources]
+        return [(source, folder) for source, folder in folders if folder.exists()]
 
     def _stored_bytes(self) -> int:
         """Live bytes of every batch of the circuit (traces, views, the raw input log)."""

@@ -4,12 +4,15 @@ Per scale factor: the base load (epoch 0), then epochs that change about 0.1% an
 of every table (updates, deletes, new orders), each against a full refresh of the same
 snapshot and against a warm batch of Q3 over the current tables. For alpha (with more
 than one scale factor), one more epoch per scale factor changes a fixed number of rows
-(0.1% of the smallest scale factor), so only the base size varies.
+(0.1% of the smallest scale factor), so only the base size varies. The largest scale
+factor also runs the sweep's larger deltas (default 5%, past the local tier's
+threshold), for the plot of epoch time against delta size.
 """
 
 from __future__ import annotations
 
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
 from benchmarks import queries
@@ -31,11 +34,14 @@ def run(
     *,
     scale_factors: list[float],
     fractions: list[float],
+    sweep_fractions: Sequence[float] = (),
     airflow: bool = False,
+    spark_only_first: bool = False,
 ) -> dict[float, Path]:
-    """Run W1 at each scale factor; the landing folder of each (for the SDP side). With
-    ``airflow``, the first epoch of the largest scale factor also runs through Airflow
-    (``w1_airflow.py``)."""
+    """Run W1 at each scale factor; the landing folder of each (for the SDP side). The
+    largest scale factor also gets an epoch per ``sweep_fractions`` (the plot against
+    delta size). With ``airflow``, its first epoch also runs through Airflow
+    (``w1_airflow.py``); with ``spark_only_first``, also with the local tier off."""
     landings = {}
     smallest_rows = None
     previous = None
@@ -59,11 +65,15 @@ def run(
         plan = [(f, False) for f in fractions]
         if len(scale_factors) > 1:
             plan.append((fractions[0] * smallest_rows / rows, True))
+        if sf == max(scale_factors):
+            plan.extend((f, False) for f in sweep_fractions)
         for epoch, (fraction, fixed_delta) in enumerate(plan, start=1):
             if not series.fits(f"SF {sf:g}: epochs from fraction {fraction:g} on", 2.5):
                 break
             series.land(epoch, tpch.change_tables(base, fraction, epoch, SEED))
-            series.compare(epoch, fraction=fraction, fixed_delta=fixed_delta)
+            # The first epoch at the largest SF also runs with the local tier off.
+            spark_only = epoch == 1 and sf == max(scale_factors) and spark_only_first
+            series.compare(epoch, fraction=fraction, fixed_delta=fixed_delta, spark_only=spark_only)
             if loaded is not None and epoch == 1:
                 from benchmarks.workloads import w1_airflow
 

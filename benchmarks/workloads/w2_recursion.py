@@ -17,8 +17,16 @@ SEED = 7
 
 
 def run(
-    bench: Bench, *, sizes: list[int], k_alpha: int, ks: list[int], sweep_nodes: int | None
+    bench: Bench,
+    *,
+    sizes: list[int],
+    k_alpha: int,
+    ks: list[int],
+    sweep_nodes: int | None,
+    spark_only_first: bool = False,
 ) -> None:
+    """With ``spark_only_first``, the smallest size's ±k_alpha epoch also runs with the
+    local tier off (jobs per loop iteration on the Spark tier)."""
     previous = None
     for nodes in sizes:
         if not room_for_next(bench, previous, f"{WORKLOAD} {nodes} nodes and larger"):
@@ -34,4 +42,5 @@ def run(
             if not series.fits(f"n={nodes}: k={k} and later epochs", 1.5):
                 break
             series.land(epoch, {"edges": graph.change_batch(k)})
-            series.compare(epoch, k=k, alpha_point=k == k_alpha)
+            spark_only = spark_only_first and epoch == 1 and nodes == sizes[0]
+            series.compare(epoch, k=k, alpha_point=k == k_alpha, spark_only=spark_only)

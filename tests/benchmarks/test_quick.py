@@ -68,8 +68,17 @@ def test_quick_mode_checks_every_workload(tmp_path: Path) -> None:
         ("W0", "empty_epoch_engine"),
         ("W0", "empty_epoch_airflow"),
     } <= measured
+    for workload in ("W1", "W2"):  # the same first epoch with the local tier off
+        alone = [
+            m
+            for m in results["measurements"]
+            if m["workload"] == workload and m["variant"] == "spark_only"
+        ]
+        assert len(alone) == 1 and alone[0]["ok"], workload
+        assert alone[0]["jobs"] > 0 and alone[0]["params"]["tiers"] == "spark", workload
     summary = (out / "summary.md").read_text()
     assert "| W1 |" in summary and "Spark Declarative Pipelines" in summary
+    assert "The Spark tier alone" in summary
     assert "warm batch s" in summary
     for plot in ("ratio_R.png", "bytes.png", "sdp.png"):
         assert (out / plot).stat().st_size > 1000

@@ -1,11 +1,13 @@
-"""Upsert ingest decided on the driver (small batches) and in Spark: one answer, one error.
+"""Upsert ingest decided on the driver (small batches), in Spark and on the local tier:
+one answer, one error.
 
 ``engine/spark/upserts.py`` has two ways to turn a batch of upserts into the state
-delta. The same history goes through an engine that keeps everything in Spark
-(``driver_rows=0``) and one that decides small batches on the driver; after every epoch
-both must hold the reference engine's views, and a bad batch must be refused by both
-with the same error class, the same kind of problem and the same keys, leaving the
-epoch uncommitted.
+delta, and the local tier a third (the same set-based kernels on DuckDB for Arrow
+batches, core's rule for Python rows). The same history goes through an engine that
+keeps everything in Spark (``driver_rows=0``), one that decides small batches on the
+driver, and local ones fed Python rows and Arrow tables; after every epoch all must hold
+the reference engine's views, and a bad batch must be refused by each with the same
+error class, the same kind of problem and the same keys, leaving the epoch uncommitted.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import pytest
 from dbspark.circuit.builder import Circuit
 from dbspark.core.upsert import BadUpsertRow, UpsertConflict
 from dbspark.engine.batches import InputError
+from dbspark.engine.local.tier import arrow_table
 from dbspark.engine.reference.engine import ReferenceEngine
 from dbspark.engine.spark.executor import SparkEngine
 from dbspark.engine.spark.upserts import DRIVER_ROWS, default_driver_rows
@@ -99,16 +102,24 @@ def test_driver_and_spark_decide_every_batch_alike(spark, tmp_path: Path) -> Non
         ),
         "on-driver": SparkEngine(readings(), tmp_path / "driver", spark=spark, local_rows=0),
         "local-tier": SparkEngine(readings(), tmp_path / "local", spark=spark),
+        # Arrow batches are decided set-based on DuckDB (kernels.upsert_delta), with no
+        # trip through Python rows; core's rule words their errors.
+        "local-arrow": SparkEngine(readings(), tmp_path / "arrow", spark=spark),
     }
+    fields = readings().node(readings().sources["readings"]).params["user_schema"].fields
+
+    def given(name: str, batch: list[tuple]) -> Any:
+        return arrow_table(batch, fields) if name == "local-arrow" else batch
+
     for epoch, batch in enumerate(HISTORY):
         expected = normal(reference.step({"readings": batch}).views["current"])
         for name, engine in engines.items():
-            got = normal(engine.step({"readings": batch}).views["current"])
+            got = normal(engine.step({"readings": given(name, batch)}).views["current"])
             assert got == expected, f"{name} at epoch {epoch}"
     for batch, error, phrase, keys in BAD_BATCHES:
         for name, engine in engines.items():
             with pytest.raises(error, match=phrase) as raised:
-                engine.step({"readings": batch})
+                engine.step({"readings": given(name, batch)})
             if keys:
                 assert set(raised.value.keys) == keys, name
             assert engine.last_committed_epoch() == len(HISTORY) - 1, name
@@ -116,7 +127,8 @@ def test_driver_and_spark_decide_every_batch_alike(spark, tmp_path: Path) -> Non
     last = [("a", 2, 7.0, 3, 0, False)]
     expected = normal(reference.step({"readings": last}).views["current"])
     for name, engine in engines.items():
-        assert normal(engine.step({"readings": last}).views["current"]) == expected, name
+        got = normal(engine.step({"readings": given(name, last)}).views["current"])
+        assert got == expected, name
         assert not any(engine.verify().values()), name
 
 
@@ -157,8 +169,6 @@ def test_arrow_batches_on_either_tier(spark, tmp_path: Path) -> None:
     Arrow batch (an unknown column) is refused before the epoch opens."""
     import pyarrow as pa
 
-    from dbspark.engine.local.tier import arrow_table
-
     fields = readings().node(readings().sources["readings"]).params["user_schema"].fields
     reference = ReferenceEngine(readings())
     small = SparkEngine(readings(), tmp_path / "small", spark=spark)
@@ -175,3 +185,34 @@ def test_arrow_batches_on_either_tier(spark, tmp_path: Path) -> None:
     for engine in (small, large):
         with pytest.raises(InputError, match="readings"):
             engine.step({"readings": bad})
+
+
+def test_a_typed_arrow_batch_is_taken_as_it_stands(tmp_path: Path) -> None:
+    """An Arrow batch whose columns fit the declared types skips Python rows (the local
+    tier decides it set-based); one that only Python's rules accept (whole numbers in a
+    DOUBLE column, as BIGINT) takes the row path and is still accepted."""
+    import pyarrow as pa
+
+    from dbspark.engine.batches import CheckedTable
+
+    def no_spark() -> Any:
+        raise AssertionError("a small Arrow batch must not need Spark")
+
+    engine = SparkEngine(readings(), tmp_path / "w", spark=no_spark)
+    fields = readings().node(readings().sources["readings"]).params["user_schema"].fields
+    typed = engine.check_batch("readings", arrow_table(HISTORY[0], fields))
+    assert isinstance(typed, CheckedTable) and len(typed) == 4
+    loose = pa.table(
+        {
+            "site": ["a"],
+            "sensor": [1],
+            "value": [3],  # BIGINT in a DOUBLE column
+            "major": [1],
+            "minor": [0],
+            "gone": [False],
+        }
+    )
+    checked = engine.check_batch("readings", loose)
+    assert not isinstance(checked, CheckedTable)
+    result = engine.step({"readings": loose})
+    assert normal(result.views["current"]) == [(("a", 1, 3.0), 1)]

@@ -98,12 +98,33 @@ class CheckedRows(list):
         self.schema = schema
 
 
+class CheckedTable:
+    """An upsert batch as Arrow, with exactly the source's columns cast to their declared
+    types (``engine/local/files.py``: ``checked_table``). The local tier ingests it as it
+    stands, set-based, with no trip through Python rows; NULL keys and ties are judged
+    there (``kernels.upsert_problems``), and core's rule words the error."""
+
+    def __init__(self, table: pa.Table, schema: Schema) -> None:
+        self.table = table
+        self.schema = schema
+
+    def __len__(self) -> int:
+        return self.table.num_rows
+
+    def rows(self) -> CheckedRows:
+        """The rows as tuples (for core's rule, and for a Spark unit)."""
+        columns = [self.table.column(n).to_pylist() for n in self.schema.names]
+        return CheckedRows(zip(*columns, strict=True), self.schema)
+
+
 def upsert_batch(
     source: str, schema: Schema, batch: Iterable[Any], file: str | None = None
 ) -> list[tuple]:
     """Check an upsert batch: rows as tuples or mappings (missing columns are NULL)."""
     if isinstance(batch, CheckedRows) and batch.schema == schema:
         return batch
+    if isinstance(batch, CheckedTable) and batch.schema == schema:
+        return batch.rows()
     if isinstance(batch, (str, bytes, Mapping)):
         raise InputError(source, "an upsert batch must be a list of rows", file)
     return CheckedRows(

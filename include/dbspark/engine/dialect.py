@@ -2,9 +2,9 @@
 
 ``engine/kernels.py`` states every operator's incremental rule once, as DataFrame code in
 PySpark's vocabulary. A *dialect* is what makes that code run on a tier: the ``F``
-functions module, the compiler from circuit expressions to that tier's columns, the
-column type names, the NULL-safe key semi-join, and how a group's user-defined
-aggregates are applied on the driver. ``dialect_of`` picks it from the frame a kernel
+functions module and ``Window``, the compiler from circuit expressions to that tier's
+columns, the column type names, the NULL-safe key semi-join, and how a group's
+user-defined aggregates are applied on the driver. ``dialect_of`` picks it from the frame a kernel
 is handed, so the kernels never name a tier:
 
 * Spark: PySpark itself and ``engine/spark/compile.py``;
@@ -24,6 +24,8 @@ from typing import Any
 class Dialect:
     name: str
     F: ModuleType
+    #: PySpark's ``Window`` (window specifications for ``F.row_number().over``).
+    Window: Any
     compile_expr: Callable[..., Any]
     compile_predicate: Callable[..., Any]
     compile_projection: Callable[..., Any]

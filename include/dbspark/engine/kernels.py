@@ -35,6 +35,7 @@ from dbspark.circuit.aggregations import Aggregation
 from dbspark.circuit.expressions import Expr, infer_type, output_type
 from dbspark.circuit.types import Schema
 from dbspark.core.timestamps import Time, box_corners
+from dbspark.core.upsert import UpsertSpec
 from dbspark.engine import user_aggregates
 from dbspark.engine.dialect import Dialect, dialect_of
 from dbspark.storage.traces import WEIGHT_COLUMN as WEIGHT
@@ -395,3 +396,109 @@ def join_delta_nested(
         left, right, left_keys, right_keys, left_columns, right_values, weight, extra=["__corner"]
     ).drop("__corner")
     return consolidate(joined, out_columns)
+
+
+# --- upsert ingest -------------------------------------------------------------------------
+# The rule is ``core/upsert.py``'s; only the batch's keys can change, so ``stored`` holds the
+# state trace's rows of those keys alone (a key-pruned read).
+
+#: What is wrong with a key of an upsert batch, by code (the smallest is reported first).
+UPSERT_PROBLEMS = (
+    "NULL in a key column",
+    "two different rows with the same watermark in one batch",
+    "a different row with the same watermark as the stored version",
+)
+
+
+def upsert_current(stored: DataFrame, state_columns: Sequence[str]) -> DataFrame:
+    """Each key's current state row: the stored rows (time columns and unconsolidated
+    weights) accumulated, kept where the total is one."""
+    F = dialect_of(stored).F
+    current = consolidate(stored, list(state_columns))
+    return current.where(F.col(WEIGHT) == 1).drop(WEIGHT)
+
+
+def upsert_problems(spec: UpsertSpec, batch: DataFrame, current: DataFrame) -> DataFrame:
+    """The keys of ``batch`` that make it bad input, each with a ``__problem`` code
+    (``UPSERT_PROBLEMS``); no rows when the batch is good."""
+    F = dialect_of(batch).F
+    cols, keys, marks = list(spec.columns), list(spec.key), list(spec.watermark)
+    groups = keys + [m for m in marks if m not in keys]
+    null_keys = batch.where(reduce(lambda a, b: a | b, [F.col(k).isNull() for k in keys]))
+    ties = (
+        batch.select(*cols)
+        .distinct()
+        .groupBy(*groups)
+        .agg(F.count(F.lit(1)).alias("__n"))
+        .where(F.col("__n") > 1)
+    )
+    s = _prefixed(current)
+    same_mark = reduce(lambda a, b: a & b, [F.col(m).eqNullSafe(F.col(f"__s_{m}")) for m in marks])
+    same_row = reduce(lambda a, b: a & b, [F.col(c).eqNullSafe(F.col(f"__s_{c}")) for c in cols])
+    clash = batch.join(s, _on_key(F, keys), "inner").where(same_mark & ~same_row)
+    return (
+        null_keys.select(*keys, F.lit(0).alias("__problem"))
+        .unionByName(ties.select(*keys, F.lit(1).alias("__problem")))
+        .unionByName(clash.select(*keys, F.lit(2).alias("__problem")))
+        .distinct()
+    )
+
+
+def upsert_delta(
+    spec: UpsertSpec, batch: DataFrame, current: DataFrame, state_columns: Sequence[str]
+) -> DataFrame:
+    """The state delta (``state_columns`` and ``__w``) of a good batch: per key the
+    freshest row wins (NULL watermarks smallest); where it is fresher than the stored
+    version (or there is none), ``-stored +winner`` with the winner's tombstone flag."""
+    d = dialect_of(batch)
+    F = d.F
+    keys, marks = list(spec.key), list(spec.watermark)
+    order = [F.col(m).desc_nulls_last() for m in marks]
+    window = d.Window.partitionBy(*keys).orderBy(*order)
+    ranked = batch.withColumn("__rank", F.row_number().over(window))
+    winners = ranked.where(F.col("__rank") == 1).drop("__rank")
+    winners = winners.withColumn(state_columns[-1], _tombstone_condition(F, spec))
+    joined = winners.join(_prefixed(current), _on_key(F, keys), "left")
+    stored_missing = F.col(f"__s_{keys[0]}").isNull()
+    fresher = _lexicographic_greater(F, marks, [f"__s_{m}" for m in marks])
+    replace = joined.where(stored_missing | fresher)
+    inserts = replace.select(
+        *[F.col(c) for c in state_columns], F.lit(1).cast("bigint").alias(WEIGHT)
+    )
+    retracts = replace.where(~stored_missing).select(
+        *[F.col(f"__s_{c}").alias(c) for c in state_columns],
+        F.lit(-1).cast("bigint").alias(WEIGHT),
+    )
+    return consolidate(inserts.unionByName(retracts), list(state_columns))
+
+
+def _prefixed(current: DataFrame) -> DataFrame:
+    F = dialect_of(current).F
+    return current.select(*[F.col(c).alias(f"__s_{c}") for c in current.columns])
+
+
+def _on_key(F: ModuleType, keys: Sequence[str]) -> Column:
+    return reduce(lambda a, b: a & b, [F.col(k) == F.col(f"__s_{k}") for k in keys])
+
+
+def _tombstone_condition(F: ModuleType, spec: UpsertSpec) -> Column:
+    """Whether a row is a tombstone (``core/upsert.py``: ``UpsertSpec.is_tombstone``)."""
+    if spec.tombstone is None:
+        return F.lit(False)
+    column = F.col(spec.tombstone)
+    kind = spec.types[spec.columns.index(spec.tombstone)]
+    if kind == "boolean":
+        return F.coalesce(column == F.lit(True), F.lit(False))
+    if kind == "string":
+        return F.coalesce(column == F.lit(spec.tombstone_value), F.lit(False))
+    return column.isNotNull()
+
+
+def _lexicographic_greater(F: ModuleType, left: Sequence[str], right: Sequence[str]) -> Column:
+    """left > right for composite watermarks compared left to right, NULL smallest."""
+    result = F.lit(False)
+    for a, b in reversed(list(zip(left, right, strict=True))):
+        ca, cb = F.col(a), F.col(b)
+        greater = (ca.isNotNull() & cb.isNull()) | (ca.isNotNull() & cb.isNotNull() & (ca > cb))
+        result = greater | (ca.eqNullSafe(cb) & result)
+    return result

@@ -65,6 +65,7 @@ def evaluate_user_aggregates(
 LOCAL = Dialect(
     name="local",
     F=functions,
+    Window=functions.Window,
     compile_expr=compile_expr,
     compile_predicate=compile_predicate,
     compile_projection=compile_projection,

@@ -25,10 +25,17 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from dbspark.circuit.types import BIGINT, BOOLEAN, DOUBLE, STRING, Schema, element_type, is_array
-from dbspark.core.upsert import BadUpsertRow, UpsertError, UpsertSpec, upserts_to_updates
+from dbspark.core.upsert import (
+    TYPES,
+    BadUpsertRow,
+    UpsertError,
+    UpsertSpec,
+    upserts_to_updates,
+)
 from dbspark.core.zset import ZSet
 from dbspark.engine.batches import (
     CheckedRows,
+    CheckedTable,
     InputError,
     arrow_rows,
     upsert_batch,
@@ -52,7 +59,7 @@ class CheckedFiles:
     """A file batch read and checked on the local tier: ``batch`` is what ingest takes
     (checked upsert rows, or a Z-set), ``row_files`` names each row's file."""
 
-    batch: CheckedRows | ZSet
+    batch: CheckedTable | CheckedRows | ZSet
     files: tuple[str, ...]
     row_files: tuple[str, ...]
 
@@ -61,14 +68,15 @@ class CheckedFiles:
 
     def files_holding(self, key_columns: Sequence[str], keys: Sequence[tuple | None]) -> list[str]:
         """The files that hold rows with one of ``keys`` (for errors found at ingest)."""
-        if not isinstance(self.batch, CheckedRows):
+        if isinstance(self.batch, ZSet):
             return list(self.files)
+        rows = self.batch.rows() if isinstance(self.batch, CheckedTable) else self.batch
         names = list(self.batch.schema.names)
         index = [names.index(c) for c in key_columns]
         wanted = {k for k in keys if k is not None}
         found = {
             file
-            for row, file in zip(self.batch, self.row_files, strict=True)
+            for row, file in zip(rows, self.row_files, strict=True)
             if tuple(row[i] for i in index) in wanted
         }
         return [f for f in self.files if f in found] or list(self.files)
@@ -113,17 +121,50 @@ def read_files(
         _check_null_keys(source, upsert, tables, batch.paths)
     table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
     label = ", ".join(batch.paths)
+    if upsert is not None:
+        typed = checked_table(schema, table)
+        if typed is not None and not _has_ties(upsert, table):
+            return CheckedFiles(typed, batch.paths, row_files)
     rows = arrow_rows(source, table, schema, weighted=weighted)
     if weighted:
         return CheckedFiles(zset_batch(source, schema, rows, label), batch.paths, row_files)
     checked = upsert_batch(source, schema, rows, label)
     result = CheckedFiles(checked, batch.paths, row_files)
     assert upsert is not None
-    try:  # NULL keys and ties within the batch, before the epoch opens
+    try:  # ties within the batch, worded by core's rule, before the epoch opens
         upserts_to_updates(upsert, checked, lambda key: None, label)
     except UpsertError as error:
         raise error.in_files(result.files_holding(error.key_columns, error.keys)) from None
     return result
+
+
+def checked_table(schema: Schema, table: pa.Table) -> CheckedTable | None:
+    """``table`` as upsert input that ingest takes as it stands: when its columns are
+    exactly ``schema``'s and each one's type fits its declared type (the files' rule,
+    ``arrow_type_fits``), cast to the declared types. Otherwise None, and the row path
+    checks it and words what is wrong."""
+    if sorted(table.column_names) != sorted(schema.names):
+        return None
+    if any(kind not in TYPES for kind in schema.types):
+        return None
+    columns = []
+    for name, kind in schema.fields:
+        column = table.column(name)
+        if not arrow_type_fits(column.type, kind):
+            return None
+        columns.append(column.cast(arrow_type(kind)))
+    return CheckedTable(pa.Table.from_arrays(columns, names=list(schema.names)), schema)
+
+
+def _has_ties(spec: UpsertSpec, table: pa.Table) -> bool:
+    """Whether two different rows share a key and a watermark (then core's rule, on the
+    rows, rejects the batch with its message; ingest checks again, set-based)."""
+    groups = list(spec.key) + [m for m in spec.watermark if m not in spec.key]
+    if table.num_rows == 0:
+        return False
+    distinct = table.select(list(spec.columns)).group_by(list(spec.columns)).aggregate([])
+    counts = distinct.group_by(groups).aggregate([([], "count_all")])
+    return bool(pc.any(pc.greater(counts.column("count_all"), 1)).as_py())
 
 
 def _check_null_keys(

@@ -162,6 +162,12 @@ class LocalColumn:
     def __invert__(self) -> LocalColumn:
         return LocalColumn(f"(NOT {self.sql})")
 
+    def desc_nulls_last(self) -> LocalColumn:
+        return LocalColumn(f"{self.sql} DESC NULLS LAST")
+
+    def over(self, window: LocalWindow) -> LocalColumn:
+        return LocalColumn(f"{self.sql} OVER ({window.sql()})")
+
     def __bool__(self) -> bool:
         raise TypeError("a column has no truth value; use & | ~ instead of and/or/not")
 
@@ -228,6 +234,44 @@ def max(column: Any) -> LocalColumn:
 
 def min(column: Any) -> LocalColumn:
     return _function("min", column)
+
+
+def count(column: Any) -> LocalColumn:
+    return _function("count", column)
+
+
+def coalesce(*columns: Any) -> LocalColumn:
+    return _function("coalesce", *columns)
+
+
+def row_number() -> LocalColumn:
+    return LocalColumn("row_number()")
+
+
+class LocalWindow:
+    """A window specification (``Window.partitionBy(...).orderBy(...)``)."""
+
+    def __init__(self, partition: tuple[str, ...] = (), order: tuple[str, ...] = ()) -> None:
+        self.partition = partition
+        self.order = order
+
+    def partitionBy(self, *columns: Any) -> LocalWindow:
+        return LocalWindow(tuple(_sql(_column(c)) for c in columns), self.order)
+
+    def orderBy(self, *columns: Any) -> LocalWindow:
+        return LocalWindow(self.partition, tuple(_sql(_column(c)) for c in columns))
+
+    def sql(self) -> str:
+        parts = []
+        if self.partition:
+            parts.append("PARTITION BY " + ", ".join(self.partition))
+        if self.order:
+            parts.append("ORDER BY " + ", ".join(self.order))
+        return " ".join(parts)
+
+
+#: PySpark's ``Window`` entry point, for the kernels (``dialect.Window``).
+Window = LocalWindow()
 
 
 def greatest(*columns: Any) -> LocalColumn:
@@ -415,9 +459,9 @@ class LocalFrame:
         return LocalGrouped(self, []).agg(*aggregates)
 
     def join(self, other: LocalFrame, on: LocalColumn, how: str = "inner") -> LocalFrame:
-        """An inner join (both sides' columns) or a ``left_semi`` join (this side's), on a
-        condition: the two joins the kernels make."""
-        kinds = {"inner": "JOIN", "left_semi": "SEMI JOIN"}
+        """An inner or left outer join (both sides' columns) or a ``left_semi`` join (this
+        side's), on a condition: the joins the kernels make."""
+        kinds = {"inner": "JOIN", "left": "LEFT JOIN", "left_semi": "SEMI JOIN"}
         if how not in kinds:
             raise ValueError(f"the local tier has no {how!r} join")
         left = quote(self.alias_name or "__l")
@@ -426,7 +470,7 @@ class LocalFrame:
             f"(SELECT * FROM {self.source} AS {left} {kinds[how]} {other.source} AS {right} "
             f"ON {on.sql})"
         )
-        columns = [*self.columns, *other.columns] if how == "inner" else list(self.columns)
+        columns = list(self.columns) if how == "left_semi" else [*self.columns, *other.columns]
         return LocalFrame(self.session, query, columns, {**self.tables, **other.tables})
 
     def unionByName(self, other: LocalFrame) -> LocalFrame:

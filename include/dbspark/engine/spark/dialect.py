@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pyspark.sql import functions
+from pyspark.sql import Window, functions
 
 from dbspark.engine.dialect import Dialect
 from dbspark.engine.spark import user_aggregates
@@ -17,6 +17,7 @@ from dbspark.storage.warehouse import semi_join
 SPARK = Dialect(
     name="spark",
     F=functions,
+    Window=Window,
     compile_expr=compile_expr,
     compile_predicate=compile_predicate,
     compile_projection=compile_projection,

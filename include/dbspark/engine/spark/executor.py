@@ -43,6 +43,7 @@ from dbspark.core.upsert import UpsertError, updates_against
 from dbspark.core.zset import ZSet
 from dbspark.engine import kernels as ops
 from dbspark.engine.batches import (
+    CheckedTable,
     InputError,
     arrow_rows,
     fingerprint_text,
@@ -53,7 +54,7 @@ from dbspark.engine.batches import (
 from dbspark.engine.dialect import dialect_of
 from dbspark.engine.file_batches import FileBatch
 from dbspark.engine.kernels import consolidate
-from dbspark.engine.local.files import CheckedFiles, read_files
+from dbspark.engine.local.files import CheckedFiles, checked_table, read_files
 from dbspark.engine.local.frame import LocalFrame
 from dbspark.engine.local.tier import LocalTier
 from dbspark.engine.spark.compile import struct_type
@@ -351,7 +352,7 @@ class SparkEngine:
         node = self.circuit.node(self.circuit.sources[source])
         weighted = node.op == "zset_source"
         schema = node.schema if weighted else node.params["user_schema"]
-        if isinstance(batch, (CheckedFrame, CheckedFiles)):
+        if isinstance(batch, (CheckedFrame, CheckedFiles, CheckedTable)):
             return batch
         if isinstance(batch, FileBatch):
             spec = None if weighted else self._specs[node.id]
@@ -367,6 +368,9 @@ class SparkEngine:
             if batch.num_rows > self.local_rows:  # a Spark epoch: no trip through Python rows
                 frame = self.spark.createDataFrame(batch)
                 return CheckedFrame(check_frame(source, schema, frame, weighted=weighted))
+            typed = None if weighted else checked_table(schema, batch)
+            if typed is not None:  # taken as it stands: no trip through Python rows
+                return typed
             batch = arrow_rows(source, batch, schema, weighted=weighted)
         if node.op == "zset_source":
             return zset_batch(source, node.schema, batch, file)
@@ -456,6 +460,8 @@ class SparkEngine:
                     else zset_batch(node.label, node.schema, batch or [], file)
                 )
                 return tier.frame([(*r, w) for r, w in zset.items()], fields)
+            if isinstance(batch, CheckedTable):
+                return tier.from_arrow(batch.table)
             rows = upsert_batch(node.label, node.params["user_schema"], batch or [], file)
             return tier.frame(rows, fields)
         if isinstance(batch, CheckedFrame):
@@ -512,23 +518,29 @@ class SparkEngine:
     def _local_upsert_delta(
         self, node: Node, batch: LocalFrame, tier: LocalTier, state_fields: Any, file: str | None
     ) -> LocalFrame:
-        """The state delta decided by ``core/upsert.py`` against the stored rows of the
-        batch's keys (a key-pruned read of the state trace)."""
+        """The state delta, set-based (``kernels.upsert_delta``) against the stored rows of
+        the batch's keys (a key-pruned read of the state trace). Bad input is judged again
+        by ``core/upsert.py``, whose error names the rows and watermarks."""
         spec = self._specs[node.id]
         keys = list(spec.key)
+        state_columns = list(node.schema.names)
         table = batch.toArrow()
-        rows = list(zip(*(table.column(c).to_pylist() for c in spec.columns), strict=True))
-        stored = ZSet()
-        key_table = table.select(keys)
-        if table.num_rows:
-            gathered = tier.gather_keys(tier.from_arrow(key_table), (self.buckets,))
-            records = self.catalog.batches(self.circuit.name, f"n{node.id}.state", kind="trace")
-            state = tier.read(records, state_fields, keys=gathered, bucket_by=keys)
-            stored = tier.zset(state, node.schema)
-        delta = updates_against(spec, rows, stored, file)
-        return tier.frame(
-            [(*r, w) for r, w in delta.items()], [*node.schema.fields, (WEIGHT, "bigint")]
-        )
+        if not table.num_rows:
+            return tier.empty([*node.schema.fields, (WEIGHT, "bigint")])
+        gathered = tier.gather_keys(tier.from_arrow(table.select(keys)), (self.buckets,))
+        records = self.catalog.batches(self.circuit.name, f"n{node.id}.state", kind="trace")
+        stored = tier.read(records, state_fields, keys=gathered, bucket_by=keys)
+        current = tier.checkpoint(ops.upsert_current(stored, state_columns))
+        batch = tier.from_arrow(table)
+        problems = ops.upsert_problems(spec, batch, current).collect()
+        if problems:
+            rows = list(zip(*(table.column(c).to_pylist() for c in spec.columns), strict=True))
+            updates_against(spec, rows, tier.zset(stored, node.schema), file)  # raises
+            raise RuntimeError(  # an engine bug, not bad input: the two rules disagree
+                f"upsert source {spec.source!r}: the set-based check found {problems[:5]}, "
+                "which core/upsert.py accepts"
+            )
+        return ops.upsert_delta(spec, batch, current, state_columns)
 
     # ================================================================================ stages
     def run_stage(self, stage_id: int, t: Time) -> UnitReport:

@@ -13,18 +13,17 @@ Two ways to compute it, with one answer:
   decides, so the delta is a small local relation. A Spark plan for the same work runs
   one job per shuffle (ties, the conflict check, the freshest-row window, the
   consolidation) and costs seconds however few rows arrive; this costs two jobs.
-* **In Spark**, for larger batches: every check in one job, then the delta with a
-  window per key, checkpointed so that its consumers do not recompute it.
+* **In Spark**, for larger batches: the set-based kernels of ``engine/kernels.py``
+  (the local tier runs the same ones on DuckDB): every check in one job, then the
+  delta with a window per key, checkpointed so that its consumers do not recompute it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from functools import reduce
+from collections.abc import Callable
 from typing import Any
 
-from pyspark.sql import DataFrame, Window
-from pyspark.sql import functions as F
+from pyspark.sql import DataFrame
 
 from dbspark.circuit.types import Schema
 from dbspark.core.upsert import (
@@ -35,7 +34,7 @@ from dbspark.core.upsert import (
     updates_against,
 )
 from dbspark.core.zset import ZSet
-from dbspark.engine.kernels import consolidate
+from dbspark.engine import kernels
 from dbspark.engine.spark.compile import struct_type
 from dbspark.engine.spark.frames import WEIGHT, frame_to_zset, to_spark_value
 from dbspark.engine.spark.session import int_setting
@@ -113,80 +112,16 @@ def _in_spark(
     read_state: StateReader,
     file: str | None,
 ) -> DataFrame:
-    cols = list(spec.columns)
-    keys, marks = list(spec.key), list(spec.watermark)
-    null_keys = batch.where(reduce(lambda a, b: a | b, [F.col(k).isNull() for k in keys]))
-    ties = (
-        batch.dropDuplicates(cols)
-        .groupBy(*keys, *marks)
-        .count()
-        .where(F.col("count") > 1)
-        .select(*keys)
-    )
-    stored = consolidate(read_state(batch.select(*keys).distinct()), list(state_schema.names))
-    stored = stored.where(F.col(WEIGHT) == 1).drop(WEIGHT)
-    # Conflicts against the stored version: same watermark, different row.
-    s = stored.select(*[F.col(c).alias(f"__s_{c}") for c in stored.columns])
-    on_key = reduce(lambda a, b: a & b, [F.col(k) == F.col(f"__s_{k}") for k in keys])
-    same_mark = reduce(lambda a, b: a & b, [F.col(m).eqNullSafe(F.col(f"__s_{m}")) for m in marks])
-    same_row = reduce(lambda a, b: a & b, [F.col(c).eqNullSafe(F.col(f"__s_{c}")) for c in cols])
-    clash = batch.join(s, on=on_key, how="inner").where(same_mark & ~same_row)
+    keys = list(spec.key)
+    stored = read_state(batch.select(*keys).distinct())
+    current = kernels.upsert_current(stored, list(state_schema.names))
     # Every kind of bad input is found by one Spark job, before anything is written.
-    problems = (
-        null_keys.select(*keys, F.lit(0).alias("__problem"))
-        .unionByName(ties.select(*keys, F.lit(1).alias("__problem")))
-        .unionByName(clash.select(*keys, F.lit(2).alias("__problem")))
-        .distinct()
-        .limit(60)
-        .collect()
-    )
+    problems = kernels.upsert_problems(spec, batch, current).limit(60).collect()
     if problems:
         worst = min(r["__problem"] for r in problems)
         offending = [tuple(r[k] for k in keys) for r in problems if r["__problem"] == worst]
         error = BadUpsertRow if worst == 0 else UpsertConflict
-        detail = (
-            "NULL in a key column",
-            "two different rows with the same watermark in one batch",
-            "a different row with the same watermark as the stored version",
-        )[worst]
+        detail = kernels.UPSERT_PROBLEMS[worst]
         raise error(spec.source, file, offending, detail=detail, key_columns=keys)
-    # The freshest row per key wins (NULL watermarks are the smallest).
-    order = [F.col(m).desc_nulls_last() for m in marks]
-    ranked = batch.withColumn(
-        "__rank", F.row_number().over(Window.partitionBy(*keys).orderBy(*order))
-    )
-    winners = ranked.where(F.col("__rank") == 1).drop("__rank")
-    flag = state_schema.names[-1]
-    winners = winners.withColumn(flag, _tombstone_condition(spec))
-    joined = winners.join(s, on=on_key, how="left")
-    fresher = _lexicographic_greater(marks, [f"__s_{m}" for m in marks])
-    replace = joined.where(F.col(f"__s_{keys[0]}").isNull() | fresher)
-    state_cols = list(state_schema.names)
-    inserts = replace.select(*[F.col(c) for c in state_cols], F.lit(1).cast("bigint").alias(WEIGHT))
-    retracts = replace.where(F.col(f"__s_{keys[0]}").isNotNull()).select(
-        *[F.col(f"__s_{c}").alias(c) for c in state_cols],
-        F.lit(-1).cast("bigint").alias(WEIGHT),
-    )
-    return consolidate(inserts.unionByName(retracts), state_cols).localCheckpoint()
-
-
-def _tombstone_condition(spec: UpsertSpec) -> Any:
-    if spec.tombstone is None:
-        return F.lit(False)
-    column = F.col(spec.tombstone)
-    kind = spec.types[spec.columns.index(spec.tombstone)]
-    if kind == "boolean":
-        return F.coalesce(column == F.lit(True), F.lit(False))
-    if kind == "string":
-        return F.coalesce(column == F.lit(spec.tombstone_value), F.lit(False))
-    return column.isNotNull()
-
-
-def _lexicographic_greater(left: Sequence[str], right: Sequence[str]) -> Any:
-    """left > right for composite watermarks compared left to right, NULL smallest."""
-    result = F.lit(False)
-    for a, b in reversed(list(zip(left, right, strict=True))):
-        ca, cb = F.col(a), F.col(b)
-        greater = (ca.isNotNull() & cb.isNull()) | (ca.isNotNull() & cb.isNotNull() & (ca > cb))
-        result = greater | (ca.eqNullSafe(cb) & result)
-    return result
+    delta = kernels.upsert_delta(spec, batch, current, list(state_schema.names))
+    return delta.localCheckpoint()
