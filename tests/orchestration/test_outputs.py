@@ -199,6 +199,8 @@ def test_export_epochs_of_a_view_with_multiplicities(spark: Any, tmp_path: Path)
     engine = SparkEngine(tags(), tmp_path / "wh", spark=spark)
     root = tmp_path / "out"
     serving = ServingTarget(f"sqlite:///{tmp_path / 'serving.db'}")
+    # Serving without directories reads the change from the engine (Arrow when small).
+    alone = ServingTarget(f"sqlite:///{tmp_path / 'alone.db'}")
     schema = engine.circuit.node(engine.circuit.views["tags"]).schema
     epochs = [
         [[("a", 1), 1], [("a", 2), 1], [(None, 5), 1], [("b", 1), 1]],
@@ -218,11 +220,16 @@ def test_export_epochs_of_a_view_with_multiplicities(spark: Any, tmp_path: Path)
         set(),
     ]
     for epoch, batch in enumerate(epochs):
-        [report] = run_and_export(
-            engine, epoch, {"items": batch}, main={"root": root, "serving": serving}
+        [report, _] = run_and_export(
+            engine,
+            epoch,
+            {"items": batch},
+            main={"root": root, "serving": serving},
+            alone={"serving": alone},
         )
         view = engine.view("tags")
         assert view == want[epoch], f"epoch {epoch}"
+        assert ZSet(alone.contents("tags", "tags", schema)) == want[epoch], f"alone, {epoch}"
         snapshot = frame_to_zset(read_snapshot(spark, root, "tags", "tags", epoch), schema)
         assert snapshot == view, f"snapshot of epoch {epoch}"
         assert ZSet(serving.contents("tags", "tags", schema)) == view, f"serving, epoch {epoch}"

@@ -784,11 +784,11 @@ def export_epoch(
             else:
                 from dbspark.engine.spark.frames import frame_to_zset
 
-                table = engine.view_table(name, epoch, change=True)
-                if table is not None:
-                    change = _arrow_rows(table, schema)
+                view = _view(engine, name, epoch, change=True)
+                if isinstance(view, pa.Table):
+                    change = _arrow_rows(view, schema)
                 else:
-                    change = list(frame_to_zset(engine.view_change(name, epoch), schema).items())
+                    change = list(frame_to_zset(view, schema).items())
             item.serving = serving.apply(circuit, name, schema, epoch, change)
             if item.changes is None:
                 item.changes = DirectoryExport(
