@@ -23,6 +23,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from benchmarks.data import epoch_folder, land
@@ -154,13 +155,7 @@ class Series:
             loop_iterations=len(report.iterations),
             tiers=",".join(sorted({u.tier for u in ran if u.tier})),
         )
-        differences = {}
-        for name in self.circuit.views:
-            maintained = self.engine.view_frame(name)
-            columns = [c for c in maintained.columns if c != WEIGHT]
-            count = verify(engine.view_frame(name), maintained, columns).count()
-            if count:
-                differences[name] = count
+        differences = self._differing(engine.view_frame)
         shutil.rmtree(warehouse.parent, ignore_errors=True)
         return self._check(measurement, differences)
 
@@ -186,14 +181,23 @@ class Series:
         """How many rows differ, per view that differs, between the results written to
         ``folder/<view>`` and the maintained views. ``one_row_per_group``: the results are
         a plain query's, without ``__w``; each row counts once (a duplicate group differs)."""
-        spark, differences = self.bench.spark, {}
-        for name in self.circuit.views:
-            written = spark.read.parquet(str(folder / name))
+
+        def written(name: str) -> DataFrame:
+            frame = self.bench.spark.read.parquet(str(folder / name))
             if one_row_per_group:
-                written = written.withColumn(WEIGHT, F.lit(1).cast(WEIGHT_TYPE))
+                frame = frame.withColumn(WEIGHT, F.lit(1).cast(WEIGHT_TYPE))
+            return frame
+
+        return self._differing(written)
+
+    def _differing(self, other_view: Callable[[str], DataFrame]) -> dict[str, int]:
+        """How many rows differ, per view that differs, between ``other_view(name)`` and
+        the maintained view."""
+        differences = {}
+        for name in self.circuit.views:
             maintained = self.engine.view_frame(name)
             columns = [c for c in maintained.columns if c != WEIGHT]
-            count = verify(written, maintained, columns).count()
+            count = verify(other_view(name), maintained, columns).count()
             if count:
                 differences[name] = count
         return differences

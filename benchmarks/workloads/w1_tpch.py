@@ -57,22 +57,23 @@ def run(
         previous = series
         series.land(0, base)
         series.load()
+        largest = sf == max(scale_factors)
         loaded = None
-        if airflow and sf == max(scale_factors):  # the base load, for the Airflow side
+        if airflow and largest:  # the base load, for the Airflow side
             loaded = bench.work / WORKLOAD / "airflow-base"
             shutil.rmtree(loaded, ignore_errors=True)
             shutil.copytree(series.root / "warehouse", loaded)
         plan = [(f, False) for f in fractions]
         if len(scale_factors) > 1:
             plan.append((fractions[0] * smallest_rows / rows, True))
-        if sf == max(scale_factors):
+        if largest:
             plan.extend((f, False) for f in sweep_fractions)
         for epoch, (fraction, fixed_delta) in enumerate(plan, start=1):
             if not series.fits(f"SF {sf:g}: epochs from fraction {fraction:g} on", 2.5):
                 break
             series.land(epoch, tpch.change_tables(base, fraction, epoch, SEED))
             # The first epoch at the largest SF also runs with the local tier off.
-            spark_only = epoch == 1 and sf == max(scale_factors) and spark_only_first
+            spark_only = spark_only_first and largest and epoch == 1
             series.compare(epoch, fraction=fraction, fixed_delta=fixed_delta, spark_only=spark_only)
             if loaded is not None and epoch == 1:
                 from benchmarks.workloads import w1_airflow
