@@ -4,8 +4,8 @@
 PySpark's vocabulary. A *dialect* is what makes that code run on a tier: the ``F``
 functions module and ``Window``, the compiler from circuit expressions to that tier's
 columns, the column type names, the NULL-safe key semi-join, and how a group's
-user-defined aggregates are applied on the driver. ``dialect_of`` picks it from the frame a kernel
-is handed, so the kernels never name a tier:
+user-defined aggregates are applied on the driver. ``dialect_of`` picks it from the
+frame a kernel is handed, so the kernels never name a tier:
 
 * Spark: PySpark itself and ``engine/spark/compile.py``;
 * local: ``engine/local/frame.py`` (DuckDB in this process) and

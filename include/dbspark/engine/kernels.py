@@ -22,6 +22,9 @@ Incremental rules, the same as the reference engine's:
   accumulation is one conditional sum, so all corners come out of a single
   ``groupBy``. At the root clock a join uses the cheaper bilinear rule
   ``dA ⋈ B_before + A_now ⋈ dB`` instead.
+* **upsert ingest** (``core/upsert.py``'s rule, set-based): only the batch's keys can
+  change; per key the freshest row wins, and the delta is ``-stored +winner`` where the
+  winner is fresher. Bad input (NULL keys, ties) is found first, by one query.
 """
 
 from __future__ import annotations

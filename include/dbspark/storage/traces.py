@@ -252,7 +252,8 @@ class TraceStore:
             b for b in live if depth > 1 and b.time[0] == meet[0] and frontier.less_equal(b.time)
         ]
         if len(this_epoch) > 1:
-            chosen = [*(chosen if len(chosen) > 1 or not tiered else []), *this_epoch]
+            older = chosen if len(chosen) > 1 or not tiered else []
+            chosen = [*older, *this_epoch]
         if not chosen or (tiered and len(chosen) < 2):
             return None
 
