@@ -171,6 +171,21 @@ def test_batch_queries_by_epoch_and_time(cat: Catalog) -> None:
     assert cat.collections("c") == ["t", "u"]
 
 
+def test_operator_batches_are_the_live_deltas_and_traces_in_one_list(cat: Catalog) -> None:
+    cat.commit("c", "e0", (0,), [batch("n1.in0", (0,), "a"), batch("n3.input", (0,), "i")])
+    cat.commit("c", "e1", (1,), [batch("n1.in0", (1,), "b"), batch("view.v", (1,), "v")])
+    old = [b.id for b in cat.batches("c", "n1.in0")]
+    cat.commit("c", "compact", (1,), [batch("n1.in0", (1,), "m")], supersede=old[:1])
+    cat.register_circuit("d", "fp")
+    cat.commit("d", "e0", (0,), [BatchRecord("d", "n1.in0", "trace", (0,), "d/x", 1, 1, 0)])
+
+    listed = cat.operator_batches("c")
+    # Not the input logs nor the views (read by name, growing with every epoch), not a
+    # superseded batch, not another circuit's; oldest first, like ``batches``.
+    assert [b.path.rsplit("/", 1)[1] for b in listed] == ["b", "m"]
+    assert listed == cat.batches("c", "n1.in0")
+
+
 def test_frontiers_and_loop_iterations(cat: Catalog) -> None:
     assert cat.frontier("c", "t") is None
     cat.set_frontier("c", "t", [(2, 0), (1, 3)])

@@ -569,6 +569,24 @@ class Catalog:
         with self.engine.connect() as conn:
             return [_batch_record(r) for r in conn.execute(q)]
 
+    def operator_batches(self, circuit: str) -> list[BatchRecord]:
+        """The live batches of every collection an operator reads (deltas and arranged
+        traces), oldest first, in one query: not the raw input logs nor the published
+        views, which grow with every epoch and are read only by name."""
+        t = batches_table
+        q = (
+            sa.select(t)
+            .where(
+                t.c.circuit == circuit,
+                t.c.superseded_by.is_(None),
+                ~t.c.collection.like("view.%"),
+                ~t.c.collection.like("%.input"),
+            )
+            .order_by(t.c.epoch, t.c.id)
+        )
+        with self.engine.connect() as conn:
+            return [_batch_record(r) for r in conn.execute(q)]
+
     def batch(self, id: int) -> BatchRecord | None:
         with self.engine.connect() as conn:
             row = conn.execute(sa.select(batches_table).where(batches_table.c.id == id)).first()

@@ -52,8 +52,9 @@ Fields = Sequence[tuple[str, str]]
 SMALL_BATCH_ROWS = 4096
 #: Batches this tier wrote, kept in memory by path for reading back (the newest few).
 _WRITTEN_KEPT = 64
-#: A read of batches holding at most this many rows decodes their files into memory and
-#: keeps them for the rest of the epoch; a larger one is scanned by DuckDB, streaming.
+#: A second read of batches holding at most this many rows decodes their files into
+#: memory and keeps them for the rest of the epoch; a first or a larger one is scanned
+#: by DuckDB, streaming.
 CACHED_READ_ROWS = 2_000_000
 #: At most this much decoded data is kept per epoch.
 CACHED_BYTES = 1 << 30
@@ -156,11 +157,13 @@ class LocalTier:
         # slices again and again (files never change once written).
         self._files: dict[str, pa.Table] = {}
         self._files_bytes = 0
+        self._seen: set[str] = set()
 
     def forget_files(self) -> None:
         """Drop the decoded files (at an epoch's start: what one epoch keeps, it read)."""
         self._files.clear()
         self._files_bytes = 0
+        self._seen.clear()
 
     # frames --------------------------------------------------------------------------
     def frame(self, rows: Iterable[Sequence[Any]], fields: Fields) -> LocalFrame:
@@ -218,7 +221,7 @@ class LocalTier:
         if not files:
             return self.empty(fields)
         kept = None
-        if sum(r.rows for r in records) <= CACHED_READ_ROWS:
+        if sum(r.rows for r in records) <= CACHED_READ_ROWS and self._read_before(files):
             kept = self._kept_files(files, fields)
         if kept is not None and keys is not None and len(key_cols) == 1:
             # One key column, rows in memory: pick the keys' rows with a hash lookup here
@@ -236,6 +239,15 @@ class LocalTier:
             ]
         )
         return semi_join(frame, key_frame.distinct(), key_cols)
+
+    def _read_before(self, files: list[str]) -> bool:
+        """Whether this epoch read any of ``files`` before (noting them as read now). A
+        first read is a DuckDB scan that keeps nothing (for a few keys it costs half of
+        decoding the files); a file read again, as a loop's iterations do, is decoded
+        once and kept for the rest of the epoch."""
+        again = any(f in self._seen for f in files)
+        self._seen.update(files)
+        return again
 
     def _kept_files(self, files: list[str], fields: Fields) -> pa.Table | None:
         """``files`` decoded (from memory when this epoch read them before), with
