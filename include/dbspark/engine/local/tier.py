@@ -221,7 +221,9 @@ class LocalTier:
         if not files:
             return self.empty(fields)
         kept = None
-        if sum(r.rows for r in records) <= CACHED_READ_ROWS and self._read_before(files):
+        if sum(r.rows for r in records) <= CACHED_READ_ROWS and (
+            self._read_before(files) or any(len(r.time) > 1 for r in records)
+        ):
             kept = self._kept_files(files, fields)
         if kept is not None and keys is not None and len(key_cols) == 1:
             # One key column, rows in memory: pick the keys' rows with a hash lookup here
@@ -243,8 +245,9 @@ class LocalTier:
     def _read_before(self, files: list[str]) -> bool:
         """Whether this epoch read any of ``files`` before (noting them as read now). A
         first read is a DuckDB scan that keeps nothing (for a few keys it costs half of
-        decoding the files); a file read again, as a loop's iterations do, is decoded
-        once and kept for the rest of the epoch."""
+        decoding the files); a file read again is decoded once and kept for the rest of
+        the epoch. (A loop's traces, whose times carry an iteration, are kept from their
+        first read: the next iteration reads them again.)"""
         again = any(f in self._seen for f in files)
         self._seen.update(files)
         return again
