@@ -1,4 +1,6 @@
-"""``python -m dbspark.refresh``: verify or rebuild views from scratch (DESIGN section 7).
+"""``python -m dbspark.refresh``: verify or rebuild views from scratch.
+
+This is the second way to every answer (ARCHITECTURE.md, "Two ways to every answer").
 
     python -m dbspark.refresh verify CIRCUIT --warehouse DIR
     python -m dbspark.refresh rebuild CIRCUIT --warehouse DIR [--view NAME ...]

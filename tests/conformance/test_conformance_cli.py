@@ -135,7 +135,8 @@ def test_booleans_are_booleans_and_null_columns_may_be_missing(tmp_path: Path) -
 # --- vectors of our own: cases the public ones do not reach ---------------------------------
 
 # A root reaches c at iteration 2 in epoch 0; epoch 1 adds c -> d. The join must emit d
-# at iteration 3 of epoch 1 although nothing changes there in epoch 1 (DESIGN section 3).
+# at iteration 3 of epoch 1 although nothing changes there in epoch 1 (the first trap in
+# ARCHITECTURE.md).
 EXTEND_DEEP_REACH = {
     "circuit": "reachability",
     "epochs": [

@@ -1,6 +1,6 @@
 """The full refresh: every public conformance vector, and one hand example per operator.
 
-The full refresh is the oracle (DESIGN section 7), so its own answers are
+The full refresh is an oracle (ARCHITECTURE.md, "Two ways to every answer"), so its own answers are
 checked against values worked out by hand here, never against the incremental
 engine alone; where a case is subtle the incremental engine is asked too.
 """

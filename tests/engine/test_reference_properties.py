@@ -553,7 +553,7 @@ def test_nested_loops_oracle(history: History) -> None:
     assert full_refresh(circuit, history)["reach"] == ZSet(((n,), 1) for n in expected)
 
 
-# --- the traps of DESIGN section 3 ---------------------------------------------------------
+# --- the two traps (ARCHITECTURE.md) ---------------------------------------------------------
 def test_deleting_an_edge_into_a_cycle() -> None:
     """a->b, b->c, c->b, root a; deleting a->b leaves b and c holding each other up."""
     history: History = [

@@ -1,6 +1,6 @@
 """Circuits as Airflow DAGs: one DAG per circuit, one DAG run per epoch.
 
-The top layer (DESIGN.md section 1): it imports everything below it and nothing
+The top layer (ARCHITECTURE.md, "Layers"): it imports everything below it and nothing
 imports it. ``build_dag`` is the entry point; the files in ``dags/`` call it with a
 circuit and one connector per source.
 """

@@ -5,10 +5,11 @@ default, PostgreSQL when deployed; any SQLAlchemy URL works). It is the single s
 truth for what is visible: a Parquet batch exists when, and only when, its row here is
 committed.
 
-Commit protocol (DESIGN 5): a stage writes its output files first, each to a fresh unique
-path, then calls :meth:`Catalog.commit`, which in ONE transaction inserts the stage's
-``stage_runs`` row, registers the new batches and marks the batches they replace as
-superseded. The ``stage_runs`` row is unique per (circuit, stage, time), so
+Commit protocol (ARCHITECTURE.md, "Storage and the commit protocol"): a stage writes
+its output files first, each to a fresh unique path, then calls :meth:`Catalog.commit`,
+which in ONE transaction inserts the stage's ``stage_runs`` row, registers the new
+batches and marks the batches they replace as superseded. The ``stage_runs`` row is
+unique per (circuit, stage, time), so
 
 - a crash before the commit leaves only unregistered files: garbage that
   :func:`garbage_collect` removes, never half-visible state;

@@ -22,7 +22,7 @@ the four-corner rule of the DBSP ``distinct_trace`` operator. A key can only
 have output at ``t`` if, for every coordinate, it has an update at or before
 ``t`` that sits exactly on ``t``'s value of that coordinate. That is the set of
 keys the engine recomputes, and it includes keys with no input at ``t`` at
-all (the first trap of DESIGN section 3).
+all (the first trap in ARCHITECTURE.md, "How operators are incremental").
 
 **Loops** run iterations ``(epoch, 0), (epoch, 1), ...`` of every operator in the
 loop. A loop has converged at iteration ``i`` only when every operator's delta

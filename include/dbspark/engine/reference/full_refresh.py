@@ -1,6 +1,6 @@
 """Full refresh: every view recomputed from scratch over the accumulated inputs.
 
-DESIGN section 7: every circuit can be evaluated two ways from one definition,
+Every circuit can be evaluated two ways from one definition,
 the incremental plan and a *full refresh*. Users run a full refresh to rebuild
 a view (after a bug fix, a lost warehouse, a new view over old data) and to
 verify one (compare it with what the incremental engine published); the test

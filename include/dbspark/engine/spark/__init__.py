@@ -1,9 +1,16 @@
-"""The Spark backend: circuit expressions as native Columns, Z-sets as DataFrames.
+"""The Spark tier: a planned circuit run as Spark plans over the warehouse.
 
-* ``session``: ``spark_session()`` (local classic by default, Spark Connect on request).
+* ``executor``: ``SparkEngine``, the epoch API both tiers run behind (ingest, stages,
+  loops, publish, maintenance); it hands each unit to the local or the Spark tier.
+* ``tier``: the Spark tier's frames, reads and writes; ``dialect``: the functions the
+  shared kernels (``engine/kernels.py``) call, in PySpark.
 * ``compile``: expressions -> ``pyspark.sql.Column`` with the reference engine's semantics.
-* ``frames``: reserved columns (``__w``, ``__epoch``, ``__iter``...), Z-set <-> DataFrame.
-* ``full_refresh``: a circuit evaluated from scratch over accumulated inputs.
+* ``frames``: Z-set <-> DataFrame conversions.
+* ``files``, ``upserts``: landing files read strictly; a large upsert batch ingested.
+* ``user_aggregates``: user-defined aggregates over collected groups.
+* ``full_refresh``: a circuit evaluated from scratch over its accumulated inputs.
+* ``session``: ``spark_session()`` (local classic by default, Spark Connect on request).
+* ``processes``, ``connect_server``, ``standalone``: Spark's daemons as child processes.
 
 Importing this package does not import pyspark; the submodules do.
 """

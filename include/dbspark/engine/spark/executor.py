@@ -1249,7 +1249,7 @@ class SparkEngine:
         return frames
 
     def full_refresh(self, epoch: int | None = None) -> dict[str, DataFrame]:
-        """Every view recomputed from scratch over the accumulated input (DESIGN section 7)."""
+        """Every view recomputed from scratch over the accumulated input (a full refresh)."""
         from dbspark.engine.spark.full_refresh import evaluate
 
         epoch = self.last_committed_epoch() if epoch is None else epoch

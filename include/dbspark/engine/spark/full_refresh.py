@@ -1,11 +1,12 @@
 """Full refresh in Spark: every view computed from scratch over the accumulated inputs.
 
-This is the second way to get every answer (DESIGN section 7). Where the
+This is the second way to get every answer (ARCHITECTURE.md,
+"Two ways to every answer"). Where the
 incremental engine follows deltas through traces, full refresh evaluates each
 operator once over whole collections, with weights in ``__w``:
 
 * a **Z-set source** at epoch ``e`` is the sum of its batches of epochs ``0..e``;
-* an **upsert source** is the reader semantics of DESIGN section 4 over every row
+* an **upsert source** is the reader semantics (ARCHITECTURE.md, "Upsert sources") over every row
   received so far: per key the row with the greatest watermark (composite, left to
   right, NULL smallest, NaN largest) wins, and a winning tombstone deletes the
   key. Input the incremental engine would have rejected is rejected here too:
