@@ -30,8 +30,8 @@ from benchmarks.data import epoch_folder, land
 from benchmarks.harness import Bench, Measurement
 from benchmarks.workloads.warm_batch import WarmBatch
 from dbspark.circuit.builder import Circuit
+from dbspark.core.columns import WEIGHT, WEIGHT_TYPE
 from dbspark.engine.spark.executor import SparkEngine
-from dbspark.engine.spark.frames import WEIGHT, WEIGHT_TYPE
 from dbspark.engine.spark.full_refresh import verify
 
 

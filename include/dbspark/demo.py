@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from dbspark.circuit.builder import Circuit
-from dbspark.circuit.types import Schema
+from dbspark.core.types import Schema
 from dbspark.core.zset import ZSet
 from dbspark.engine.reference.engine import LoopReport, ReferenceEngine
 from dbspark.examples.circuits import NAMED_CIRCUITS

@@ -8,9 +8,10 @@ from collections.abc import Callable
 import pytest
 
 from dbspark.circuit.aggregations import count, sum_
-from dbspark.circuit.builder import TOMBSTONE_FLAG, Circuit, CircuitError, Stream
+from dbspark.circuit.builder import Circuit, CircuitError, Stream
 from dbspark.circuit.expressions import col, lit, sequence
 from dbspark.circuit.planner import plan
+from dbspark.core.columns import TOMBSTONE
 from dbspark.examples.circuits import NAMED_CIRCUITS
 
 
@@ -429,7 +430,7 @@ def test_upsert_source_builds_state_and_live_rows() -> None:
     )
     state = c.node(c.sources["u"])
     assert state.op == "upsert_source"
-    assert state.schema.names == (*UPSERT, TOMBSTONE_FLAG)
+    assert state.schema.names == (*UPSERT, TOMBSTONE)
     assert state.params["key"] == ("k",) and state.params["watermark"] == ("ts", "v")
     assert live.node.op == "upsert_live" and live.node.inputs == (state.id,)
     assert live.schema.names == tuple(UPSERT)

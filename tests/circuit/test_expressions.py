@@ -24,7 +24,7 @@ from dbspark.circuit.expressions import (
     sequence,
     split,
 )
-from dbspark.circuit.types import Schema
+from dbspark.core.types import Schema
 from dbspark.engine.reference.compile import (
     cast_value,
     compile_expr,

@@ -16,9 +16,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dbspark.core.columns import TOMBSTONE
 from dbspark.core.trace import Trace
 from dbspark.core.upsert import (
-    STATE_TOMBSTONE,
     BadUpsertRow,
     CorruptUpsertState,
     UpsertConflict,
@@ -99,7 +99,7 @@ def project(zset: ZSet, columns: tuple[str, ...], spec: UpsertSpec) -> ZSet:
 
 
 def test_state_layout() -> None:
-    assert STATE_TOMBSTONE == "__tombstone"
+    assert TOMBSTONE == "__tombstone"
     assert NAMES.state_columns == ("first", "last", "seq", "gone", "__tombstone")
     assert NAMES.state_types == ("string", "string", "bigint", "boolean", "boolean")
     assert state_row(NAMES, ("frank", "oz", 3, None), False) == ("frank", "oz", 3, None, False)

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from dbspark.circuit.aggregations import avg, count, max_, min_, sum_, udf
 from dbspark.circuit.expressions import col, if_else, lit, sequence
-from dbspark.circuit.types import Schema
+from dbspark.core.types import Schema
 from dbspark.core.zset import ZSet
 from dbspark.engine import kernels
 from dbspark.engine.local.dialect import arrow_type

@@ -36,7 +36,7 @@ from dbspark.circuit.expressions import (
     sequence,
     split,
 )
-from dbspark.circuit.types import Schema
+from dbspark.core.types import Schema
 from dbspark.engine.local import compile as local_compile
 from dbspark.engine.local.frame import LocalSession
 from dbspark.engine.reference import compile as reference

@@ -276,7 +276,7 @@ def test_upsert_conflicts_are_rejected_naming_source_and_key(spark: Any) -> None
 
 
 def test_verify_reports_the_rows_that_differ(spark: Any) -> None:
-    from dbspark.circuit.types import Schema
+    from dbspark.core.types import Schema
 
     schema = Schema.of({"k": "bigint", "s": "string"}, what="t")
     a = zset_to_frame(spark, ZSet([((1, "x"), 1), ((2, None), 2)]), schema)
@@ -286,7 +286,7 @@ def test_verify_reports_the_rows_that_differ(spark: Any) -> None:
 
 
 def test_frames_round_trip_times_and_doubles(spark: Any) -> None:
-    from dbspark.circuit.types import Schema
+    from dbspark.core.types import Schema
 
     schema = Schema.of({"x": "double", "xs": "array<bigint>"}, what="t")
     frame = zset_to_frame(spark, [((1, (1, 2)), 3), ((0.5, ()), -1)], schema, time=(4, 2))

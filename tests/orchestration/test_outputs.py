@@ -18,7 +18,7 @@ import pytest
 import sqlalchemy as sa
 
 from dbspark.circuit.builder import Circuit
-from dbspark.circuit.types import Schema
+from dbspark.core.types import Schema
 from dbspark.core.zset import ZSet
 from dbspark.examples.circuits import orders
 from dbspark.orchestration.outputs import (

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dbspark.circuit.expressions import Expr, infer_type, wrap
-from dbspark.circuit.types import BIGINT, DOUBLE, NUMERIC_TYPES, Schema, normalize_type
+from dbspark.core.types import BIGINT, DOUBLE, NUMERIC_TYPES, Schema, normalize_type
 
 
 @dataclass(frozen=True, eq=False)

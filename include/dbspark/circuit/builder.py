@@ -40,10 +40,8 @@ from dbspark.circuit.expressions import (
     unify,
     wrap,
 )
-from dbspark.circuit.types import BIGINT, BOOLEAN, STRING, Schema, is_array
-
-#: The reserved flag column of an upsert source's arranged state.
-TOMBSTONE_FLAG = "__tombstone"
+from dbspark.core.columns import TOMBSTONE, is_reserved
+from dbspark.core.types import BIGINT, BOOLEAN, STRING, Schema, is_array
 
 SOURCE_OPS = frozenset({"zset_source", "upsert_source"})
 #: Operators that act on each update independently: they run on the delta alone.
@@ -190,7 +188,7 @@ class Circuit:
                 raise CircuitError(f"{what}: tombstone_value only applies to a string column")
         elif tombstone_value is not None:
             raise CircuitError(f"{what}: tombstone_value given without a tombstone column")
-        state_schema = Schema((*user_schema.fields, (TOMBSTONE_FLAG, BOOLEAN)))
+        state_schema = Schema((*user_schema.fields, (TOMBSTONE, BOOLEAN)))
         params = {
             "key": keys,
             "watermark": watermarks,
@@ -208,7 +206,7 @@ class Circuit:
         """Materialize ``stream`` as a view called ``name``."""
         if not isinstance(stream, Stream) or stream.circuit is not self:
             raise CircuitError(f"view {name!r}: expected a stream of circuit {self.name!r}")
-        if not name.isidentifier() or name.startswith("__"):
+        if not name.isidentifier() or is_reserved(name):
             raise CircuitError(f"view name {name!r} must be an identifier not starting with '__'")
         if name in self.views:
             raise CircuitError(f"view {name!r} is declared twice")
@@ -274,7 +272,7 @@ class Circuit:
     def _check_source_name(self, name: str) -> None:
         if len(self._open_scopes) > 1:
             raise CircuitError(f"source {name!r}: sources must be declared outside loops")
-        if not isinstance(name, str) or not name.isidentifier() or name.startswith("__"):
+        if not isinstance(name, str) or not name.isidentifier() or is_reserved(name):
             raise CircuitError(f"source name {name!r} must be an identifier not starting with '__'")
         if name in self.sources:
             raise CircuitError(f"source {name!r} is declared twice")
@@ -666,7 +664,7 @@ class Stream:
     def _typed_columns(self, columns: Mapping[str, Expr], where: str) -> Schema:
         fields = []
         for name, expr in columns.items():
-            if not name.isidentifier() or name.startswith("__"):
+            if not name.isidentifier() or is_reserved(name):
                 raise CircuitError(f"{where}: {name!r} is not a valid column name")
             try:
                 fields.append((name, output_type(infer_type(expr, self.schema, where))))

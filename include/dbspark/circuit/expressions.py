@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from dbspark.circuit.types import (
+from dbspark.core.types import (
     BIGINT,
     BOOLEAN,
     DOUBLE,
@@ -111,7 +111,7 @@ class Expr:
         return UnaryOp("is_not_null", self)
 
     def cast(self, type_name: str) -> Expr:
-        from dbspark.circuit.types import normalize_type
+        from dbspark.core.types import normalize_type
 
         return Cast(self, normalize_type(type_name))
 

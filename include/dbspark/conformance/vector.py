@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dbspark.circuit.builder import Circuit
-from dbspark.circuit.types import BIGINT, BOOLEAN, DOUBLE, STRING, Schema, element_type, is_array
+from dbspark.core.types import BIGINT, BOOLEAN, DOUBLE, STRING, Schema, element_type, is_array
 from dbspark.examples.circuits import NAMED_CIRCUITS
 
 BIGINT_MIN = -(2**63)

@@ -34,7 +34,7 @@ produced, so a failing batch contributes nothing.
 
 **The state collection.** Ingestion keeps, per key, exactly one *state row*:
 the current version's user columns followed by a boolean flag column,
-:data:`STATE_TOMBSTONE`, that is true for a tombstone. The state lives in the
+:data:`TOMBSTONE`, that is true for a tombstone. The state lives in the
 source's own trace, arranged by primary key, and ingesting a batch looks the
 current state up there (there is no second, private copy of the collection).
 Its output is the delta of the state collection: for each key whose version
@@ -66,14 +66,11 @@ from functools import cached_property
 from typing import Any
 
 from dbspark.core import timestamps
+from dbspark.core.columns import TOMBSTONE, is_reserved
 from dbspark.core.timestamps import Time
 from dbspark.core.trace import Trace
+from dbspark.core.types import SCALAR_TYPES
 from dbspark.core.zset import ZSet
-
-STATE_TOMBSTONE = "__tombstone"
-"""The reserved flag column appended to every state row (true for a tombstone)."""
-
-TYPES = ("bigint", "string", "boolean", "double")
 
 _BIGINT_MIN = -(2**63)
 _BIGINT_MAX = 2**63 - 1
@@ -192,14 +189,14 @@ class UpsertSpec:
         for name in self.columns:
             if not isinstance(name, str) or not name:
                 yield f"column name {name!r} is not a non-empty string"
-            elif name.startswith("__"):
+            elif is_reserved(name):
                 yield f"column {name!r}: names starting with '__' are reserved"
         duplicates = sorted({c for c in self.columns if self.columns.count(c) > 1}, key=str)
         if duplicates:
             yield f"duplicate columns {duplicates}"
         for name, kind in zip(self.columns, self.types, strict=False):
-            if kind not in TYPES:
-                yield f"column {name!r} has unknown type {kind!r} (expected one of {TYPES})"
+            if kind not in SCALAR_TYPES:
+                yield f"column {name!r} has unknown type {kind!r} (expected one of {SCALAR_TYPES})"
         for role, names in (("key", self.key), ("watermark", self.watermark)):
             if not names:
                 yield f"the {role} needs at least one column"
@@ -253,7 +250,7 @@ class UpsertSpec:
     @property
     def state_columns(self) -> tuple[str, ...]:
         """The columns of a state row: the user columns, then the tombstone flag."""
-        return (*self.columns, STATE_TOMBSTONE)
+        return (*self.columns, TOMBSTONE)
 
     @property
     def state_types(self) -> tuple[str, ...]:

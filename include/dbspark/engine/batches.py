@@ -21,10 +21,10 @@ from typing import Any
 import pyarrow as pa
 
 from dbspark.circuit.builder import Node
-from dbspark.circuit.types import Schema, python_value_fits
+from dbspark.core.columns import WEIGHT
+from dbspark.core.types import Schema, python_value_fits
 from dbspark.core.upsert import UpsertSpec
 from dbspark.core.zset import ZSet
-from dbspark.storage.traces import WEIGHT_COLUMN as WEIGHT
 
 
 class InputError(ValueError):

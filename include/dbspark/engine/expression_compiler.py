@@ -34,7 +34,7 @@ from dbspark.circuit.expressions import (
     unify,
 )
 from dbspark.circuit.expressions import Column as ColumnRef
-from dbspark.circuit.types import BIGINT, BOOLEAN, DOUBLE, STRING, Schema, array_of, is_array
+from dbspark.core.types import BIGINT, BOOLEAN, DOUBLE, STRING, Schema, array_of, is_array
 
 BIGINT_MIN = -(2**63)
 BIGINT_MAX = 2**63 - 1

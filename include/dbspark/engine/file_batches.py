@@ -14,9 +14,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dbspark.circuit.types import BIGINT, Schema
+from dbspark.core.columns import WEIGHT
+from dbspark.core.types import BIGINT, Schema
 from dbspark.engine.batches import InputError
-from dbspark.storage.traces import WEIGHT_COLUMN as WEIGHT
 
 FORMATS = ("parquet", "csv", "jsonl")
 #: Which file a row came from (NULL for rows of a DataFrame batch).

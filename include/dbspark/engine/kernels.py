@@ -36,15 +36,12 @@ from typing import Any
 
 from dbspark.circuit.aggregations import Aggregation
 from dbspark.circuit.expressions import Expr, infer_type, output_type
-from dbspark.circuit.types import Schema
+from dbspark.core.columns import EPOCH, TOMBSTONE, WEIGHT, time_columns
 from dbspark.core.timestamps import Time, box_corners
+from dbspark.core.types import Schema
 from dbspark.core.upsert import UpsertSpec
 from dbspark.engine import user_aggregates
 from dbspark.engine.dialect import Dialect, dialect_of
-from dbspark.storage.traces import WEIGHT_COLUMN as WEIGHT
-from dbspark.storage.traces import time_columns
-
-TOMBSTONE = "__tombstone"
 
 #: A frame of either tier (a PySpark ``DataFrame`` or a ``LocalFrame``), and a column.
 DataFrame = Any
@@ -126,9 +123,9 @@ def general_linear(
         ]
         weight = (F.col(WEIGHT) * factor).cast("bigint")
         part = part.where(factor.isNotNull() & (factor != 0))
-        parts.append(part.select(*projected, weight.alias(WEIGHT), due.alias("__epoch")))
+        parts.append(part.select(*projected, weight.alias(WEIGHT), due.alias(EPOCH)))
     combined = reduce(plus, parts)
-    return consolidate(combined, [*out_schema.names, "__epoch"])
+    return consolidate(combined, [*out_schema.names, EPOCH])
 
 
 # --- the unit box below a time -------------------------------------------------------------

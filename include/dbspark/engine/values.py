@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from dbspark.circuit.types import DOUBLE, element_type, is_array
+from dbspark.core.types import DOUBLE, element_type, is_array
 
 _NAN = float("nan")
 

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from dbspark.circuit.builder import Circuit
+from dbspark.core.columns import WEIGHT
 from dbspark.core.zset import ZSet
 from dbspark.demo import SCENARIOS, Inputs, engine_inputs, format_table, verify_views
 
@@ -92,7 +93,7 @@ def land(circuit: Circuit, epoch: int, inputs: Inputs, landing: Any = None) -> l
             columns = list(node.params["user_schema"].names)
             path = landing.land(source, interval(epoch), batch, columns, "jsonl", name="demo")
         else:
-            columns = [*node.schema.names, "__w"]
+            columns = [*node.schema.names, WEIGHT]
             rows = [(*row, weight) for row, weight in batch]
             path = landing.land(source, interval(epoch), rows, columns, "parquet", name="demo")
         written.append(str(path))

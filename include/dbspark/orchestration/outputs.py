@@ -54,7 +54,8 @@ import pyarrow.parquet as pq
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from dbspark.circuit.types import BIGINT, BOOLEAN, DOUBLE, STRING, Schema, element_type, is_array
+from dbspark.core.columns import WEIGHT
+from dbspark.core.types import BIGINT, BOOLEAN, DOUBLE, STRING, Schema, element_type, is_array
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -63,7 +64,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("dbspark.outputs")
 
-WEIGHT = "__w"
 MARKER = "_dbspark.json"
 SNAPSHOT = "snapshot"
 CHANGES = "changes"

@@ -9,6 +9,7 @@
 Spark is imported lazily: the catalog works without it.
 """
 
+from dbspark.core.columns import time_columns
 from dbspark.storage.catalog import (
     BatchRecord,
     Catalog,
@@ -17,7 +18,7 @@ from dbspark.storage.catalog import (
     LoopIteration,
     garbage_collect,
 )
-from dbspark.storage.traces import Compaction, TraceStore, time_columns
+from dbspark.storage.traces import Compaction, TraceStore
 from dbspark.storage.warehouse import Warehouse
 
 __all__ = [

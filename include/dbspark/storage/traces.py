@@ -22,22 +22,13 @@ from typing import TYPE_CHECKING, Any
 
 from dbspark.core import timestamps
 from dbspark.core.antichain import Antichain
+from dbspark.core.columns import WEIGHT, time_columns
 from dbspark.storage.catalog import BatchRecord, Catalog, CatalogError, encode_time
 from dbspark.storage.warehouse import BUCKET_COLUMN, DEFAULT_BUCKETS, Warehouse, bucketed
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import StructType
-
-WEIGHT_COLUMN = "__w"
-EPOCH_COLUMN = "__epoch"
-
-
-def time_columns(depth: int) -> list[str]:
-    """The time columns of a scope ``depth`` deep: ``__epoch``, ``__iter``, ``__iter_2``..."""
-    if depth < 1:
-        raise ValueError(f"a time has at least one coordinate, got depth {depth}")
-    return [EPOCH_COLUMN] + ["__iter" if i == 1 else f"__iter_{i}" for i in range(1, depth)]
 
 
 def advance_columns(
@@ -216,7 +207,7 @@ class TraceStore:
         if any(len(f) != depth for f in frontier):
             raise ValueError(f"frontier {frontier} does not match time columns {time_cols}")
         names = schema.fieldNames()
-        missing = [c for c in [*time_cols, WEIGHT_COLUMN, *key_columns] if c not in names]
+        missing = [c for c in [*time_cols, WEIGHT, *key_columns] if c not in names]
         if missing:
             raise ValueError(f"columns {missing} are not in the trace schema {names}")
 
@@ -269,7 +260,7 @@ class TraceStore:
         df = self.warehouse.read(self.spark, chosen, schema)
         for c, expr in advance_columns(frontier, time_cols):
             df = df.withColumn(c, expr.cast(schema[c].dataType))
-        group = [c for c in names if c != WEIGHT_COLUMN]
+        group = [c for c in names if c != WEIGHT]
         if key_columns:
             # Partition by bucket first: the aggregation (its keys include the bucket)
             # then needs no shuffle of its own, and the write none either.
@@ -277,8 +268,8 @@ class TraceStore:
             group.append(BUCKET_COLUMN)
         consolidated = (
             df.groupBy(*group)
-            .agg(F.sum(WEIGHT_COLUMN).cast("long").alias(WEIGHT_COLUMN))
-            .where(F.col(WEIGHT_COLUMN) != 0)
+            .agg(F.sum(WEIGHT).cast("long").alias(WEIGHT))
+            .where(F.col(WEIGHT) != 0)
             .select(*names, *([BUCKET_COLUMN] if key_columns else []))
         )
         record = self.warehouse.write(

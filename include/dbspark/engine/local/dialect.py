@@ -7,7 +7,7 @@ from functools import reduce
 
 import pyarrow as pa
 
-from dbspark.circuit.types import BIGINT, BOOLEAN, DOUBLE, STRING, element_type, is_array
+from dbspark.core.types import BIGINT, BOOLEAN, DOUBLE, STRING, element_type, is_array
 from dbspark.engine import user_aggregates
 from dbspark.engine.dialect import Dialect
 from dbspark.engine.local import frame as functions

@@ -24,14 +24,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from dbspark.circuit.types import BIGINT, BOOLEAN, DOUBLE, STRING, Schema, element_type, is_array
-from dbspark.core.upsert import (
-    TYPES,
-    BadUpsertRow,
-    UpsertError,
-    UpsertSpec,
-    upserts_to_updates,
+from dbspark.core.columns import WEIGHT
+from dbspark.core.types import (
+    BIGINT,
+    BOOLEAN,
+    DOUBLE,
+    SCALAR_TYPES,
+    STRING,
+    Schema,
+    element_type,
+    is_array,
 )
+from dbspark.core.upsert import BadUpsertRow, UpsertError, UpsertSpec, upserts_to_updates
 from dbspark.core.zset import ZSet
 from dbspark.engine.batches import (
     CheckedRows,
@@ -48,7 +52,6 @@ from dbspark.engine.file_batches import (
     wrong_type,
 )
 from dbspark.engine.local.dialect import arrow_type
-from dbspark.storage.traces import WEIGHT_COLUMN as WEIGHT
 
 #: Bad rows shown in one error.
 _MAX_SHOWN = 5
@@ -145,7 +148,7 @@ def checked_table(schema: Schema, table: pa.Table) -> CheckedTable | None:
     checks it and words what is wrong."""
     if sorted(table.column_names) != sorted(schema.names):
         return None
-    if any(kind not in TYPES for kind in schema.types):
+    if any(kind not in SCALAR_TYPES for kind in schema.types):
         return None
     columns = []
     for name, kind in schema.fields:

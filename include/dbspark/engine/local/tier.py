@@ -25,7 +25,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from dbspark.circuit.types import Schema
+from dbspark.core.columns import WEIGHT
+from dbspark.core.types import Schema
 from dbspark.core.zset import ZSet
 from dbspark.engine.batches import fingerprint_text
 from dbspark.engine.local.dialect import arrow_type, semi_join
@@ -33,7 +34,6 @@ from dbspark.engine.local.frame import LocalFrame, LocalSession, duck_type, quot
 from dbspark.engine.values import from_column_value, to_column_value
 from dbspark.storage.buckets import bucket_ids, xxhash64
 from dbspark.storage.catalog import BatchRecord
-from dbspark.storage.traces import WEIGHT_COLUMN as WEIGHT
 from dbspark.storage.warehouse import (
     BUCKET_COLUMN,
     DEFAULT_BUCKETS,

@@ -25,7 +25,7 @@ from dbspark.circuit.expressions import (
     UnaryOp,
     infer_type,
 )
-from dbspark.circuit.types import BIGINT, BOOLEAN, DOUBLE, STRING, Schema
+from dbspark.core.types import BIGINT, BOOLEAN, DOUBLE, STRING, Schema
 
 RowFunction = Callable[[tuple], Any]
 

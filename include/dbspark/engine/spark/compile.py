@@ -58,7 +58,7 @@ from dbspark.circuit.expressions import (
     infer_type,
     output_type,
 )
-from dbspark.circuit.types import (
+from dbspark.core.types import (
     BIGINT,
     BOOLEAN,
     DOUBLE,

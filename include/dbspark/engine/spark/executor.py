@@ -38,6 +38,7 @@ from pyspark.sql import functions as F
 from dbspark.circuit.builder import STATEFUL_OPS, Circuit, Node
 from dbspark.circuit.planner import LoopPlan, Plan, Stage, plan
 from dbspark.core import timestamps
+from dbspark.core.columns import EPOCH, WEIGHT, time_columns, time_fields
 from dbspark.core.timestamps import Time
 from dbspark.core.upsert import UpsertError, updates_against
 from dbspark.core.zset import ZSet
@@ -59,11 +60,6 @@ from dbspark.engine.local.frame import LocalFrame
 from dbspark.engine.local.tier import LocalTier
 from dbspark.engine.spark.compile import struct_type
 from dbspark.engine.spark.files import CheckedFrame, check_frame, load_files
-from dbspark.engine.spark.frames import (
-    WEIGHT,
-    time_columns,
-    time_fields,
-)
 from dbspark.engine.spark.session import int_setting, is_connect, spark_session
 from dbspark.engine.spark.tier import SparkTier, spark_struct
 from dbspark.engine.spark.upserts import default_driver_rows, state_delta
@@ -747,13 +743,13 @@ class SparkEngine:
                 ops.general_linear(delta, node.params["emits"], schema_in, node.schema, t[0])
             )
             F = dialect_of(out).F
-            later = out.where(F.col("__epoch") > t[0])
-            for (due,) in later.select("__epoch").distinct().collect():
+            later = out.where(F.col(EPOCH) > t[0])
+            for (due,) in later.select(EPOCH).distinct().collect():
                 at = (int(due), *t[1:])
-                part = later.where(F.col("__epoch") == due).drop("__epoch")
+                part = later.where(F.col(EPOCH) == due).drop(EPOCH)
                 collection = f"n{node.id}.scheduled"
                 unit.add(self._write(unit, part, collection, "delta", at, self._fields(node)))
-            now = out.where(F.col("__epoch") == t[0]).drop("__epoch")
+            now = out.where(F.col(EPOCH) == t[0]).drop(EPOCH)
         scheduled = self._records(unit, f"n{node.id}.scheduled", "delta", lambda time: time == t)
         if scheduled:
             due_now = unit.tier.read(scheduled, self._fields(node))

@@ -52,7 +52,8 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from dbspark.circuit.types import BIGINT, BOOLEAN, DOUBLE, STRING, Schema, element_type, is_array
+from dbspark.core.columns import WEIGHT
+from dbspark.core.types import BIGINT, BOOLEAN, DOUBLE, STRING, Schema, element_type, is_array
 from dbspark.core.upsert import BadUpsertRow, UpsertConflict, UpsertSpec
 from dbspark.engine.batches import InputError
 from dbspark.engine.file_batches import (
@@ -64,7 +65,6 @@ from dbspark.engine.file_batches import (
     wrong_type,
 )
 from dbspark.engine.spark.compile import spark_type
-from dbspark.engine.spark.frames import WEIGHT
 
 _CORRUPT = "__corrupt"
 _PROBLEM = "__problem"

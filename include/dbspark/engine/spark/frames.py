@@ -1,11 +1,9 @@
-"""Z-sets as Spark DataFrames: the reserved columns and the conversions.
+"""Z-sets as Spark DataFrames: the conversions.
 
-A Z-set in Spark is a DataFrame with the user's columns (in schema order) plus
-reserved columns, whose names start with ``__`` (users may not use them):
-
-* ``__w`` BIGINT: the row's weight (never zero after consolidation);
-* ``__epoch`` BIGINT: the root time coordinate, when a frame carries times;
-* ``__iter``, ``__iter_2``, ... INT: the iteration of each nested loop level.
+A Z-set in Spark is a DataFrame with the user's columns (in schema order) plus the
+reserved columns of ``core/columns.py``: ``__w`` BIGINT, the row's weight (never zero
+after consolidation), and when a frame carries times ``__epoch`` BIGINT and ``__iter``,
+``__iter_2``, ... INT.
 
 ``zset_to_frame`` and ``frame_to_zset`` move small collections between the
 driver and Spark (tests, inputs handed over in Python, results for checking);
@@ -22,41 +20,12 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from dbspark.circuit.types import DOUBLE, Schema, element_type, is_array
+from dbspark.core.columns import WEIGHT, WEIGHT_TYPE, time_fields
+from dbspark.core.types import DOUBLE, Schema, element_type, is_array
 from dbspark.core.zset import ZSet
 from dbspark.engine.spark.compile import struct_type
 from dbspark.engine.values import from_column_value as from_spark_value
 from dbspark.engine.values import to_column_value as to_spark_value
-
-WEIGHT = "__w"
-EPOCH = "__epoch"
-ITER = "__iter"
-WEIGHT_TYPE = "bigint"
-EPOCH_TYPE = "bigint"
-ITER_TYPE = "int"
-
-
-def iter_column(level: int) -> str:
-    """The iteration column of loop nesting level ``level`` (1: ``__iter``, 2: ``__iter_2``)."""
-    if level < 1:
-        raise ValueError(f"loop levels start at 1, got {level}")
-    return ITER if level == 1 else f"{ITER}_{level}"
-
-
-def time_columns(depth: int) -> list[str]:
-    """The time columns of a scope of ``depth`` (1: root): ``__epoch``, ``__iter``, ..."""
-    if depth < 1:
-        raise ValueError(f"a time has at least one coordinate, got depth {depth}")
-    return [EPOCH, *(iter_column(level) for level in range(1, depth))]
-
-
-def time_fields(depth: int) -> list[tuple[str, str]]:
-    """``(name, type)`` of the time columns of a scope of ``depth``."""
-    return [(name, EPOCH_TYPE if name == EPOCH else ITER_TYPE) for name in time_columns(depth)]
-
-
-def is_reserved(name: str) -> bool:
-    return name.startswith("__")
 
 
 def zset_to_frame(

@@ -41,8 +41,9 @@ from pyspark.sql import Column, DataFrame, Observation, Row, SparkSession, Windo
 from pyspark.sql import functions as F
 
 from dbspark.circuit.aggregations import Aggregation
-from dbspark.circuit.builder import TOMBSTONE_FLAG, Circuit, Node
-from dbspark.circuit.types import BOOLEAN, STRING, Schema
+from dbspark.circuit.builder import Circuit, Node
+from dbspark.core.columns import EPOCH, EPOCH_TYPE, TOMBSTONE, WEIGHT, WEIGHT_TYPE
+from dbspark.core.types import BOOLEAN, STRING, Schema
 from dbspark.core.upsert import UpsertConflict, conform_rows, format_key
 from dbspark.engine.batches import upsert_batch, upsert_spec, zset_batch
 from dbspark.engine.kernels import consolidate
@@ -55,15 +56,7 @@ from dbspark.engine.spark.compile import (
     spark_type,
     struct_type,
 )
-from dbspark.engine.spark.frames import (
-    EPOCH,
-    EPOCH_TYPE,
-    WEIGHT,
-    WEIGHT_TYPE,
-    empty_frame,
-    from_spark_value,
-    to_spark_value,
-)
+from dbspark.engine.spark.frames import empty_frame, from_spark_value, to_spark_value
 from dbspark.engine.spark.session import is_connect
 
 log = logging.getLogger(__name__)
@@ -332,13 +325,13 @@ class _Evaluator:
         )
         return winners.select(
             *user.names,
-            _tombstone(node).alias(TOMBSTONE_FLAG),
+            _tombstone(node).alias(TOMBSTONE),
             F.lit(1).cast(WEIGHT_TYPE).alias(WEIGHT),
         )
 
     def _op_upsert_live(self, node: Node, time: Time) -> DataFrame:
         state = self._input(node, time)
-        return state.where(~F.col(TOMBSTONE_FLAG)).select(*node.schema.names, WEIGHT)
+        return state.where(~F.col(TOMBSTONE)).select(*node.schema.names, WEIGHT)
 
     # linear -----------------------------------------------------------------------------
     def _op_select(self, node: Node, time: Time) -> DataFrame:

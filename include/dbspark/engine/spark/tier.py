@@ -12,7 +12,7 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
-from dbspark.circuit.types import Schema
+from dbspark.core.types import Schema
 from dbspark.engine.spark.compile import struct_type
 from dbspark.storage.catalog import BatchRecord
 from dbspark.storage.warehouse import DEFAULT_BUCKETS, KeySet, Warehouse

@@ -25,18 +25,13 @@ from typing import Any
 
 from pyspark.sql import DataFrame
 
-from dbspark.circuit.types import Schema
-from dbspark.core.upsert import (
-    TYPES,
-    BadUpsertRow,
-    UpsertConflict,
-    UpsertSpec,
-    updates_against,
-)
+from dbspark.core.columns import WEIGHT
+from dbspark.core.types import SCALAR_TYPES, Schema
+from dbspark.core.upsert import BadUpsertRow, UpsertConflict, UpsertSpec, updates_against
 from dbspark.core.zset import ZSet
 from dbspark.engine import kernels
 from dbspark.engine.spark.compile import struct_type
-from dbspark.engine.spark.frames import WEIGHT, frame_to_zset, to_spark_value
+from dbspark.engine.spark.frames import frame_to_zset, to_spark_value
 from dbspark.engine.spark.session import int_setting
 
 #: Batches of at most this many rows are decided on the driver (see the module text).
@@ -64,7 +59,7 @@ def state_delta(
     """The state delta (state columns and ``__w``) that ``batch`` causes, and whether it
     was decided on the driver; raises ``BadUpsertRow`` or ``UpsertConflict`` before
     anything is written."""
-    if driver_rows > 0 and all(t in TYPES for t in spec.types):
+    if driver_rows > 0 and all(t in SCALAR_TYPES for t in spec.types):
         rows = batch.select(*spec.columns).limit(driver_rows + 1).collect()
         if len(rows) <= driver_rows:
             return _on_driver(spec, state_schema, batch, rows, read_state, file), True

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from dbspark.circuit.types import Schema
+from dbspark.core.types import Schema
 from dbspark.engine import user_aggregates as generic
 from dbspark.engine.spark.compile import struct_type
 from dbspark.engine.user_aggregates import UserAggregateColumn

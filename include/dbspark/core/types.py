@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
+from dbspark.core.columns import is_reserved
+
 BIGINT = "bigint"
 DOUBLE = "double"
 STRING = "string"
@@ -92,7 +94,7 @@ class Schema:
         for name, type_name in pairs:
             if not isinstance(name, str) or not name.isidentifier():
                 raise ValueError(f"{what}: column name {name!r} is not a valid identifier")
-            if name.startswith("__"):
+            if is_reserved(name):
                 raise ValueError(f"{what}: column {name!r} starts with '__', reserved for dbspark")
             if name in seen:
                 raise ValueError(f"{what}: column {name!r} declared twice")
