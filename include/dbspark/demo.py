@@ -16,8 +16,8 @@ pure-Python oracle instead.
 
 Every epoch run is checked against full refresh: the reference engine's
 from-scratch evaluation of the accumulated inputs (pure Python, independent of
-Spark), and on Spark also ``SparkEngine.verify`` (a Spark full refresh over the
-raw input log stored in the warehouse). A difference makes the demo exit 1.
+Spark), and the engine's own ``verify`` (on Spark, a Spark full refresh over the raw
+input log stored in the warehouse). A difference makes the demo exit 1.
 
     python -m dbspark.demo [--epochs N] [--circuit NAME ...] [--engine spark|reference]
                            [--warehouse DIR] [--fresh]
@@ -36,9 +36,10 @@ from pathlib import Path
 from typing import Any
 
 from dbspark.circuit.builder import Circuit
+from dbspark.conformance.engines import get_engine
 from dbspark.core.types import Schema
 from dbspark.core.zset import ZSet
-from dbspark.engine.reference.engine import LoopReport, ReferenceEngine
+from dbspark.engine.api import LoopReport
 from dbspark.examples.circuits import NAMED_CIRCUITS
 
 Inputs = dict[str, list[Any]]
@@ -433,87 +434,6 @@ def _difference(got: ZSet, want: ZSet) -> str:
     return f"the incremental result has extra {_brief(extra)} and lacks {_brief(lacking)}"
 
 
-# --- engines ---------------------------------------------------------------------------
-
-
-@dataclass
-class EpochOutcome:
-    """What the demo shows of one epoch, whichever engine ran it."""
-
-    views: dict[str, ZSet]
-    loops: list[str]
-    problems: list[str]  # the engine's own verification (Spark: full refresh in Spark)
-
-
-class ReferenceRun:
-    """The pure-Python reference engine: state in memory, nothing persisted."""
-
-    where = "in memory (reference engine)"
-
-    def __init__(self, circuit: Circuit) -> None:
-        self.engine = ReferenceEngine(circuit)
-
-    def describe_plan(self) -> str:
-        return self.engine.plan.describe()
-
-    def last_committed_epoch(self) -> int:
-        return -1  # a new in-memory engine has committed nothing
-
-    def views(self) -> dict[str, ZSet]:
-        return {}
-
-    def step(self, inputs: Inputs) -> EpochOutcome:
-        result = self.engine.step(inputs)
-        return EpochOutcome(result.views, [_format_loop(r) for r in result.loops], [])
-
-
-class SparkRun:
-    """The incremental Spark engine over a warehouse that persists between runs: epochs
-    already committed there are not run again, and new ones continue after them."""
-
-    def __init__(self, circuit: Circuit, warehouse: Path) -> None:
-        from dbspark.engine.spark.executor import SparkEngine
-
-        self.engine = SparkEngine(circuit, warehouse)
-        self.where = f"warehouse {warehouse} (catalog {warehouse / 'catalog.db'})"
-
-    def describe_plan(self) -> str:
-        return self.engine.plan.describe()
-
-    def last_committed_epoch(self) -> int:
-        return self.engine.last_committed_epoch()
-
-    def views(self) -> dict[str, ZSet]:
-        return self.engine.views()
-
-    def step(self, inputs: Inputs) -> EpochOutcome:
-        result = self.engine.step(inputs)
-        loops = _format_iterations(result.report.iterations)
-        problems = [
-            f"view {name!r} differs from a Spark full refresh over the raw input log in "
-            f"{_rows_word(len(rows))} (row + weight difference): {rows[:5]}"
-            for name, rows in self.engine.verify().items()
-            if rows
-        ]
-        return EpochOutcome(result.views, loops, problems)
-
-
-def _format_iterations(iterations: Sequence[Any]) -> list[str]:
-    """One line per loop run, from the Spark engine's per-iteration reports."""
-    runs: dict[tuple[str, tuple[int, ...]], list[Any]] = {}
-    for report in iterations:
-        if not report.skipped:
-            runs.setdefault((report.loop, tuple(report.prefix)), []).append(report)
-    lines = []
-    for (loop, prefix), reports in runs.items():
-        sizes = ", ".join(str(r.delta_rows) for r in reports)
-        lines.append(
-            f"  loop {loop} at time {list(prefix)}: {len(reports)} iteration(s), "
-            f"result delta size per iteration [{sizes}]; {reports[-1].reason}"
-        )
-    return lines
-
-
 # --- running -----------------------------------------------------------------------------
 
 
@@ -531,9 +451,8 @@ def run_scenario(
     """
     circuit = NAMED_CIRCUITS[name]()
     scenario = SCENARIOS[name]()
-    run: ReferenceRun | SparkRun = (
-        ReferenceRun(circuit) if warehouse is None else SparkRun(circuit, warehouse)
-    )
+    engine_name = "reference" if warehouse is None else "spark"
+    engine = get_engine(engine_name).create(circuit, warehouse=warehouse)
     ok = True
 
     def say(text: str = "") -> None:
@@ -555,10 +474,10 @@ def run_scenario(
             say(f"  source {source} {node.schema}: Z-set")
     for view, node_id in circuit.views.items():
         say(f"  view   {view} {circuit.node(node_id).schema}")
-    say("  " + run.describe_plan().replace("\n", "\n  "))
-    say(f"  state: {run.where}")
+    say("  " + engine.plan.describe().replace("\n", "\n  "))
+    say(f"  state: {engine.location}")
 
-    committed = run.last_committed_epoch()
+    committed = engine.last_committed_epoch()
     history: list[Inputs] = []
     previous: dict[str, ZSet] = {}
     for index, (what, raw_inputs) in enumerate(scenario.epochs(epochs)):
@@ -572,15 +491,15 @@ def run_scenario(
                 f"--- {name}, epochs 0..{committed}: already committed in this warehouse, "
                 "not run again (state continues from there)"
             )
-            previous = run.views()
+            previous = engine.views()
         say()
         say(f"--- {name}, epoch {index}: {what}")
         for source in circuit.sources:
             if source in inputs:
                 say(_format_input(circuit, source, inputs[source]))
-        outcome = run.step(inputs)
-        for line in outcome.loops:
-            say(line)
+        outcome = engine.step(inputs)
+        for loop in outcome.loops:
+            say(_format_loop(loop))
         for view, node_id in circuit.views.items():
             schema = circuit.node(node_id).schema
             contents = outcome.views[view]
@@ -594,9 +513,13 @@ def run_scenario(
                 for line in format_table(schema, delta, indent="      "):
                     say(line)
         previous = outcome.views
-        problems = outcome.problems + verify_views(
-            full_refresh, circuit, history, index, outcome.views
-        )
+        problems = [
+            f"view {view!r} differs from the {engine_name} engine's own full refresh in "
+            f"{_rows_word(len(rows))} (row + weight difference): {rows[:5]}"
+            for view, rows in engine.verify().items()
+            if rows
+        ]
+        problems += verify_views(full_refresh, circuit, history, index, outcome.views)
         if problems:
             ok = False
             for problem in problems:
@@ -612,7 +535,7 @@ def run_scenario(
             f"nothing to do (ask for more with --epochs {committed + 2})"
         )
         for view, node_id in circuit.views.items():
-            contents = run.views()[view]
+            contents = engine.views()[view]
             say(f"  view {view}: {_rows_word(len(contents))}")
             for line in format_table(circuit.node(node_id).schema, contents):
                 say(line)

@@ -21,7 +21,7 @@ from vectors import VECTOR_DIR
 from dbspark.conformance.runner import zset_to_rows
 from dbspark.conformance.vector import parse_vector
 from dbspark.core.upsert import BadUpsertRow, UpsertConflict
-from dbspark.engine.batches import InputError
+from dbspark.engine.api import InputError
 from dbspark.engine.file_batches import FileBatch
 
 ORDERS = {"order_id": "bigint", "cust_id": "bigint", "amount": "bigint", "ts": "bigint"}

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from dbspark.core.zset import ZSet
-from dbspark.engine.batches import InputError
-from dbspark.engine.spark.executor import EpochOrderError, SparkEngine
+from dbspark.engine.api import EpochOrderError, InputError
+from dbspark.engine.spark.executor import SparkEngine
 from dbspark.examples.circuits import word_count
 
 

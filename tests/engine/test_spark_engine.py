@@ -13,7 +13,8 @@ from vectors import VECTOR_DIR
 from dbspark.conformance.runner import zset_to_rows
 from dbspark.conformance.vector import parse_vector
 from dbspark.core.upsert import UpsertConflict
-from dbspark.engine.spark.executor import EpochOrderError, SparkEngine
+from dbspark.engine.api import EpochOrderError
+from dbspark.engine.spark.executor import SparkEngine
 
 pytestmark = pytest.mark.slow
 

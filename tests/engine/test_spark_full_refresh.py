@@ -8,22 +8,18 @@ filter, upserts and delays). Data is tiny; one Spark session serves the module.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import pytest
-from vectors import VECTORS
 
 from dbspark.circuit.aggregations import avg, count, max_, min_, sum_, udf
 from dbspark.circuit.builder import Circuit, emit
 from dbspark.circuit.expressions import col, lit, sequence, split
-from dbspark.conformance.runner import compare, zset_to_rows
-from dbspark.conformance.vector import parse_vector
 from dbspark.core.upsert import BadUpsertRow, UpsertConflict
 from dbspark.core.zset import ZSet
-from dbspark.engine.reference.engine import LoopDidNotConverge, ReferenceEngine
+from dbspark.engine.api import LoopDidNotConverge
+from dbspark.engine.reference.engine import ReferenceEngine
 from dbspark.engine.spark.frames import collect_zsets, frame_to_zset, zset_to_frame
 from dbspark.engine.spark.full_refresh import evaluate, full_refresh, source_frames, verify
 from dbspark.engine.spark.session import session_conf, spark_session
@@ -64,28 +60,6 @@ def against_reference(
         got = views_as_zsets(circuit, evaluate(spark, circuit, frames, epoch))
         assert got == dict(want), f"epoch {epoch}"
     return got
-
-
-# --- the conformance vectors ------------------------------------------------------------
-
-
-def test_there_are_vectors() -> None:
-    assert len(VECTORS) >= 6
-
-
-@pytest.mark.parametrize("path", VECTORS, ids=[p.stem for p in VECTORS])
-def test_vector(spark: Any, path: Path) -> None:
-    vector = parse_vector(path.read_text())
-    frames = source_frames(spark, vector.circuit, vector.epochs)
-    produced = []
-    for epoch in range(len(vector.epochs)):
-        views = views_as_zsets(vector.circuit, evaluate(spark, vector.circuit, frames, epoch))
-        produced.append({name: zset_to_rows(z) for name, z in views.items()})
-    assert compare(produced, vector.expected) is None
-    # rows sorted by their JSON text, as the vectors write them
-    for epoch in produced:
-        for rows in epoch.values():
-            assert rows == sorted(rows, key=lambda r: json.dumps(r[0]))
 
 
 # --- recursion ------------------------------------------------------------------------------

@@ -47,7 +47,7 @@ def test_either_tier_recognises_the_other_tiers_committed_batch(spark: Any, tmp_
     import pytest
 
     from dbspark.circuit.builder import Circuit
-    from dbspark.engine.batches import InputError
+    from dbspark.engine.api import InputError
 
     def circuit() -> Circuit:
         c = Circuit("fingerprints")

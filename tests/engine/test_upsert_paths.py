@@ -20,7 +20,7 @@ import pytest
 
 from dbspark.circuit.builder import Circuit
 from dbspark.core.upsert import BadUpsertRow, UpsertConflict
-from dbspark.engine.batches import InputError
+from dbspark.engine.api import InputError
 from dbspark.engine.local.tier import arrow_table
 from dbspark.engine.reference.engine import ReferenceEngine
 from dbspark.engine.spark.executor import SparkEngine

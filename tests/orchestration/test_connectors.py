@@ -19,7 +19,8 @@ import pyarrow.parquet as pq
 import pytest
 import sqlalchemy as sa
 
-from dbspark.engine.batches import InputError, upsert_batch
+from dbspark.engine.api import InputError
+from dbspark.engine.batches import upsert_batch
 from dbspark.engine.file_batches import FileBatch
 from dbspark.examples.circuits import orders
 from dbspark.orchestration.connectors import (
@@ -208,7 +209,7 @@ def test_a_table_pull_is_the_half_open_interval(sqlite_url: str) -> None:
     assert source_columns(circuit, "orders") == ORDERS
     schema = circuit.node(circuit.sources["orders"]).params["user_schema"]
     assert upsert_batch("orders", schema, rows) == rows
-    with pytest.raises(KeyError, match="no source 'order'"):
+    with pytest.raises(InputError, match=r"source 'order': .* has no such source"):
         source_columns(circuit, "order")
     assert pulled_ids(connector, DAY1) == [5]
     assert "orders_cdc" in connector.describe("orders", DAY0)

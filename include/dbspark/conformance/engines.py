@@ -1,12 +1,8 @@
 """Engines the conformance command can run, picked by name.
 
-An engine here is anything built from a circuit that offers
-``step(inputs) -> result``, where ``inputs`` maps source names to one epoch's
-batches (Z-set sources: ``[(row_tuple, weight), ...]``; upsert sources: row
-tuples in schema order) and ``result.views`` maps every view name to the
-view's accumulated contents as a ``ZSet``. Bad input is reported by raising
-``dbspark.engine.batches.InputError`` or ``dbspark.core.upsert.UpsertError``
-before the epoch commits anything.
+Every engine keeps the contract of ``dbspark.engine.api.Engine``: ``step(inputs)``
+runs one epoch and returns every view's contents, and bad input raises
+``InputError`` before the epoch commits anything. The registry only picks one by name.
 
 Backends register a factory under a name. An engine that cannot run in some
 setup can be registered as *unavailable*, so asking for it fails loudly
@@ -15,22 +11,12 @@ instead of quietly running something else.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
 
 from dbspark.circuit.builder import Circuit
-from dbspark.core.zset import ZSet
-
-
-class EpochResultLike(Protocol):
-    views: Mapping[str, ZSet]
-
-
-class Engine(Protocol):
-    def step(self, inputs: Mapping[str, Any]) -> EpochResultLike: ...
-
+from dbspark.engine.api import Engine
 
 EngineFactory = Callable[..., Engine]
 """``factory(circuit, *, warehouse: Path | None) -> Engine``."""

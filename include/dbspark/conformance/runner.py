@@ -1,7 +1,6 @@
 """Running a vector's epochs through an engine and rendering the views as JSON rows.
 
-:func:`run_epochs` is shared by every engine: it only needs ``engine.step(inputs)``
-returning a result whose ``views`` maps each view name to a ``ZSet``.
+:func:`run_epochs` is shared by every engine: it holds an ``engine.api.Engine``.
 """
 
 from __future__ import annotations
@@ -11,11 +10,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from dbspark.circuit.builder import Circuit
-from dbspark.conformance.engines import Engine
 from dbspark.conformance.vector import VectorError
-from dbspark.core.upsert import UpsertError
 from dbspark.core.zset import ZSet
-from dbspark.engine.batches import InputError
+from dbspark.engine.api import Engine, InputError
 
 JsonRows = list[list[Any]]
 
@@ -55,7 +52,7 @@ def run_epochs(
     for index, inputs in enumerate(epochs):
         try:
             result = engine.step(inputs)
-        except (InputError, UpsertError) as exc:
+        except InputError as exc:
             raise VectorError(f"epoch {index}: {exc}") from exc
         if on_epoch is not None:
             on_epoch(index, result)

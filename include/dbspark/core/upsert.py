@@ -67,6 +67,7 @@ from typing import Any
 
 from dbspark.core import timestamps
 from dbspark.core.columns import TOMBSTONE, is_reserved
+from dbspark.core.errors import InputError
 from dbspark.core.timestamps import Time
 from dbspark.core.trace import Trace
 from dbspark.core.types import SCALAR_TYPES
@@ -83,7 +84,7 @@ StateLookup = Callable[[tuple], tuple | None]
 # --- errors -------------------------------------------------------------------
 
 
-class UpsertError(ValueError):
+class UpsertError(InputError):
     """Bad upsert input: names the source, the file and the offending keys.
 
     ``keys`` holds the primary-key tuples of the offending rows (a component
@@ -107,7 +108,8 @@ class UpsertError(ValueError):
         self.detail = detail
         self.positions = list(positions)
         self.key_columns = tuple(key_columns)
-        super().__init__(self._message())
+        self.message = self._message()
+        ValueError.__init__(self, self.message)  # the message names the source itself
 
     def __reduce__(self) -> tuple[Any, ...]:
         args = (self.source, self.file, self.keys, self.detail, self.positions, self.key_columns)

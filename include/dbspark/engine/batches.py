@@ -22,19 +22,10 @@ import pyarrow as pa
 
 from dbspark.circuit.builder import Node
 from dbspark.core.columns import WEIGHT
+from dbspark.core.errors import InputError
 from dbspark.core.types import Schema, python_value_fits
 from dbspark.core.upsert import UpsertSpec
 from dbspark.core.zset import ZSet
-
-
-class InputError(ValueError):
-    """A batch does not fit its source; nothing of the epoch was committed."""
-
-    def __init__(self, source: str, message: str, file: str | None = None) -> None:
-        where = f"source {source!r}" + (f", file {file}" if file else "")
-        super().__init__(f"{where}: {message}")
-        self.source = source
-        self.file = file
 
 
 def check_row(

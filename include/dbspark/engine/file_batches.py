@@ -16,7 +16,7 @@ from typing import Any
 
 from dbspark.core.columns import WEIGHT
 from dbspark.core.types import BIGINT, Schema
-from dbspark.engine.batches import InputError
+from dbspark.engine.api import InputError
 
 FORMATS = ("parquet", "csv", "jsonl")
 #: Which file a row came from (NULL for rows of a DataFrame batch).

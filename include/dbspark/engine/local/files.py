@@ -37,14 +37,8 @@ from dbspark.core.types import (
 )
 from dbspark.core.upsert import BadUpsertRow, UpsertError, UpsertSpec, upserts_to_updates
 from dbspark.core.zset import ZSet
-from dbspark.engine.batches import (
-    CheckedRows,
-    CheckedTable,
-    InputError,
-    arrow_rows,
-    upsert_batch,
-    zset_batch,
-)
+from dbspark.engine.api import InputError
+from dbspark.engine.batches import CheckedRows, CheckedTable, arrow_rows, upsert_batch, zset_batch
 from dbspark.engine.file_batches import (
     FileBatch,
     check_names,

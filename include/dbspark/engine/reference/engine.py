@@ -41,7 +41,7 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from dbspark.circuit.aggregations import Aggregation
@@ -60,6 +60,13 @@ from dbspark.core.upsert import (
     upserts_to_updates,
 )
 from dbspark.core.zset import ZSet
+from dbspark.engine.api import (
+    EpochReport,
+    EpochResult,
+    LoopDidNotConverge,
+    LoopReport,
+    unknown_sources,
+)
 from dbspark.engine.batches import upsert_batch, upsert_spec, zset_batch
 from dbspark.engine.reference.compile import (
     compile_expr,
@@ -70,32 +77,6 @@ from dbspark.engine.reference.compile import (
 log = logging.getLogger(__name__)
 
 EMPTY = ZSet()
-
-
-class LoopDidNotConverge(RuntimeError):
-    """A loop hit its iteration bound with work still pending."""
-
-
-@dataclass
-class LoopReport:
-    """What one run of a loop did: per-iteration delta sizes and why it stopped."""
-
-    loop: str
-    time: Time
-    delta_sizes: list[int] = field(default_factory=list)
-    stop_reason: str = ""
-
-    @property
-    def iterations(self) -> int:
-        return len(self.delta_sizes)
-
-
-@dataclass
-class EpochResult:
-    epoch: int
-    view_deltas: dict[str, ZSet]
-    views: dict[str, ZSet]
-    loops: list[LoopReport]
 
 
 @dataclass
@@ -124,6 +105,8 @@ class ReferenceEngine:
         self._upsert_state: dict[int, Trace] = {}
         self._views: dict[str, ZSet] = {name: EMPTY for name in circuit.views}
         self._loop_reports: list[LoopReport] = []
+        # Every epoch's inputs as given, for ``verify`` (the engine is an in-memory oracle).
+        self._history: list[dict[str, Any]] = []
         for node in circuit.nodes:
             self._prepare(node)
 
@@ -131,9 +114,9 @@ class ReferenceEngine:
     def step(self, inputs: Mapping[str, Any] | None = None) -> EpochResult:
         """Run the next epoch with ``inputs`` (source name -> batch); absent sources are empty."""
         inputs = dict(inputs or {})
-        unknown = set(inputs) - set(self.circuit.sources)
-        if unknown:
-            raise KeyError(f"circuit {self.circuit.name!r} has no source {sorted(unknown)}")
+        error = unknown_sources(self.circuit.name, self.circuit.sources, inputs)
+        if error is not None:
+            raise error
         epoch = self.epoch + 1
         # Check every batch before touching any state, so bad input commits nothing.
         checked = {name: self._check_batch(name, batch) for name, batch in inputs.items()}
@@ -155,10 +138,33 @@ class ReferenceEngine:
             self._views[name] = self._views[name] + delta
         if self.compact:
             self._compact(epoch)
-        return EpochResult(epoch, view_deltas, dict(self._views), list(self._loop_reports))
+        self._history.append(inputs)
+        return EpochResult(
+            epoch, dict(self._views), view_deltas, list(self._loop_reports), EpochReport(epoch)
+        )
+
+    @property
+    def location(self) -> str:
+        return "in memory (reference engine)"
+
+    def last_committed_epoch(self) -> int:
+        return self.epoch
 
     def view(self, name: str) -> ZSet:
         return self._views[name]
+
+    def views(self) -> dict[str, ZSet]:
+        return dict(self._views)
+
+    def verify(self) -> dict[str, list[tuple]]:
+        """Per view, ``(*row, weight)`` of full refresh minus maintained (empty when equal)."""
+        from dbspark.engine.reference.full_refresh import full_refresh
+
+        fresh = full_refresh(self.circuit, self._history)
+        return {
+            name: [(*row, weight) for row, weight in (fresh[name] - self._views[name]).items()]
+            for name in self.circuit.views
+        }
 
     def delta(self, node_id: int, t: Time) -> ZSet:
         return self._streams[node_id].get(t, EMPTY)

@@ -67,15 +67,15 @@ from dbspark.core.upsert import (
     format_key,
 )
 from dbspark.core.zset import ZSet
+from dbspark.engine.api import InputError, LoopDidNotConverge, unknown_sources
 from dbspark.engine.batches import upsert_batch, upsert_spec, zset_batch
 from dbspark.engine.reference.compile import (
     compile_expr,
     compile_predicate,
     compile_projection,
 )
-from dbspark.engine.reference.engine import LoopDidNotConverge
 
-__all__ = ["FullRefresh", "LoopDidNotConverge", "full_refresh"]
+__all__ = ["FullRefresh", "full_refresh"]
 
 EMPTY = ZSet()
 Time = tuple[int, ...]
@@ -100,11 +100,9 @@ class FullRefresh:
         self.circuit = circuit
         self.history = [dict(batches or {}) for batches in history]
         for index, batches in enumerate(self.history):
-            unknown = set(batches) - set(circuit.sources)
-            if unknown:
-                raise KeyError(
-                    f"epoch {index}: circuit {circuit.name!r} has no source {sorted(unknown)}"
-                )
+            error = unknown_sources(circuit.name, circuit.sources, batches)
+            if error is not None:
+                raise InputError(error.source, f"epoch {index}: {error.message}")
         self._memo: dict[Time, dict[int, ZSet]] = {}
         self._compiled: dict[int, Any] = {}
         # Per source, its collection after each epoch replayed so far (running sums).

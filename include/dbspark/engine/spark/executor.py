@@ -26,7 +26,6 @@ import json
 import logging
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from functools import reduce
 from pathlib import Path
 from typing import Any
@@ -43,9 +42,19 @@ from dbspark.core.timestamps import Time
 from dbspark.core.upsert import UpsertError, updates_against
 from dbspark.core.zset import ZSet
 from dbspark.engine import kernels as ops
+from dbspark.engine.api import (
+    EpochOrderError,
+    EpochReport,
+    EpochResult,
+    InputError,
+    IterationReport,
+    LoopDidNotConverge,
+    UnitReport,
+    loop_reports,
+    unknown_sources,
+)
 from dbspark.engine.batches import (
     CheckedTable,
-    InputError,
     arrow_rows,
     fingerprint_text,
     upsert_batch,
@@ -75,65 +84,6 @@ Frame = DataFrame | None
 
 #: Gathered key sets an engine keeps for reuse (``SparkEngine._keys_of``), newest last.
 _KEY_SETS_KEPT = 64
-
-
-class EpochOrderError(RuntimeError):
-    """An epoch was asked to run before the epoch before it committed."""
-
-
-class LoopDidNotConverge(RuntimeError):
-    """A loop reached its iteration bound with work still pending."""
-
-
-@dataclass
-class UnitReport:
-    """What one unit of work did, for task logs."""
-
-    unit: str
-    time: Time
-    skipped: bool = False
-    rows_in: int = 0
-    rows_out: dict[str, int] = field(default_factory=dict)
-    paths: list[str] = field(default_factory=list)
-    note: str = ""
-    tier: str = ""  # "local" or "spark": where the unit ran
-
-    def describe(self) -> str:
-        if self.skipped:
-            return f"{self.unit} at {list(self.time)}: already committed, nothing to do"
-        outs = ", ".join(f"{k}={v}" for k, v in self.rows_out.items()) or "none"
-        text = f"{self.unit} at {list(self.time)}: rows in {self.rows_in}, rows out {outs}"
-        if self.tier:
-            text += f"; ran on the {self.tier} tier"
-        return text + (f"; {self.note}" if self.note else "")
-
-
-@dataclass
-class IterationReport:
-    loop: str
-    prefix: Time
-    iteration: int
-    delta_rows: int
-    pending_depth: int
-    converged: bool
-    reason: str
-    skipped: bool = False
-
-
-@dataclass
-class EpochReport:
-    epoch: int
-    skipped: bool = False
-    units: list[UnitReport] = field(default_factory=list)
-    iterations: list[IterationReport] = field(default_factory=list)
-    view_deltas: dict[str, int] = field(default_factory=dict)
-
-
-@dataclass
-class StepResult:
-    epoch: int
-    views: dict[str, ZSet]
-    report: EpochReport
 
 
 def circuit_fingerprint(circuit: Circuit) -> str:
@@ -232,6 +182,8 @@ class SparkEngine:
         self.root.mkdir(parents=True, exist_ok=True)
         self.catalog = Catalog(catalog_url) if catalog_url else Catalog.for_warehouse(self.root)
         self.warehouse = Warehouse(self.root)
+        # The views after this engine's last ``step``, to give the next step its change.
+        self._step_views: dict[str, ZSet] | None = None
         self.buckets = buckets
         self.traces = TraceStore(
             lambda: self.spark, self.warehouse, self.catalog, circuit.name, buckets=buckets
@@ -318,11 +270,9 @@ class SparkEngine:
         """Open, ingest, run every stage and loop, publish and commit one epoch."""
         report = EpochReport(epoch)
         inputs = dict(inputs or {})
-        unknown = set(inputs) - set(self.circuit.sources)
-        if unknown:
-            raise InputError(
-                sorted(unknown)[0], f"circuit {self.circuit.name!r} has no such source"
-            )
+        error = unknown_sources(self.circuit.name, self.circuit.sources, inputs)
+        if error is not None:
+            raise error
         # Bad rows are rejected before the epoch opens or anything is written.
         checked = {name: self.check_batch(name, batch) for name, batch in inputs.items()}
         if not self.open_epoch(epoch):
@@ -342,11 +292,20 @@ class SparkEngine:
         self.close_epoch(epoch)
         return report
 
-    def step(self, inputs: Mapping[str, Any] | None = None) -> StepResult:
-        """Run the next epoch and return every view's contents (the conformance interface)."""
+    def step(self, inputs: Mapping[str, Any] | None = None) -> EpochResult:
+        """Run the next epoch and return every view's contents and change (``Engine``)."""
         epoch = self.last_committed_epoch() + 1
+        before = self._step_views if self._step_views is not None else self.views()
         report = self.run_epoch(epoch, inputs)
-        return StepResult(epoch, self.views(), report)
+        after = self.views()
+        self._step_views = after
+        deltas = {name: after[name] - before.get(name, ZSet()) for name in after}
+        return EpochResult(epoch, after, deltas, loop_reports(report.iterations), report)
+
+    @property
+    def location(self) -> str:
+        catalog = self.catalog.engine.url.render_as_string(hide_password=True)
+        return f"warehouse {self.root} (catalog {catalog})"
 
     def close_epoch(self, epoch: int) -> None:
         """Commit the epoch, then compact traces under the new frontier."""

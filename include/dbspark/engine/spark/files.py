@@ -55,7 +55,7 @@ from pyspark.sql import types as T
 from dbspark.core.columns import WEIGHT
 from dbspark.core.types import BIGINT, BOOLEAN, DOUBLE, STRING, Schema, element_type, is_array
 from dbspark.core.upsert import BadUpsertRow, UpsertConflict, UpsertSpec
-from dbspark.engine.batches import InputError
+from dbspark.engine.api import InputError
 from dbspark.engine.file_batches import (
     FILE,
     POSITION,

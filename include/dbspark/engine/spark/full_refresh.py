@@ -45,9 +45,9 @@ from dbspark.circuit.builder import Circuit, Node
 from dbspark.core.columns import EPOCH, EPOCH_TYPE, TOMBSTONE, WEIGHT, WEIGHT_TYPE
 from dbspark.core.types import BOOLEAN, STRING, Schema
 from dbspark.core.upsert import UpsertConflict, conform_rows, format_key
+from dbspark.engine.api import InputError, LoopDidNotConverge, unknown_sources
 from dbspark.engine.batches import upsert_batch, upsert_spec, zset_batch
 from dbspark.engine.kernels import consolidate
-from dbspark.engine.reference.engine import LoopDidNotConverge
 from dbspark.engine.spark import user_aggregates
 from dbspark.engine.spark.compile import (
     compile_predicate,
@@ -110,9 +110,9 @@ def source_frames(
     """
     rows: dict[str, list[tuple]] = {name: [] for name in circuit.sources}
     for index, inputs in enumerate(history):
-        unknown = set(inputs) - set(circuit.sources)
-        if unknown:
-            raise KeyError(f"circuit {circuit.name!r} has no source {sorted(unknown)}")
+        error = unknown_sources(circuit.name, circuit.sources, inputs)
+        if error is not None:
+            raise InputError(error.source, f"epoch {index}: {error.message}")
         for name, batch in inputs.items():
             node = circuit.node(circuit.sources[name])
             if node.op == "zset_source":

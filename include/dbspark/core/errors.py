@@ -1,0 +1,38 @@
+"""Bad input: the one error a caller catches for anything a user hands an epoch.
+
+A batch that does not fit its source (a row of the wrong shape or type, an upsert
+conflict, a NULL key) and a batch for a source the circuit does not have are both
+``InputError``. It names the source and, when there is one, the file; the epoch it
+was meant for commits nothing. ``core/upsert.py``'s ``UpsertError`` is the kind that
+also names the offending keys.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class InputError(ValueError):
+    """Input that does not fit its source; nothing of the epoch was committed."""
+
+    def __init__(self, source: str, message: str, file: str | None = None) -> None:
+        where = f"source {source!r}" + (f", file {file}" if file else "")
+        super().__init__(f"{where}: {message}")
+        self.source = source
+        self.file = file
+        self.message = message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Errors cross process boundaries (spark-submit units, Airflow tasks).
+        return (type(self), (self.source, self.message, self.file))
+
+
+def unknown_sources(circuit_name: str, sources: Any, names: Any) -> InputError | None:
+    """The error for the first of ``names`` that is not one of ``sources``, or None."""
+    unknown = sorted(set(names) - set(sources))
+    if not unknown:
+        return None
+    known = ", ".join(sorted(sources)) or "none"
+    return InputError(
+        unknown[0], f"circuit {circuit_name!r} has no such source (its sources: {known})"
+    )
