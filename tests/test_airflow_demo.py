@@ -17,7 +17,7 @@ def _demo(home: Path, *args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
     env["PYSPARK_PYTHON"] = sys.executable
     return subprocess.run(
-        [sys.executable, "-m", "dbspark.orchestration.demo", "--home", str(home), *args],
+        [sys.executable, "-m", "dbspark.devtools.demo", "--home", str(home), *args],
         capture_output=True,
         text=True,
         env=env,

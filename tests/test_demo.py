@@ -1,5 +1,5 @@
-"""``python -m dbspark.demo``, the README's main command: every example circuit runs and
-verifies on the reference engine; on Spark, state persists in the warehouse, a second run
+"""``python -m dbspark.devtools.engine_demo``: every example circuit runs and verifies on
+the reference engine; on Spark, state persists in the warehouse, a second run
 of the same epochs does nothing, more epochs continue from the catalog, and a view that
 disagrees with full refresh makes the demo fail (so its verification can fail)."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dbspark.demo import SCENARIOS, main
+from dbspark.devtools.engine_demo import SCENARIOS, main
 from dbspark.engine.spark.executor import SparkEngine
 from dbspark.examples.circuits import NAMED_CIRCUITS
 

@@ -2,7 +2,7 @@
 
 The same warehouse the engine-only side loaded (a copy of W1's largest scale factor
 right after its base load, epoch 0 labelled as the DAG's first data interval) is handed
-to a local Airflow deployment (``orchestration/local_airflow.py``: api-server, scheduler
+to a local Airflow deployment (``devtools/airflow.py``: api-server, scheduler
 with the LocalExecutor, dag-processor, every task a process of its own). Then, each
 triggered through the REST API as the UI's trigger button does:
 
@@ -71,8 +71,8 @@ def run(bench: Bench, series: Series, loaded: Path, epoch: int) -> None:
     """Run ``series``' landed ``epoch`` (then an empty epoch) through Airflow, over
     ``loaded``: a copy of the series' warehouse holding only the base load. Call it right
     after the series ran ``epoch``, so that its views are the ones to match."""
-    from dbspark.orchestration.demo import interval
-    from dbspark.orchestration.local_airflow import LocalAirflow
+    from dbspark.devtools.airflow import LocalAirflow
+    from dbspark.devtools.demo import interval
     from dbspark.storage.catalog import Catalog
 
     root = bench.work / "W1" / "airflow"

@@ -1,6 +1,6 @@
 """The docker-compose topology as real processes on loopback, driven as a user would.
 
-``LocalCluster`` (``orchestration/local_cluster.py``) starts what ``docker-compose.yml``
+``LocalCluster`` (``devtools/cluster.py``) starts what ``docker-compose.yml``
 starts: PostgreSQL with Airflow's metadata and the dbspark catalog in two databases,
 Redis, Airflow's api-server, scheduler, dag-processor and two Celery workers, a Spark
 standalone master with two workers, and a Spark Connect server driving that cluster.
@@ -29,13 +29,13 @@ import pytest
 import sqlalchemy as sa
 
 from dbspark.core.zset import ZSet
-from dbspark.demo import SCENARIOS, engine_inputs, verify_views
+from dbspark.devtools.cluster import LocalCluster
+from dbspark.devtools.demo import land
+from dbspark.devtools.engine_demo import SCENARIOS, engine_inputs, verify_views
 from dbspark.engine.reference.full_refresh import full_refresh
 from dbspark.examples.circuits import orders, reachability
 from dbspark.orchestration.connectors import LandingDirectory
-from dbspark.orchestration.demo import land
 from dbspark.orchestration.intervals import Interval
-from dbspark.orchestration.local_cluster import LocalCluster
 from dbspark.orchestration.outputs import CHANGES, SNAPSHOT, output_dir, read_change_rows
 from dbspark.storage.catalog import epochs_table
 

@@ -861,7 +861,7 @@ def check_connections(deployment: Deployment) -> list[str]:
     connect_services = {
         n: s
         for n, s in deployment.services.items()
-        if any("dbspark.engine.spark.connect_server" in t for t in texts_of(s))
+        if any("dbspark.devtools.spark_connect" in t for t in texts_of(s))
     }
     for name in AIRFLOW_SERVICES:
         env = environment(deployment.service(name))

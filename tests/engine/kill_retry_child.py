@@ -28,8 +28,8 @@ def main() -> None:
     from pyspark.sql import SparkSession
 
     from dbspark.conformance.vector import parse_vector
+    from dbspark.devtools.spark_daemons import DEFAULT_JAVA_OPTIONS
     from dbspark.engine.spark.executor import SparkEngine
-    from dbspark.engine.spark.processes import DEFAULT_JAVA_OPTIONS
     from dbspark.storage.catalog import Catalog
 
     seen = 0

@@ -24,10 +24,10 @@ import pytest
 from vectors import VECTOR_DIR, VECTORS, replay_vector
 
 from dbspark.conformance.vector import parse_vector
-from dbspark.engine.spark import connect_server as connect_server_module
-from dbspark.engine.spark.connect_server import ConnectServerError, LocalConnectServer, free_port
+from dbspark.devtools import spark_connect as connect_server_module
+from dbspark.devtools.spark_connect import ConnectServerError, LocalConnectServer, free_port
+from dbspark.devtools.spark_daemons import BIND_FAILURES
 from dbspark.engine.spark.executor import SparkEngine
-from dbspark.engine.spark.processes import BIND_FAILURES
 from dbspark.engine.spark.session import connect_session, is_connect
 
 pytestmark = pytest.mark.slow

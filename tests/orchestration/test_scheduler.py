@@ -1,7 +1,7 @@
 """The orders DAG run by a real Airflow deployment: api-server, scheduler with the
 LocalExecutor (one process per task) and dag-processor as child processes
-(``orchestration/local_airflow.py``), every task a Spark Connect client of one Spark
-Connect server (``engine/spark/connect_server.py``). No ``dag.test()``, no mocks.
+(``devtools/airflow.py``), every task a Spark Connect client of one Spark
+Connect server (``devtools/spark_connect.py``). No ``dag.test()``, no mocks.
 
 One scenario, in order, because each step continues the epochs of the one before:
 
@@ -25,12 +25,13 @@ import pytest
 import sqlalchemy as sa
 
 from dbspark.core.zset import ZSet
+from dbspark.devtools.airflow import LocalAirflow
+from dbspark.devtools.processes import free_port
+from dbspark.devtools.spark_connect import LocalConnectServer
 from dbspark.engine.reference.full_refresh import full_refresh
-from dbspark.engine.spark.connect_server import LocalConnectServer, free_port
 from dbspark.examples.circuits import orders
 from dbspark.orchestration.connectors import LandingDirectory
 from dbspark.orchestration.intervals import Interval
-from dbspark.orchestration.local_airflow import LocalAirflow
 from dbspark.orchestration.outputs import CHANGES, SNAPSHOT, output_dir, read_change_rows
 from dbspark.storage.catalog import Catalog, epochs_table
 

@@ -10,7 +10,6 @@
 * ``user_aggregates``: user-defined aggregates over collected groups.
 * ``full_refresh``: a circuit evaluated from scratch over its accumulated inputs.
 * ``session``: ``spark_session()`` (local classic by default, Spark Connect on request).
-* ``processes``, ``connect_server``, ``standalone``: Spark's daemons as child processes.
 
 Importing this package does not import pyspark; the submodules do.
 """

@@ -9,7 +9,7 @@
 * **Spark Connect** when ``remote="sc://host:port"`` is given, or when neither
   ``master`` nor ``remote`` is given and ``SPARK_REMOTE`` is set (as pyspark itself
   does): the engine uses only the DataFrame API, so it runs unchanged against a
-  Connect server (``connect_server.LocalConnectServer`` starts one locally);
+  Connect server (``dbspark.devtools.spark_connect.LocalConnectServer`` starts one locally);
 * a ``master`` URL (``spark://...``) for a classic cluster.
 
 pyspark picks the flavour of ``pyspark.sql.functions``, ``Window``, ``Observation`` and

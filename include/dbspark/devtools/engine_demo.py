@@ -1,4 +1,5 @@
-"""``python -m dbspark.demo``: the example circuits, run for several epochs, explained.
+"""``python -m dbspark.devtools.engine_demo``: the example circuits, run for several
+epochs, explained.
 
 For each named circuit this runs a small scenario and prints, per epoch, what
 came in, what each view holds (and what changed), and what every recursive
@@ -19,8 +20,8 @@ from-scratch evaluation of the accumulated inputs (pure Python, independent of
 Spark), and the engine's own ``verify`` (on Spark, a Spark full refresh over the raw
 input log stored in the warehouse). A difference makes the demo exit 1.
 
-    python -m dbspark.demo [--epochs N] [--circuit NAME ...] [--engine spark|reference]
-                           [--warehouse DIR] [--fresh]
+    python -m dbspark.devtools.engine_demo [--epochs N] [--circuit NAME ...]
+        [--engine spark|reference] [--warehouse DIR] [--fresh]
 """
 
 from __future__ import annotations
@@ -460,20 +461,8 @@ def run_scenario(
 
     say("=" * 78)
     say(f"circuit {name}: {scenario.summary}")
-    for source, node_id in circuit.sources.items():
-        node = circuit.node(node_id)
-        if node.op == "upsert_source":
-            p = node.params
-            extra = f" key {', '.join(p['key'])}; watermark {', '.join(p['watermark'])}"
-            if p["tombstone"]:
-                extra += f"; tombstone {p['tombstone']}"
-                if p["tombstone_value"] is not None:
-                    extra += f" = {p['tombstone_value']!r}"
-            say(f"  source {source} {p['user_schema']}: upserts,{extra}")
-        else:
-            say(f"  source {source} {node.schema}: Z-set")
-    for view, node_id in circuit.views.items():
-        say(f"  view   {view} {circuit.node(node_id).schema}")
+    for line in _describe_circuit(circuit):
+        say(line)
     say("  " + engine.plan.describe().replace("\n", "\n  "))
     say(f"  state: {engine.location}")
 
@@ -500,18 +489,8 @@ def run_scenario(
         outcome = engine.step(inputs)
         for loop in outcome.loops:
             say(_format_loop(loop))
-        for view, node_id in circuit.views.items():
-            schema = circuit.node(node_id).schema
-            contents = outcome.views[view]
-            delta = contents - previous.get(view, ZSet())
-            changes = "no change" if not delta else f"delta {_rows_word(len(delta))}"
-            say(f"  view {view}: {_rows_word(len(contents))} ({changes})")
-            for line in format_table(schema, contents):
-                say(line)
-            if delta:
-                say("    delta:")
-                for line in format_table(schema, delta, indent="      "):
-                    say(line)
+        for line in _describe_views(circuit, outcome.views, previous):
+            say(line)
         previous = outcome.views
         problems = [
             f"view {view!r} differs from the {engine_name} engine's own full refresh in "
@@ -534,18 +513,57 @@ def run_scenario(
             f"--- {name}: epochs 0..{committed} are already committed in this warehouse; "
             f"nothing to do (ask for more with --epochs {committed + 2})"
         )
-        for view, node_id in circuit.views.items():
-            contents = engine.views()[view]
-            say(f"  view {view}: {_rows_word(len(contents))}")
-            for line in format_table(circuit.node(node_id).schema, contents):
-                say(line)
+        for line in _describe_views(circuit, engine.views(), None):
+            say(line)
     say()
     return ok
 
 
+def _describe_circuit(circuit: Circuit) -> list[str]:
+    """The circuit's sources (with their upsert declarations) and views, a line each."""
+    lines = []
+    for source, node_id in circuit.sources.items():
+        node = circuit.node(node_id)
+        if node.op == "upsert_source":
+            p = node.params
+            extra = f" key {', '.join(p['key'])}; watermark {', '.join(p['watermark'])}"
+            if p["tombstone"]:
+                extra += f"; tombstone {p['tombstone']}"
+                if p["tombstone_value"] is not None:
+                    extra += f" = {p['tombstone_value']!r}"
+            lines.append(f"  source {source} {p['user_schema']}: upserts,{extra}")
+        else:
+            lines.append(f"  source {source} {node.schema}: Z-set")
+    for view, node_id in circuit.views.items():
+        lines.append(f"  view   {view} {circuit.node(node_id).schema}")
+    return lines
+
+
+def _describe_views(
+    circuit: Circuit, views: dict[str, ZSet], previous: dict[str, ZSet] | None
+) -> list[str]:
+    """Every view's rows as a table; with ``previous``, also its change since then."""
+    lines = []
+    for view, node_id in circuit.views.items():
+        schema = circuit.node(node_id).schema
+        contents = views[view]
+        if previous is None:
+            lines.append(f"  view {view}: {_rows_word(len(contents))}")
+            lines += format_table(schema, contents)
+            continue
+        delta = contents - previous.get(view, ZSet())
+        changes = "no change" if not delta else f"delta {_rows_word(len(delta))}"
+        lines.append(f"  view {view}: {_rows_word(len(contents))} ({changes})")
+        lines += format_table(schema, contents)
+        if delta:
+            lines.append("    delta:")
+            lines += format_table(schema, delta, indent="      ")
+    return lines
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m dbspark.demo",
+        prog="python -m dbspark.devtools.engine_demo",
         description=(
             "Run the example circuits for several epochs: on Spark with a persisted warehouse "
             "(the default), or on the in-memory reference engine."

@@ -15,12 +15,12 @@ does, a client that only speaks gRPC to a JVM somewhere else, and to let tests a
 tools start, stop and inspect that JVM (its log, its exit status) like any server.
 
 Its life cycle (own process group, one log file, SIGTERM when its starter dies, stop
-escalating to SIGKILL) is :class:`~dbspark.engine.spark.processes.SparkProcess`'s.
+escalating to SIGKILL) is :class:`~dbspark.devtools.spark_daemons.SparkProcess`'s.
 With ``master`` a standalone cluster's URL (``spark://host:7077``, see
-``standalone.py``) the server is that cluster's driver, and the executors on its
+``spark_standalone.py``) the server is that cluster's driver, and the executors on its
 workers do the work: that is the multi-machine deployment's Spark endpoint.
 
-From a shell, ``python -m dbspark.engine.spark.connect_server [--port N] [--master M]
+From a shell, ``python -m dbspark.devtools.spark_connect [--port N] [--master M]
 [--ui-port P] [--conf k=v ...]`` runs one in the foreground, prints its address, and
 stops it on Ctrl-C or SIGTERM (``docker-compose.yml`` starts it this way).
 """
@@ -33,21 +33,20 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from dbspark.engine.spark.processes import (
+from dbspark.devtools.processes import LOOPBACK, free_port
+from dbspark.devtools.spark_daemons import (
     DEFAULT_JAVA_OPTIONS,
     DEFAULT_STARTUP_TIMEOUT,
-    LOOPBACK,
     SparkProcess,
     SparkProcessError,
     conf_value,
-    free_port,
     is_loopback,
     parse_conf,
     run_in_foreground,
 )
-from dbspark.engine.spark.processes import spark_home as _spark_home
+from dbspark.devtools.spark_daemons import spark_home as _spark_home
 
-__all__ = ["ConnectServerError", "LocalConnectServer", "free_port", "spark_home"]
+__all__ = ["ConnectServerError", "LocalConnectServer", "spark_home"]
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 DEFAULT_MASTER = "local[2]"
@@ -79,7 +78,7 @@ class LocalConnectServer(SparkProcess):
     Spark settings of the server. ``ui_port`` turns the driver's web UI (and its REST
     API, ``/api/v1``) on at that port, 0 meaning a free one; None leaves it off.
     ``log_path``, ``startup_timeout``, ``die_with_parent`` and ``env``: see
-    :class:`~dbspark.engine.spark.processes.SparkProcess`.
+    :class:`~dbspark.devtools.spark_daemons.SparkProcess`.
     """
 
     kind = "Spark Connect server"
@@ -183,7 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(
-        prog="python -m dbspark.engine.spark.connect_server",
+        prog="python -m dbspark.devtools.spark_connect",
         description="Run a Spark Connect server from the pyspark wheel until interrupted.",
     )
     parser.add_argument("--port", type=int, help="gRPC port (default: a free one)")

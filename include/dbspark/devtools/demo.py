@@ -1,4 +1,4 @@
-"""``python -m dbspark.orchestration.demo``: the example DAGs, run by Airflow, explained.
+"""``python -m dbspark.devtools.demo``: the example DAGs, run by Airflow, explained.
 
 For each example DAG in ``dags/`` (orders by region; graph reachability, recursive,
 with edge deletions) this lands sample upsert batches for several daily intervals in
@@ -16,7 +16,7 @@ metadata database and logs, the landing directory, the warehouse (traces, SQLite
 catalog) and the published outputs. Running it again does nothing new (the epochs are
 committed); ``--epochs N`` beyond that continues; ``--fresh`` starts over.
 
-    python -m dbspark.orchestration.demo [--epochs N] [--dag DAG_ID ...] [--home DIR] [--fresh]
+    python -m dbspark.devtools.demo [--epochs N] [--dag DAG_ID ...] [--home DIR] [--fresh]
 """
 
 from __future__ import annotations
@@ -35,7 +35,13 @@ from typing import Any
 from dbspark.circuit.builder import Circuit
 from dbspark.core.columns import WEIGHT
 from dbspark.core.zset import ZSet
-from dbspark.demo import SCENARIOS, Inputs, engine_inputs, format_table, verify_views
+from dbspark.devtools.engine_demo import (
+    SCENARIOS,
+    Inputs,
+    engine_inputs,
+    format_table,
+    verify_views,
+)
 
 REPO = Path(__file__).resolve().parents[3]
 DEFAULT_HOME = "var/airflow"
@@ -222,7 +228,7 @@ def verify_in_spark(circuit: Circuit, deployment: Any, say: Any) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dbspark.orchestration.demo")
+    parser = argparse.ArgumentParser(prog="python -m dbspark.devtools.demo")
     parser.add_argument("--epochs", type=int, default=DEFAULT_EPOCHS)
     parser.add_argument("--dag", action="append", choices=list(EXAMPLES))
     parser.add_argument("--home", default=DEFAULT_HOME, help="Airflow home and all data")

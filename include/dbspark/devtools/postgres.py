@@ -24,7 +24,6 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,6 +31,8 @@ import time
 import uuid
 from pathlib import Path
 from typing import Any
+
+from dbspark.devtools.processes import LOOPBACK, free_port, launch, stop_group
 
 UNPRIVILEGED_USER = "nobody"
 TMP_PREFIX = "dbspark-pg-"
@@ -54,15 +55,9 @@ def embedded_bin_dir() -> Path:
     return bin_dir
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _remove_stale_dirs(min_age_seconds: float = 600.0) -> None:
     """Delete the folders of earlier servers whose test process was killed (the server
-    itself died with it, see ``_set_parent_death_signal``, but its folder stayed)."""
+    itself died with it, by its parent-death signal, but its folder stayed)."""
     now = time.time()
     for d in Path(tempfile.gettempdir()).glob(TMP_PREFIX + "*"):
         try:
@@ -77,14 +72,6 @@ def _remove_stale_dirs(min_age_seconds: float = 600.0) -> None:
         except (OSError, ValueError):
             continue
         shutil.rmtree(d, ignore_errors=True)
-
-
-def _set_parent_death_signal() -> None:
-    """Runs in the child after it dropped privileges (which would clear the setting)."""
-    import ctypes
-
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGQUIT)
 
 
 class LocalPostgres:
@@ -135,15 +122,14 @@ class LocalPostgres:
                 ],
                 "initdb",
             )
-            self.port = _free_port()
-            log = open(self.tmp / "postgres.log", "wb")  # noqa: SIM115 (closed by the child's exit)
-            self._proc = subprocess.Popen(
+            self.port = free_port()
+            self._proc = launch(
                 [
                     str(bin_dir / "postgres"),
                     "-D",
                     str(data),
                     "-h",
-                    "127.0.0.1",
+                    LOOPBACK,
                     "-p",
                     str(self.port),
                     "-k",
@@ -157,15 +143,13 @@ class LocalPostgres:
                     "-c",
                     f"max_connections={self.max_connections}",
                 ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
+                log_path=self.tmp / "postgres.log",
                 env=self._env(),
                 cwd=self.tmp,
-                preexec_fn=_set_parent_death_signal,
+                # SIGQUIT is PostgreSQL's immediate shutdown.
+                parent_death_signal=signal.SIGQUIT,
                 **self._as_user,
             )
-            log.close()
             self._wait_ready()
         except BaseException:
             self.stop()
@@ -175,15 +159,8 @@ class LocalPostgres:
     def stop(self) -> None:
         """Stop the server (fast shutdown, then harder) and delete its directory."""
         proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            for sig, wait in ((signal.SIGINT, 15), (signal.SIGQUIT, 5), (signal.SIGKILL, 5)):
-                with contextlib.suppress(ProcessLookupError):
-                    proc.send_signal(sig)
-                try:
-                    proc.wait(wait)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
+        # SIGINT is a fast shutdown, SIGQUIT an immediate one.
+        stop_group(proc, timeout=15.0, signals=(signal.SIGINT, signal.SIGQUIT))
         if self.tmp is not None:
             shutil.rmtree(self.tmp, ignore_errors=True)
             self.tmp = None

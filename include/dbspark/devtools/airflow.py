@@ -4,7 +4,7 @@
 module runs what a deployment runs: ``airflow api-server`` (UI, REST API and the
 Execution API the task processes report to), ``airflow scheduler`` with the
 LocalExecutor (each task in a process of its own) and ``airflow dag-processor``, the
-way ``engine/spark/connect_server.py`` runs a Spark Connect server: on loopback, from
+way ``devtools/spark_connect.py`` runs a Spark Connect server: on loopback, from
 the installed wheels, as children of this process, with their output in log files.
 
     with LocalAirflow(home, dags_folder, env={"AIRFLOW_CONN_DBSPARK_SPARK": ...}) as af:
@@ -28,7 +28,7 @@ the task processes, which the task supervisor moves to process groups of their o
 Children also get SIGTERM when the thread that started them dies (Linux), so a killed
 test run leaves no scheduler behind.
 
-From a shell, ``python -m dbspark.orchestration.local_airflow --home var/airflow
+From a shell, ``python -m dbspark.devtools.airflow --home var/airflow
 --port 8080`` runs the example DAGs' deployment in the foreground (the demo's home,
 warehouse, landing directory and outputs, see ``demo.configure``), prints the UI's
 address and login, and stops everything on Ctrl-C.
@@ -42,23 +42,31 @@ import logging
 import os
 import secrets
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import httpx
+
+from dbspark.devtools.processes import (
+    LOG_TAIL_LINES,
+    LOOPBACK,
+    free_port,
+    kill_sessions,
+    launch,
+    port_is_free,
+    tail,
+)
+
 log = logging.getLogger(__name__)
 
-LOOPBACK = "127.0.0.1"
 DEFAULT_USER = "admin"
 DEFAULT_PASSWORD = "admin"
 DEFAULT_ROLE = "admin"
@@ -67,7 +75,6 @@ DEFAULT_STARTUP_TIMEOUT = 180.0
 FINISHED = frozenset({"success", "failed"})
 #: Task instance states whose logs explain a failure or a hang.
 TELLING_STATES = frozenset({"failed", "up_for_retry", "upstream_failed", "running", "queued"})
-LOG_TAIL_LINES = 40
 #: Seconds a writer of the metadata database waits for SQLite's lock.
 SQLITE_BUSY_TIMEOUT = 60.0
 #: Variables of the caller that must not reach the children: its own Airflow settings
@@ -79,64 +86,6 @@ _DROPPED = ("AIRFLOW_HOME", "SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED", "SPARK
 class LocalAirflowError(RuntimeError):
     """The deployment could not start, or an awaited run did not finish (the message
     quotes the relevant logs)."""
-
-
-def free_port(host: str = LOOPBACK) -> int:
-    """A TCP port that was free on ``host`` a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def port_is_free(port: int, host: str = LOOPBACK) -> bool:
-    """Whether a server could listen on ``port`` now (as uvicorn does, with
-    SO_REUSEADDR, so connections of a stopped server in TIME_WAIT do not count)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-def _parent_death_signal() -> None:
-    """In the child, before exec: SIGTERM when the starting thread dies (Linux only)."""
-    import ctypes
-
-    pr_set_pdeathsig = 1
-    with contextlib.suppress(Exception):
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
-
-
-def _session_members(session_id: int) -> list[int]:
-    """Processes of a session (Linux ``/proc``); empty where ``/proc`` is missing."""
-    members = []
-    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else ():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        # Fields after the command name, which is in parentheses and may hold spaces:
-        # state ppid pgrp session ...
-        fields = stat.rsplit(")", 1)[-1].split()
-        if len(fields) > 3 and int(fields[3]) == session_id and fields[0] != "Z":
-            members.append(int(entry.name))
-    return members
-
-
-def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    """The last ``lines`` lines of a text file ('' when it cannot be read)."""
-    try:
-        with open(path, "rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            handle.seek(max(0, handle.tell() - 256 * 1024))
-            text = handle.read().decode("utf-8", errors="replace")
-    except OSError:
-        return ""
-    return "\n".join(text.splitlines()[-lines:])
 
 
 def _readable_task_log(text: str) -> str:
@@ -196,7 +145,7 @@ class AirflowApiError(RuntimeError):
 
 
 class RestClient:
-    """A small client of Airflow 3's public REST API (``/api/v2``), on ``urllib``.
+    """A small client of Airflow 3's public REST API (``/api/v2``), on ``httpx``.
 
     It logs in like the UI does (``POST /auth/token`` with the user and password, then
     ``Authorization: Bearer``), and renews the token once when a call answers 401.
@@ -217,24 +166,17 @@ class RestClient:
         self, method: str, path: str, body: Any = None, *, auth: bool = True, timeout: float = 30
     ) -> Any:
         url = self.base_url + path
-        data = None if body is None else json.dumps(body).encode()
         for attempt in (1, 2):
-            request = urllib.request.Request(url, data=data, method=method)
-            request.add_header("Accept", "application/json")
-            if data is not None:
-                request.add_header("Content-Type", "application/json")
+            headers = {"Accept": "application/json"}
             if auth:
-                request.add_header("Authorization", f"Bearer {self.token()}")
-            try:
-                with urllib.request.urlopen(request, timeout=timeout) as response:
-                    raw = response.read()
-                return json.loads(raw) if raw else None
-            except urllib.error.HTTPError as err:
-                text = err.read().decode("utf-8", errors="replace")
-                if err.code == 401 and auth and attempt == 1:
-                    self._token = None  # expired, or signed by a previous deployment
-                    continue
-                raise AirflowApiError(method, url, err.code, text) from None
+                headers["Authorization"] = f"Bearer {self.token()}"
+            response = httpx.request(method, url, json=body, headers=headers, timeout=timeout)
+            if response.status_code == 401 and auth and attempt == 1:
+                self._token = None  # expired, or signed by a previous deployment
+                continue
+            if response.is_error:
+                raise AirflowApiError(method, url, response.status_code, response.text)
+            return response.json() if response.content else None
         raise AssertionError("unreachable")  # pragma: no cover
 
     @staticmethod
@@ -767,22 +709,13 @@ class LocalAirflow:
 
     def _launch(self, component: _Component) -> None:
         assert self._env is not None
-        log_path = self.process_logs / f"{component.name}.log"
-        with open(log_path, "ab") as log_file:
-            log_file.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} starting\n".encode())
-            log_file.flush()
-            component.proc = subprocess.Popen(
-                [self.airflow_command(), *component.args],
-                stdin=subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                env=self._env,
-                cwd=self.home,
-                start_new_session=True,  # a session and group of its own, for stop()
-                preexec_fn=_parent_death_signal
-                if self.die_with_parent and sys.platform.startswith("linux")
-                else None,
-            )
+        component.proc = launch(
+            [self.airflow_command(), *component.args],
+            log_path=self.process_log(component.name),
+            env=self._env,
+            cwd=self.home,
+            parent_death_signal=signal.SIGTERM if self.die_with_parent else None,
+        )
         self._components.append(component)
 
     def process_log(self, name: str) -> Path:
@@ -816,7 +749,7 @@ class LocalAirflow:
                 if all((health.get(part) or {}).get("status") == "healthy" for part in wanted):
                     self.api.token()  # the login works too
                     return
-            except (OSError, AirflowApiError, ValueError) as err:
+            except (OSError, httpx.TransportError, AirflowApiError, ValueError) as err:
                 health = f"{type(err).__name__}: {err}"
             if time.monotonic() >= deadline:
                 logs = "\n".join(
@@ -911,16 +844,7 @@ class LocalAirflow:
                     os.killpg(proc.pid, signal.SIGKILL)
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(timeout=10)
-        deadline = time.monotonic() + 10.0
-        leftovers: list[int] = []
-        while time.monotonic() < deadline:
-            leftovers = [pid for proc in started for pid in _session_members(proc.pid)]
-            if not leftovers:
-                return
-            for pid in leftovers:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
-            time.sleep(0.1)
+        leftovers = kill_sessions(proc.pid for proc in started)
         if leftovers:
             log.warning("processes %s of the local Airflow did not go away", leftovers)
 
@@ -944,10 +868,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the example DAGs' deployment in the foreground until Ctrl-C or SIGTERM."""
     import argparse
 
-    from dbspark.orchestration.demo import DEFAULT_HOME, REPO, configure
+    from dbspark.devtools.demo import DEFAULT_HOME, REPO, configure
 
     parser = argparse.ArgumentParser(
-        prog="python -m dbspark.orchestration.local_airflow",
+        prog="python -m dbspark.devtools.airflow",
         description=(
             "Run Airflow (api-server with the UI, scheduler, dag-processor; LocalExecutor, "
             "SQLite) on loopback until interrupted, with the demo's home and settings."
@@ -964,7 +888,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     home = Path(args.home).resolve()
     home.mkdir(parents=True, exist_ok=True)
     # The demo's layout (warehouse, landing, outputs under the home), so the UI shows
-    # the runs `python -m dbspark.orchestration.demo` made and continues their epochs.
+    # the runs `python -m dbspark.devtools.demo` made and continues their epochs.
     settings = configure(home, Path(args.dags_folder).resolve())
     # The demo quiets task logs because it prints its own account; in the UI the task
     # logs are the account, so they keep dbspark's INFO lines.

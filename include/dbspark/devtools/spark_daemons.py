@@ -1,7 +1,7 @@
 """Spark's JVM daemons as child processes: the common life cycle.
 
-A Spark Connect server (``connect_server.py``) and a standalone master and worker
-(``standalone.py``) are each one long-lived JVM started from the Spark distribution
+A Spark Connect server (``spark_connect.py``) and a standalone master and worker
+(``spark_standalone.py``) are each one long-lived JVM started from the Spark distribution
 inside the ``pyspark`` wheel. They share everything but their command line and what
 "ready" means, and that shared part lives here:
 
@@ -20,13 +20,10 @@ client's version, and the wheel always carries a matching distribution.
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import logging
 import os
-import shlex
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,9 +32,19 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from dbspark.devtools.processes import (
+    LOG_TAIL_LINES,
+    LOOPBACK,
+    free_port,
+    launch,
+    port_open,
+    stop_group,
+    tail,
+    wait_until,
+)
+
 log = logging.getLogger(__name__)
 
-LOOPBACK = "127.0.0.1"
 #: The JVM's optimizing compiler (C2) costs more start-up CPU than short runs win back.
 #: Stopping at C1 also shrinks the default code cache to 48 MB, which Spark's generated
 #: code fills in a long session (the JVM then evicts and recompiles, or stops compiling),
@@ -47,8 +54,6 @@ DEFAULT_JAVA_OPTIONS: tuple[str, ...] = (
     "-XX:ReservedCodeCacheSize=240m",
 )
 DEFAULT_STARTUP_TIMEOUT = 120.0
-#: How many lines of a daemon's log an error message quotes.
-LOG_TAIL_LINES = 40
 BIND_FAILURES = ("Address already in use", "BindException", "Failed to bind")
 #: Launches of one start when ports are lost to other processes.
 BIND_ATTEMPTS = 3
@@ -74,23 +79,6 @@ def spark_home() -> Path:
     return home
 
 
-def free_port(host: str = LOOPBACK) -> int:
-    """A TCP port that was free on ``host`` a moment ago (a daemon may still lose a race
-    for it; :meth:`SparkProcess.start` then retries with another port)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def port_open(host: str, port: int) -> bool:
-    connect_to = LOOPBACK if host in ("0.0.0.0", "") else host
-    try:
-        with socket.create_connection((connect_to, port), timeout=1.0):
-            return True
-    except OSError:
-        return False
-
-
 def is_local_master(master: str) -> bool:
     return master == "local" or master.startswith("local[")
 
@@ -114,15 +102,6 @@ def parse_conf(pairs: list[str] | None) -> dict[str, str]:
             raise ValueError(f"--conf {pair!r}: expected key=value")
         settings[key.strip()] = value
     return settings
-
-
-def _parent_death_signal() -> None:
-    """In the child, before exec: SIGTERM when the starting thread dies (Linux only)."""
-    import ctypes
-
-    pr_set_pdeathsig = 1
-    with contextlib.suppress(Exception):
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
 class SparkProcess:
@@ -214,14 +193,7 @@ class SparkProcess:
         proc, self._proc = self._proc, None
         if proc is None:
             return
-        for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10.0)):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, sig)
-            try:
-                proc.wait(timeout=wait)
-                break
-            except subprocess.TimeoutExpired:
-                continue
+        stop_group(proc, timeout)
         # The JVM may be gone while others in its group linger (Python workers, a
         # worker's executors): kill them and wait (briefly) until the group is empty.
         deadline = time.monotonic() + 10.0
@@ -253,16 +225,7 @@ class SparkProcess:
 
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
         """The last ``lines`` lines of the log ('' when there is none)."""
-        if self.log_path is None:
-            return ""
-        try:
-            with open(self.log_path, "rb") as handle:
-                handle.seek(0, os.SEEK_END)
-                handle.seek(max(0, handle.tell() - 64 * 1024))
-                text = handle.read().decode("utf-8", errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
+        return tail(self.log_path, lines)
 
     def __enter__(self) -> SparkProcess:
         return self.start()
@@ -285,30 +248,16 @@ class SparkProcess:
         return env
 
     def _launch(self, home: Path) -> None:
-        command = self.command(home)
-        with contextlib.ExitStack() as stack:
-            output: Any = None  # inherit this process's stdout and stderr
-            self._launches += 1
-            if self.log_path is not None:
-                output = stack.enter_context(open(self.log_path, "ab"))
-                self._launch_offset = output.tell()
-                output.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} starting: ".encode())
-                output.write(shlex.join(command).encode() + b"\n")
-                output.flush()
-            else:
-                print(f"starting: {shlex.join(command)}", file=sys.stderr, flush=True)
-            self._proc = subprocess.Popen(
-                command,
-                stdin=subprocess.DEVNULL,
-                stdout=output,
-                stderr=subprocess.STDOUT if output is not None else None,
-                env=self._environment(home),
-                cwd=self.log_path.parent if self.log_path is not None else None,
-                start_new_session=True,  # its own process group, for stop()
-                preexec_fn=_parent_death_signal
-                if self.die_with_parent and sys.platform.startswith("linux")
-                else None,
-            )
+        self._launches += 1
+        if self.log_path is not None:
+            self._launch_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        self._proc = launch(
+            self.command(home),
+            log_path=self.log_path,
+            env=self._environment(home),
+            cwd=self.log_path.parent if self.log_path is not None else None,
+            parent_death_signal=signal.SIGTERM if self.die_with_parent else None,
+        )
 
     def wait_until_ready(self) -> None:
         """Wait until the launched daemon serves; raise (quoting its log) otherwise, after
@@ -366,22 +315,23 @@ class SparkProcess:
         return "\n".join([*missing, "...", tail])
 
     def _wait_until_ready(self) -> None:
-        assert self._proc is not None and self.port is not None
-        deadline = time.monotonic() + self.startup_timeout
-        while time.monotonic() < deadline:
-            code = self._proc.poll()
+        proc = self._proc
+        assert proc is not None and self.port is not None
+
+        def serving() -> bool:
+            code = proc.poll()
             if code is not None:
                 raise self.error(
                     f"the {self.kind} exited with status {code} before serving on "
                     f"{self.host}:{self.port}; log {self.log_path}:\n{self.failure_excerpt()}"
                 )
-            if port_open(self.host, self.port) and self.ready():
-                return
-            time.sleep(0.25)
-        raise self.error(
-            f"the {self.kind} did not serve on {self.host}:{self.port} within "
-            f"{self.startup_timeout:g}s; log {self.log_path}:\n{self.failure_excerpt()}"
-        )
+            return port_open(self.host, self.port) and self.ready()
+
+        if not wait_until(serving, self.startup_timeout):
+            raise self.error(
+                f"the {self.kind} did not serve on {self.host}:{self.port} within "
+                f"{self.startup_timeout:g}s; log {self.log_path}:\n{self.failure_excerpt()}"
+            )
 
 
 def run_in_foreground(process: SparkProcess, describe: Callable[[], str]) -> int:

@@ -1,7 +1,7 @@
 """A Spark standalone cluster (master and workers) as child processes.
 
 The multi-machine deployment runs Spark as a standalone cluster: one master, any number
-of workers, and a Spark Connect server as the cluster's driver (``connect_server.py``),
+of workers, and a Spark Connect server as the cluster's driver (``spark_connect.py``),
 which every Airflow task talks to. This module starts the master and the workers from
 the Spark distribution in the ``pyspark`` wheel (``bin/spark-class`` with Spark's own
 ``Master`` and ``Worker`` classes), the same way on a laptop's loopback, in CI, and in
@@ -19,28 +19,26 @@ it. Each worker keeps its executors' logs under its work directory
 
 From a shell (one daemon each, in the foreground; ``docker-compose.yml`` uses these):
 
-    python -m dbspark.engine.spark.standalone master --host H --port 7077 --webui-port 8080
-    python -m dbspark.engine.spark.standalone worker --master spark://H:7077 --cores 2 \\
+    python -m dbspark.devtools.spark_standalone master --host H --port 7077 --webui-port 8080
+    python -m dbspark.devtools.spark_standalone worker --master spark://H:7077 --cores 2 \\
         --memory 2g --webui-port 8081
 """
 
 from __future__ import annotations
 
-import json
 import sys
-import urllib.error
-import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from dbspark.engine.spark.processes import (
+import httpx
+
+from dbspark.devtools.processes import LOOPBACK, free_port
+from dbspark.devtools.spark_daemons import (
     DEFAULT_JAVA_OPTIONS,
     DEFAULT_STARTUP_TIMEOUT,
-    LOOPBACK,
     SparkProcess,
     SparkProcessError,
-    free_port,
     run_in_foreground,
     spark_home,
 )
@@ -53,8 +51,9 @@ DAEMON_MEMORY = "512m"
 
 def fetch_json(url: str, timeout: float = 5.0) -> Any:
     """GET ``url`` and parse its JSON body (Spark's web UIs and REST API)."""
-    with urllib.request.urlopen(url, timeout=timeout) as response:
-        return json.loads(response.read().decode("utf-8"))
+    response = httpx.get(url, timeout=timeout)
+    response.raise_for_status()
+    return response.json()
 
 
 def _reachable(host: str) -> str:
@@ -142,7 +141,7 @@ class LocalSparkMaster(_Daemon):
     def ready(self) -> bool:
         try:
             return self.state().get("status") == "ALIVE"
-        except (OSError, ValueError, urllib.error.URLError):
+        except (OSError, ValueError, httpx.HTTPError):
             return False
 
 
@@ -190,7 +189,7 @@ class LocalSparkWorker(_Daemon):
             if self.master is None:
                 return bool(own_id)
             workers = self.master.state().get("workers", [])
-        except (OSError, ValueError, urllib.error.URLError):
+        except (OSError, ValueError, httpx.HTTPError):
             return False
         return any(w.get("id") == own_id and w.get("state") == "ALIVE" for w in workers)
 
@@ -273,7 +272,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(
-        prog="python -m dbspark.engine.spark.standalone",
+        prog="python -m dbspark.devtools.spark_standalone",
         description="Run a Spark standalone master or worker from the pyspark wheel.",
     )
     roles = parser.add_subparsers(dest="role", required=True)
