@@ -81,22 +81,11 @@ def build_dag(
     ``min(iteration_tasks, max_iterations)`` mapped iteration tasks; the last one
     carries on inline if the loop needs more.
     """
-    from airflow.sdk import DAG, TaskGroup, task
+    from airflow.sdk import DAG
 
     circuit = circuit() if callable(circuit) and not isinstance(circuit, Circuit) else circuit
-    if start_date.tzinfo is None:
-        raise ValueError(f"start_date {start_date} needs a time zone (e.g. tzinfo=UTC)")
-    import pendulum
-
-    start_date = pendulum.instance(start_date)  # Airflow serialises pendulum zones only
-    missing = sorted(set(circuit.sources) - set(sources))
-    extra = sorted(set(sources) - set(circuit.sources))
-    if missing or extra:
-        raise ValueError(
-            f"circuit {circuit.name!r}: every source needs exactly one connector; "
-            f"missing {missing or 'none'}, unknown {extra or 'none'} "
-            f"(sources: {sorted(circuit.sources)})"
-        )
+    start_date = _aware(start_date)
+    _check_connectors(circuit, sources)
     if iteration_tasks < 1:
         raise ValueError("iteration_tasks must be at least 1")
     runner = EpochTasks(
@@ -113,7 +102,6 @@ def build_dag(
         start_date=start_date,
         iteration_tasks=iteration_tasks,
     )
-    the_plan = runner.plan
     default_args = {
         "depends_on_past": True,
         "retries": retries,
@@ -128,12 +116,79 @@ def build_dag(
         max_active_runs=1,
         default_args=default_args,
         tags=tags or ["dbspark"],
-        doc_md=_doc(circuit, the_plan),
+        doc_md=_doc(circuit, runner.plan),
         **dag_kwargs,
     )
     _CIRCUITS[dag.dag_id] = circuit
     with dag:
-        with TaskGroup("epoch", tooltip="open and commit the epoch") as epoch_group:
+        _EpochGraph(runner, iteration_tasks).build()
+    return dag
+
+
+def _aware(start_date: datetime) -> Any:
+    """``start_date`` as pendulum (Airflow serialises pendulum zones only); a naive one
+    is refused rather than guessed."""
+    import pendulum
+
+    if start_date.tzinfo is None:
+        raise ValueError(f"start_date {start_date} needs a time zone (e.g. tzinfo=UTC)")
+    return pendulum.instance(start_date)
+
+
+def _check_connectors(circuit: Circuit, sources: Mapping[str, Any]) -> None:
+    missing = sorted(set(circuit.sources) - set(sources))
+    extra = sorted(set(sources) - set(circuit.sources))
+    if missing or extra:
+        raise ValueError(
+            f"circuit {circuit.name!r}: every source needs exactly one connector; "
+            f"missing {missing or 'none'}, unknown {extra or 'none'} "
+            f"(sources: {sorted(circuit.sources)})"
+        )
+
+
+class _EpochGraph:
+    """The tasks of one epoch, built group by group inside a ``with dag:`` block.
+
+    ``producers`` maps each node id to the task after which its delta exists, so every
+    task waits for exactly the tasks that produce what it reads; ``publish`` waits for
+    all of them (``every``)."""
+
+    def __init__(self, runner: EpochTasks, iteration_tasks: int) -> None:
+        self.runner = runner
+        self.circuit = runner.circuit
+        self.plan = runner.plan
+        self.iteration_tasks = iteration_tasks
+        self.producers: dict[int, Any] = {}
+        self.every: list[Any] = []
+
+    def build(self) -> None:
+        from airflow.sdk import TaskGroup
+
+        opened, closed = self._epoch()
+        self._ingest(opened)
+        stages_group = TaskGroup("stages", tooltip="fused operator chains, in plan order")
+        for stage in self.plan.stages_in_scope(0):
+            anchor = self.circuit.node(stage.anchor)
+            if anchor.op in ("zset_source", "upsert_source"):
+                continue
+            if anchor.op == "leave":
+                self._loop(anchor.params["loop"], opened)
+            with stages_group:
+                ran = self._stage(stage.id)
+            self._after(stage.inputs, ran, opened)
+            self.producers.update(dict.fromkeys(stage.nodes, ran))
+            self.every.append(ran)
+        published = self._publish()
+        for upstream in self.every:
+            upstream >> published
+        published >> closed
+
+    def _epoch(self) -> tuple[Any, Any]:
+        """``epoch.open`` and ``epoch.close``."""
+        from airflow.sdk import TaskGroup, task
+
+        runner = self.runner
+        with TaskGroup("epoch", tooltip="open and commit the epoch"):
 
             @task(task_id="open")
             def open_epoch(**context: Any) -> int:
@@ -143,91 +198,86 @@ def build_dag(
             def close_epoch(**context: Any) -> int:
                 return runner.close_epoch(context)
 
-            opened = open_epoch()
-            closed = close_epoch()
-        del epoch_group
+            return open_epoch(), close_epoch()
 
-        producers: dict[int, Any] = {}  # node id -> the task after which it exists
-        every: list[Any] = []
+    def _ingest(self, opened: Any) -> None:
+        """``ingest.<source>``: one task per source, running the chain fused onto it."""
+        from airflow.sdk import TaskGroup, task
+
+        runner = self.runner
         with TaskGroup("ingest", tooltip="one task per source"):
-            for stage in the_plan.stages_in_scope(0):
-                anchor = circuit.node(stage.anchor)
+            for stage in self.plan.stages_in_scope(0):
+                anchor = self.circuit.node(stage.anchor)
                 if anchor.op not in ("zset_source", "upsert_source"):
                     continue
-                source = anchor.label
 
-                @task(task_id=source)
-                def ingest(source: str = source, **context: Any) -> dict[str, Any]:
+                @task(task_id=anchor.label)
+                def ingest(source: str = anchor.label, **context: Any) -> dict[str, Any]:
                     return runner.ingest(source, context)
 
                 ingested = ingest()
                 opened >> ingested
-                for node_id in stage.nodes:
-                    producers[node_id] = ingested
-                every.append(ingested)
+                self.producers.update(dict.fromkeys(stage.nodes, ingested))
+                self.every.append(ingested)
 
-        stages_group = TaskGroup("stages", tooltip="fused operator chains, in plan order")
-        for stage in the_plan.stages_in_scope(0):
-            anchor = circuit.node(stage.anchor)
-            if anchor.op in ("zset_source", "upsert_source"):
-                continue
-            if anchor.op == "leave":
-                scope = anchor.params["loop"]
-                loop = the_plan.loops[scope]
-                slots = min(iteration_tasks, loop.max_iterations)
-                with TaskGroup(f"loop_{loop.name}", tooltip=f"fixed point {loop.name}"):
+    def _loop(self, scope: int, opened: Any) -> None:
+        """``loop_<name>``: mapped ``iterate`` tasks, then ``converged``."""
+        from airflow.sdk import TaskGroup, task
 
-                    @task(task_id="iterate", max_active_tis_per_dagrun=1)
-                    def iterate(slot: int, scope: int = scope, **context: Any) -> dict[str, Any]:
-                        return runner.iterate(scope, context)
+        runner = self.runner
+        loop = self.plan.loops[scope]
+        slots = min(self.iteration_tasks, loop.max_iterations)
+        with TaskGroup(f"loop_{loop.name}", tooltip=f"fixed point {loop.name}"):
 
-                    @task(task_id="converged", trigger_rule="none_failed")
-                    def converged(scope: int = scope, **context: Any) -> dict[str, Any]:
-                        return runner.check_convergence(scope, context)
+            @task(task_id="iterate", max_active_tis_per_dagrun=1)
+            def iterate(slot: int, scope: int = scope, **context: Any) -> dict[str, Any]:
+                return runner.iterate(scope, context)
 
-                    iterations = iterate.expand(slot=list(range(slots)))
-                    checked = converged()
-                    iterations >> checked
-                inside = set(circuit.nodes_within(scope))
-                reads = {
-                    n
-                    for s in the_plan.stages
-                    if s.anchor in inside
-                    for n in s.inputs
-                    if n not in inside
-                }
-                for upstream in {id(producers[n]): producers[n] for n in reads}.values():
-                    upstream >> iterations
-                if not reads:
-                    opened >> iterations
-                every.append(checked)
-                producers.update(dict.fromkeys(inside, checked))
+            @task(task_id="converged", trigger_rule="none_failed")
+            def converged(scope: int = scope, **context: Any) -> dict[str, Any]:
+                return runner.check_convergence(scope, context)
 
-            with stages_group:
+            iterations = iterate.expand(slot=list(range(slots)))
+            checked = converged()
+            iterations >> checked
+        inside = set(self.circuit.nodes_within(scope))
+        reads = {
+            n for s in self.plan.stages if s.anchor in inside for n in s.inputs if n not in inside
+        }
+        self._after(reads, iterations, opened)
+        self.every.append(checked)
+        self.producers.update(dict.fromkeys(inside, checked))
 
-                @task(task_id=stage.name)
-                def run_stage(stage_id: int = stage.id, **context: Any) -> dict[str, Any]:
-                    return runner.stage(stage_id, context)
+    def _stage(self, stage_id: int) -> Any:
+        """``stages.<stage>``: one fused chain of operators."""
+        from airflow.sdk import task
 
-                ran = run_stage()
-            upstreams = {id(producers[n]): producers[n] for n in stage.inputs}
-            for upstream in upstreams.values():
-                upstream >> ran
-            if not upstreams:
-                opened >> ran
-            for node_id in stage.nodes:
-                producers[node_id] = ran
-            every.append(ran)
+        runner = self.runner
+
+        @task(task_id=self.plan.stages[stage_id].name)
+        def run_stage(stage_id: int = stage_id, **context: Any) -> dict[str, Any]:
+            return runner.stage(stage_id, context)
+
+        return run_stage()
+
+    def _publish(self) -> Any:
+        from airflow.sdk import task
+
+        runner = self.runner
 
         @task(task_id="publish")
         def publish(**context: Any) -> dict[str, Any]:
             return runner.publish(context)
 
-        published = publish()
-        for upstream in every:
-            upstream >> published
-        published >> closed
-    return dag
+        return publish()
+
+    def _after(self, reads: Any, task_: Any, opened: Any) -> None:
+        """``task_`` waits for the producers of ``reads`` (or for ``epoch.open``)."""
+        upstreams = {id(self.producers[n]): self.producers[n] for n in reads}
+        for upstream in upstreams.values():
+            upstream >> task_
+        if not upstreams:
+            opened >> task_
 
 
 def _doc(circuit: Circuit, the_plan: Any) -> str:

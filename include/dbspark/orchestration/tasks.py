@@ -31,7 +31,17 @@ from dbspark.orchestration.connectors import source_columns
 from dbspark.orchestration.deployment import Deployment, DeploymentOptions, resolve, spark_for
 from dbspark.orchestration.epochs import EpochOfRun, next_epoch, require_epoch
 from dbspark.orchestration.intervals import Interval
-from dbspark.orchestration.units import execute_unit, result_path, write_unit_file
+from dbspark.orchestration.units import (
+    CloseUnit,
+    IngestUnit,
+    IterateUnit,
+    PublishUnit,
+    StageUnit,
+    Unit,
+    execute_unit,
+    result_path,
+    write_unit_file,
+)
 from dbspark.storage.catalog import Catalog
 
 log = logging.getLogger("dbspark.airflow")
@@ -153,14 +163,14 @@ class EpochTasks:
         log.info("circuit %s: epoch %s opened for %s", self.name, run.epoch, interval)
         return run.epoch
 
-    def _execute(self, deployment: Deployment, unit: dict[str, Any]) -> dict[str, Any]:
+    def _execute(self, deployment: Deployment, unit: Unit) -> dict[str, Any]:
         """Run a unit here (local Spark or Spark Connect) or with spark-submit."""
         if deployment.spark_submit_conn_id:
             return self._submit(deployment, unit)
         with self._engine(deployment) as engine:
             return execute_unit(engine, unit)
 
-    def _submit(self, deployment: Deployment, unit: dict[str, Any]) -> dict[str, Any]:
+    def _submit(self, deployment: Deployment, unit: Unit) -> dict[str, Any]:
         """``spark-submit spark_jobs/run_unit.py`` with the unit in a file the job reads
         (the driver must see the warehouse and this file: client mode or shared storage)."""
         import json
@@ -176,7 +186,7 @@ class EpochTasks:
         venv_bin = os.path.dirname(sys.executable)
         hook = SparkSubmitHook(
             conn_id=deployment.spark_submit_conn_id,
-            name=f"dbspark-{self.name}-{unit['kind']}-{unit['epoch']}",
+            name=f"dbspark-{self.name}-{unit.kind}-{unit.epoch}",
             application_args=["--unit-file", str(stage)],
             # The job imports dbspark: it runs on this interpreter, found first on PATH.
             env_vars={
@@ -192,22 +202,18 @@ class EpochTasks:
             for leftover in (stage, result_path(stage)):
                 leftover.unlink(missing_ok=True)
 
-    @staticmethod
-    def _unit(kind: str, epoch: int, **extra: Any) -> dict[str, Any]:
-        return {"kind": kind, "epoch": epoch, **extra}
-
     def ingest(self, source: str, context: Mapping[str, Any]) -> dict[str, Any]:
         deployment, run = self._current(context)
         connector = self.sources[source]
         log.info("%s", connector.describe(source, run.interval))
         columns = source_columns(self.circuit, source)
         batch = connector.batch(source, run.interval, columns=columns)
-        unit = self._unit("ingest", run.epoch, source=source, batch=batch)
+        unit = IngestUnit(run.epoch, source, batch)
         return self._execute(deployment, unit)
 
     def stage(self, stage_id: int, context: Mapping[str, Any]) -> dict[str, Any]:
         deployment, run = self._current(context)
-        return self._execute(deployment, self._unit("stage", run.epoch, stage=stage_id))
+        return self._execute(deployment, StageUnit(run.epoch, stage_id))
 
     def iterate(self, scope: int, context: Mapping[str, Any]) -> dict[str, Any]:
         """Run the loop's next pending iteration; skip once it converged."""
@@ -224,8 +230,7 @@ class EpochTasks:
                 f"loop {loop.name} at epoch {run.epoch} reached max_iterations="
                 f"{loop.max_iterations} without converging (the convergence check fails)"
             )
-        unit = self._unit(
-            "iterate",
+        unit = IterateUnit(
             run.epoch,
             loop=scope,
             iteration_tasks=self.iteration_tasks,
@@ -260,8 +265,7 @@ class EpochTasks:
 
     def publish(self, context: Mapping[str, Any]) -> dict[str, Any]:
         deployment, run = self._current(context)
-        unit = self._unit(
-            "publish",
+        unit = PublishUnit(
             run.epoch,
             outputs=str(deployment.outputs),
             serving_url=deployment.serving_url,
@@ -271,6 +275,6 @@ class EpochTasks:
 
     def close_epoch(self, context: Mapping[str, Any]) -> int:
         deployment, run = self._current(context)
-        self._execute(deployment, self._unit("close", run.epoch))
+        self._execute(deployment, CloseUnit(run.epoch))
         log.info("circuit %s: epoch %s %s committed", self.name, run.epoch, run.interval)
         return run.epoch

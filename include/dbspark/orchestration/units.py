@@ -16,80 +16,125 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from dbspark.circuit.builder import Circuit
 
 log = logging.getLogger("dbspark.airflow")
 
-KINDS = ("ingest", "stage", "iterate", "publish", "close")
+
+@dataclass(frozen=True)
+class IngestUnit:
+    """Ingest ``source``'s batch for the epoch (and run the chain fused onto it)."""
+
+    epoch: int
+    source: str
+    batch: Any = None
+    kind: ClassVar[str] = "ingest"
+
+    def run(self, engine: Any) -> dict[str, Any]:
+        report = engine.ingest(self.source, self.epoch, self.batch)
+        log.info("epoch %s, source %s: %s", self.epoch, self.source, report.describe())
+        return {"epoch": self.epoch, "rows_in": report.rows_in, "rows_out": report.rows_out}
 
 
-def execute_unit(engine: Any, unit: dict[str, Any]) -> dict[str, Any]:
-    """Run ``unit`` (``kind`` is one of ``KINDS``, ``epoch`` its epoch) on ``engine``
-    and return what the task reports (JSON-serialisable)."""
-    kind, epoch = unit["kind"], int(unit["epoch"])
-    if kind == "ingest":
-        report = engine.ingest(unit["source"], epoch, unit.get("batch"))
-        log.info("epoch %s, source %s: %s", epoch, unit["source"], report.describe())
-        return {"epoch": epoch, "rows_in": report.rows_in, "rows_out": report.rows_out}
-    if kind == "stage":
-        report = engine.run_stage(int(unit["stage"]), (epoch,))
-        log.info("epoch %s: %s", epoch, report.describe())
+@dataclass(frozen=True)
+class StageUnit:
+    """Run one root-scope stage at the epoch."""
+
+    epoch: int
+    stage: int
+    kind: ClassVar[str] = "stage"
+
+    def run(self, engine: Any) -> dict[str, Any]:
+        report = engine.run_stage(self.stage, (self.epoch,))
+        log.info("epoch %s: %s", self.epoch, report.describe())
         for path in report.paths:
             log.info("wrote %s", engine.root / path)
-        return {"epoch": epoch, "rows_in": report.rows_in, "rows_out": report.rows_out}
-    if kind == "iterate":
-        return _iterate(engine, unit, epoch)
-    if kind == "publish":
-        return _publish(engine, unit, epoch)
-    if kind == "close":
-        engine.close_epoch(epoch)
-        log.info("circuit %s: epoch %s committed", engine.circuit.name, epoch)
-        return {"epoch": epoch}
-    raise ValueError(f"unknown unit kind {kind!r}; expected one of {KINDS}")
+        return {"epoch": self.epoch, "rows_in": report.rows_in, "rows_out": report.rows_out}
 
 
-def _iterate(engine: Any, unit: dict[str, Any], epoch: int) -> dict[str, Any]:
-    """The loop's next pending iteration; the task of the last slot carries on inline,
-    so a loop deeper than the DAG's iteration tasks still runs up to its own bound."""
-    loop = engine.plan.loops[int(unit["loop"])]
-    slots = int(unit["iteration_tasks"])
-    ran = []
-    while True:
-        report = engine.run_iteration(loop, (epoch,))
-        ran.append(report.iteration)
-        log.info(
-            "loop %s, epoch %s, iteration %s (task map index %s): delta %s rows; %s",
-            loop.name,
-            epoch,
-            report.iteration,
-            unit.get("map_index"),
-            report.delta_rows,
-            report.reason,
-        )
-        last_slot = report.iteration + 1 >= slots
-        if report.converged or not last_slot or report.iteration + 1 >= loop.max_iterations:
-            break
-    return {"epoch": epoch, "iterations": ran, "converged": report.converged}
+@dataclass(frozen=True)
+class IterateUnit:
+    """The loop's next pending iteration. The task of the last slot carries on inline, so
+    a loop deeper than the DAG's iteration tasks still runs up to its own bound."""
+
+    epoch: int
+    loop: int
+    iteration_tasks: int
+    map_index: int | None = None
+    kind: ClassVar[str] = "iterate"
+
+    def run(self, engine: Any) -> dict[str, Any]:
+        loop = engine.plan.loops[self.loop]
+        ran = []
+        while True:
+            report = engine.run_iteration(loop, (self.epoch,))
+            ran.append(report.iteration)
+            log.info(
+                "loop %s, epoch %s, iteration %s (task map index %s): delta %s rows; %s",
+                loop.name,
+                self.epoch,
+                report.iteration,
+                self.map_index,
+                report.delta_rows,
+                report.reason,
+            )
+            last_slot = report.iteration + 1 >= self.iteration_tasks
+            if report.converged or not last_slot or report.iteration + 1 >= loop.max_iterations:
+                break
+        return {"epoch": self.epoch, "iterations": ran, "converged": report.converged}
 
 
-def _publish(engine: Any, unit: dict[str, Any], epoch: int) -> dict[str, Any]:
-    from dbspark.orchestration.outputs import ServingTarget, export_epoch
+@dataclass(frozen=True)
+class PublishUnit:
+    """Publish the epoch's view changes, then export them to ``outputs`` (and the serving
+    database at ``serving_url``, when there is one)."""
 
-    report = engine.publish(epoch)
-    log.info("epoch %s: %s", epoch, report.describe())
-    serving = None
-    if unit.get("serving_url"):
-        serving = ServingTarget(unit["serving_url"], prefix=unit["serving_prefix"])
-    exported = export_epoch(engine, epoch, root=unit["outputs"], serving=serving)
-    log.info("epoch %s outputs:\n%s", epoch, exported.describe())
-    return {"epoch": epoch, "view_changes": report.rows_out}
+    epoch: int
+    outputs: str
+    serving_url: str | None = None
+    serving_prefix: str = "dbspark_"
+    kind: ClassVar[str] = "publish"
+
+    def run(self, engine: Any) -> dict[str, Any]:
+        from dbspark.orchestration.outputs import ServingTarget, export_epoch
+
+        report = engine.publish(self.epoch)
+        log.info("epoch %s: %s", self.epoch, report.describe())
+        serving = None
+        if self.serving_url:
+            serving = ServingTarget(self.serving_url, prefix=self.serving_prefix)
+        exported = export_epoch(engine, self.epoch, root=self.outputs, serving=serving)
+        log.info("epoch %s outputs:\n%s", self.epoch, exported.describe())
+        return {"epoch": self.epoch, "view_changes": report.rows_out}
+
+
+@dataclass(frozen=True)
+class CloseUnit:
+    """Commit the epoch (then compact)."""
+
+    epoch: int
+    kind: ClassVar[str] = "close"
+
+    def run(self, engine: Any) -> dict[str, Any]:
+        engine.close_epoch(self.epoch)
+        log.info("circuit %s: epoch %s committed", engine.circuit.name, self.epoch)
+        return {"epoch": self.epoch}
+
+
+Unit = IngestUnit | StageUnit | IterateUnit | PublishUnit | CloseUnit
+
+
+def execute_unit(engine: Any, unit: Unit) -> dict[str, Any]:
+    """Run ``unit`` on ``engine`` and return what the task reports (JSON-serialisable)."""
+    return unit.run(engine)
 
 
 # ------------------------------------------------------------------ shipping to spark-submit
-def write_unit_file(path: Path, circuit: Circuit, unit: dict[str, Any], engine: dict) -> None:
+def write_unit_file(path: Path, circuit: Circuit, unit: Unit, engine: dict) -> None:
     """Write what ``spark_jobs/run_unit.py`` needs: the circuit, the unit, and how to
     open the engine (warehouse, catalog URL)."""
     from pyspark import cloudpickle

@@ -198,25 +198,8 @@ class TraceStore:
 
         Returns None when there is nothing to merge (or it was done already).
         """
-        if not isinstance(frontier, Antichain):
-            frontier = Antichain(tuple(int(x) for x in f) for f in frontier)
-        if frontier.is_empty():
-            raise ValueError("cannot compact to an empty frontier")
+        frontier = self._checked_frontier(collection, frontier, schema, key_columns, time_columns)
         time_cols = list(time_columns)
-        depth = len(time_cols)
-        if any(len(f) != depth for f in frontier):
-            raise ValueError(f"frontier {frontier} does not match time columns {time_cols}")
-        names = schema.fieldNames()
-        missing = [c for c in [*time_cols, WEIGHT, *key_columns] if c not in names]
-        if missing:
-            raise ValueError(f"columns {missing} are not in the trace schema {names}")
-
-        stored = self.catalog.frontier(self.circuit, collection)
-        if stored is not None and not Antichain(stored).dominates(frontier):
-            raise ValueError(
-                f"frontier of {self.circuit}/{collection} would move backwards: "
-                f"{frontier} is not beyond the stored {stored}"
-            )
         meet = frontier.elements[0]
         for f in frontier.elements[1:]:
             meet = timestamps.meet(meet, f)
@@ -225,7 +208,59 @@ class TraceStore:
             stage += "@" + ";".join(encode_time(f) for f in frontier)
         if self.catalog.stage_done(self.circuit, stage, meet):
             return None
+        chosen = self._to_merge(collection, frontier, meet, len(time_cols), tiered=tiered)
+        if not chosen:
+            return None
+        out_time = frontier.advance(chosen[0].time)
+        for b in chosen[1:]:
+            out_time = timestamps.meet(out_time, frontier.advance(b.time))
+        if local is not None and sum(b.rows for b in chosen) <= local_rows:
+            record = local(chosen, frontier, out_time)
+        else:
+            record = self._merge_on_spark(
+                collection, chosen, frontier, schema, key_columns, time_cols, out_time
+            )
+        return self._finish_compaction(collection, frontier, stage, meet, chosen, record)
 
+    def _checked_frontier(
+        self,
+        collection: str,
+        frontier: Antichain | Iterable[Sequence[int]],
+        schema: StructType,
+        key_columns: Sequence[str],
+        time_columns: Sequence[str],
+    ) -> Antichain:
+        """``frontier`` as an antichain, refused when it is empty, does not match the time
+        columns, or would move the collection's stored frontier backwards."""
+        if not isinstance(frontier, Antichain):
+            frontier = Antichain(tuple(int(x) for x in f) for f in frontier)
+        if frontier.is_empty():
+            raise ValueError("cannot compact to an empty frontier")
+        time_cols = list(time_columns)
+        if any(len(f) != len(time_cols) for f in frontier):
+            raise ValueError(f"frontier {frontier} does not match time columns {time_cols}")
+        names = schema.fieldNames()
+        missing = [c for c in [*time_cols, WEIGHT, *key_columns] if c not in names]
+        if missing:
+            raise ValueError(f"columns {missing} are not in the trace schema {names}")
+        stored = self.catalog.frontier(self.circuit, collection)
+        if stored is not None and not Antichain(stored).dominates(frontier):
+            raise ValueError(
+                f"frontier of {self.circuit}/{collection} would move backwards: "
+                f"{frontier} is not beyond the stored {stored}"
+            )
+        return frontier
+
+    def _to_merge(
+        self,
+        collection: str,
+        frontier: Antichain,
+        meet: tuple[int, ...],
+        depth: int,
+        *,
+        tiered: bool,
+    ) -> list[BatchRecord]:
+        """The live batches one compaction merges (empty: nothing worth merging)."""
         live = [
             b
             for b in self.catalog.batches(self.circuit, collection, kind="trace")
@@ -245,18 +280,25 @@ class TraceStore:
         if len(this_epoch) > 1:
             older = chosen if len(chosen) > 1 or not tiered else []
             chosen = [*older, *this_epoch]
-        if not chosen or (tiered and len(chosen) < 2):
-            return None
+        if tiered and len(chosen) < 2:
+            return []
+        return chosen
 
-        out_time = frontier.advance(chosen[0].time)
-        for b in chosen[1:]:
-            out_time = timestamps.meet(out_time, frontier.advance(b.time))
-        if local is not None and sum(b.rows for b in chosen) <= local_rows:
-            record = local(chosen, frontier, out_time)
-            return self._finish_compaction(collection, frontier, stage, meet, chosen, record)
-
+    def _merge_on_spark(
+        self,
+        collection: str,
+        chosen: list[BatchRecord],
+        frontier: Antichain,
+        schema: StructType,
+        key_columns: Sequence[str],
+        time_cols: list[str],
+        out_time: tuple[int, ...],
+    ) -> BatchRecord | None:
+        """The chosen batches advanced to ``frontier``, consolidated and written as one
+        bucketed batch at ``out_time`` (not yet committed)."""
         from pyspark.sql import functions as F
 
+        names = schema.fieldNames()
         df = self.warehouse.read(self.spark, chosen, schema)
         for c, expr in advance_columns(frontier, time_cols):
             df = df.withColumn(c, expr.cast(schema[c].dataType))
@@ -272,7 +314,7 @@ class TraceStore:
             .where(F.col(WEIGHT) != 0)
             .select(*names, *([BUCKET_COLUMN] if key_columns else []))
         )
-        record = self.warehouse.write(
+        return self.warehouse.write(
             consolidated,
             self.circuit,
             collection,
@@ -282,7 +324,6 @@ class TraceStore:
             buckets=self.buckets,
             prebucketed=bool(key_columns),
         )
-        return self._finish_compaction(collection, frontier, stage, meet, chosen, record)
 
     def _finish_compaction(
         self,

@@ -1,7 +1,10 @@
 """The Spark tier: a planned circuit run as Spark plans over the warehouse.
 
-* ``executor``: ``SparkEngine``, the epoch API both tiers run behind (ingest, stages,
-  loops, publish, maintenance); it hands each unit to the local or the Spark tier.
+* ``executor``: ``SparkEngine``, the epoch API both tiers run behind, and the stage
+  loop; it hands each unit to the local or the Spark tier. Its other parts, one module
+  each: ``unit`` (a unit's writes, reads of its own batches, one commit), ``ingest``,
+  ``evaluate`` (one evaluation function per operator), ``loops``, ``views``,
+  ``maintenance``; ``collection_names`` names what they store.
 * ``tier``: the Spark tier's frames, reads and writes; ``dialect``: the functions the
   shared kernels (``engine/kernels.py``) call, in PySpark.
 * ``compile``: expressions -> ``pyspark.sql.Column`` with the reference engine's semantics.

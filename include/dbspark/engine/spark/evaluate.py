@@ -1,0 +1,400 @@
+"""Operator evaluation on both tiers: one function per operator, looked up by its name.
+
+``EVALUATORS`` maps each operator of the builder (``node.op``) to a function that takes
+an :class:`Evaluation` (the node, its time, the unit it runs in and the deltas that unit
+computed so far) and returns the node's delta at that time, or None when it is known to
+be empty. The incremental rules themselves live once, in ``engine/kernels.py``; what is
+here is which deltas and which key-pruned trace slices each rule reads.
+
+:class:`OperatorEvaluation` is the part of ``SparkEngine`` that reads traces for the
+stateful operators (join, distinct, aggregate) and for general linear operators.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import reduce
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql import DataFrame
+
+from dbspark.circuit.builder import STATEFUL_OPS, Circuit, Node
+from dbspark.core import timestamps
+from dbspark.core.columns import EPOCH, time_columns
+from dbspark.core.timestamps import Time
+from dbspark.engine import kernels as ops
+from dbspark.engine.api import UnitReport
+from dbspark.engine.dialect import dialect_of
+from dbspark.engine.kernels import consolidate
+from dbspark.engine.spark import collection_names as coll
+from dbspark.engine.spark.unit import Frame, Unit, with_time
+from dbspark.storage.catalog import BatchRecord
+from dbspark.storage.warehouse import KeySet
+
+if TYPE_CHECKING:
+    from dbspark.engine.spark.executor import SparkEngine
+
+#: Gathered key sets an engine keeps for reuse (``_keys_of``), newest last.
+KEY_SETS_KEPT = 64
+
+
+@dataclass
+class Evaluation:
+    """One node evaluated at one time inside one unit."""
+
+    engine: SparkEngine
+    node: Node
+    t: Time
+    frames: dict[tuple[int, Time], Frame]
+    unit: Unit
+    report: UnitReport
+
+    def input(self, port: int = 0, at: Time | None = None) -> Frame:
+        """The delta of input ``port`` at ``at`` (default: this time)."""
+        at = self.t if at is None else at
+        return self.engine._delta(self.node.inputs[port], at, self.unit, self.frames)
+
+    @property
+    def input_schema(self) -> Any:
+        return self.engine.circuit.node(self.node.inputs[0]).schema
+
+    @property
+    def previous(self) -> Time:
+        """This time one iteration (or, at the root, one epoch) earlier."""
+        return (*self.t[:-1], self.t[-1] - 1)
+
+
+Evaluator = Callable[[Evaluation], Frame]
+EVALUATORS: dict[str, Evaluator] = {}
+
+
+def evaluates(*ops_: str) -> Callable[[Evaluator], Evaluator]:
+    """Register the decorated function as the evaluation of the operators ``ops_``."""
+
+    def register(function: Evaluator) -> Evaluator:
+        for op in ops_:
+            EVALUATORS[op] = function
+        return function
+
+    return register
+
+
+def evaluate(evaluation: Evaluation) -> Frame:
+    op = evaluation.node.op
+    if op not in EVALUATORS:
+        raise AssertionError(f"no evaluation for operator {op!r}")
+    return EVALUATORS[op](evaluation)
+
+
+# --- linear: the delta of the output is the operator applied to the delta of the input
+@evaluates("select")
+def _select(e: Evaluation) -> Frame:
+    delta = e.input()
+    return None if delta is None else ops.select(delta, e.node.params["columns"], e.input_schema)
+
+
+@evaluates("filter")
+def _filter(e: Evaluation) -> Frame:
+    delta = e.input()
+    if delta is None:
+        return None
+    return ops.filter_(delta, e.node.params["predicate"], e.input_schema)
+
+
+@evaluates("flat_map")
+def _flat_map(e: Evaluation) -> Frame:
+    delta = e.input()
+    if delta is None:
+        return None
+    params = e.node.params
+    return ops.flat_map(delta, params["name"], params["array"], e.input_schema)
+
+
+@evaluates("negate")
+def _negate(e: Evaluation) -> Frame:
+    delta = e.input()
+    return None if delta is None else ops.negate(delta)
+
+
+@evaluates("upsert_live")
+def _upsert_live(e: Evaluation) -> Frame:
+    delta = e.input()
+    return None if delta is None else ops.upsert_live(delta)
+
+
+@evaluates("index_by", "consolidate", "inspect")
+def _identity(e: Evaluation) -> Frame:
+    return e.input()
+
+
+@evaluates("plus", "minus")
+def _plus_minus(e: Evaluation) -> Frame:
+    left, right = e.input(0), e.input(1)
+    if right is None:
+        return left
+    if e.node.op == "minus":
+        right = ops.negate(right)
+    return right if left is None else ops.plus(left, right)
+
+
+@evaluates("join_function")
+def _general_linear(e: Evaluation) -> Frame:
+    return e.engine._general_linear(e.node, e.t, e.input(), e.unit)
+
+
+# --- time: z^-1 and the loop's boundary
+@evaluates("delay")
+def _delay(e: Evaluation) -> Frame:
+    return e.input(0, e.previous) if e.t[-1] > 0 else None
+
+
+@evaluates("enter")
+def _enter(e: Evaluation) -> Frame:
+    """A loop's input arrives at iteration 0 only."""
+    return e.input(0, e.t[:-1]) if e.t[-1] == 0 else None
+
+
+@evaluates("variable")
+def _variable(e: Evaluation) -> Frame:
+    """Iteration 0 takes the initial delta; later ones what was fed back minus the
+    previous iteration's initial delta (the variable's value is initial + feedback)."""
+    if e.t[-1] == 0:
+        return e.input()
+    fed_back = e.engine._delta(e.node.params["feedback"], e.previous, e.unit, e.frames)
+    initial = e.input(0, e.previous)
+    if initial is None:
+        return fed_back
+    both = ops.minus(e.engine._or_empty(fed_back, e.node, e.unit), initial)
+    return consolidate(both, list(e.node.schema.names))
+
+
+@evaluates("leave")
+def _leave(e: Evaluation) -> Frame:
+    return e.engine._leave(e.node, e.t, e.unit, e.report)
+
+
+# --- stateful: the delta of the output depends on the input's history (its trace)
+@evaluates(*STATEFUL_OPS)
+def _stateful(e: Evaluation) -> Frame:
+    return e.engine._stateful(e.node, e.t, e.unit, e.frames)
+
+
+class OperatorEvaluation:
+    """The trace-reading part of ``SparkEngine`` (mixed into it: it uses the engine's
+    circuit, catalog and tiers)."""
+
+    circuit: Circuit
+    buckets: int
+    _key_sets: dict[tuple[Any, ...], KeySet]
+
+    def _general_linear(self, node: Node, t: Time, delta: Frame, unit: Unit) -> Frame:
+        """Emit each input row's outputs; those due at a later epoch are written to the
+        node's scheduled collection, and this epoch's come back from it."""
+        schema_in = self.circuit.node(node.inputs[0]).schema
+        names = list(node.schema.names)
+        now: Frame = None
+        if delta is not None:
+            out = unit.tier.checkpoint(
+                ops.general_linear(delta, node.params["emits"], schema_in, node.schema, t[0])
+            )
+            F = dialect_of(out).F
+            later = out.where(F.col(EPOCH) > t[0])
+            for (due,) in later.select(EPOCH).distinct().collect():
+                at = (int(due), *t[1:])
+                part = later.where(F.col(EPOCH) == due).drop(EPOCH)
+                collection = coll.scheduled(node.id)
+                unit.write(part, collection, "delta", at, self._fields(node))
+            now = out.where(F.col(EPOCH) == t[0]).drop(EPOCH)
+        scheduled = unit.batches(coll.scheduled(node.id), "delta", lambda time: time == t)
+        if scheduled:
+            due_now = unit.tier.read(scheduled, self._fields(node))
+            now = due_now if now is None else now.unionByName(due_now)
+        return None if now is None else consolidate(now, names)
+
+    def _stateful(
+        self, node: Node, t: Time, unit: Unit, frames: dict[tuple[int, Time], Frame]
+    ) -> Frame:
+        params = node.params
+        depth = len(t)
+        port_keys = keys_by_port(self.circuit, node)
+        deltas: list[Frame] = []
+        for port, input_id in enumerate(node.inputs):
+            delta = self._delta(input_id, t, unit, frames)
+            if delta is not None:
+                input_node = self.circuit.node(input_id)
+                record = unit.write(
+                    with_time(delta, t),
+                    coll.arranged(node.id, port),
+                    "trace",
+                    t,
+                    self._fields(input_node, depth),
+                    bucket_by=list(port_keys[port]),
+                )
+                # The input delta is exactly what was just arranged: read it from there.
+                delta = self._read_back(record, input_node, unit, depth)
+            deltas.append(delta)
+        schemas = [self.circuit.node(i).schema for i in node.inputs]
+        out_names = list(node.schema.names)
+        if depth == 1 and all(d is None for d in deltas):
+            return None  # at the root clock, output needs input at this very epoch
+        if depth > 1 and not any(
+            unit.batches(
+                coll.arranged(node.id, port),
+                "trace",
+                lambda time: time[0] == t[0] and timestamps.less_equal(time, t),
+            )
+            for port in range(len(node.inputs))
+        ):
+            return None  # no key of this node changed in this epoch: nothing can be owed
+        present = [d is not None for d in deltas]
+        deltas = [
+            self._or_empty(d, self.circuit.node(i), unit)
+            for d, i in zip(deltas, node.inputs, strict=True)
+        ]
+        if node.op == "join" and depth == 1:
+            return self._join_at_root(node, t, unit, deltas, present)
+        # Keys touched in this epoch at or before t: the only ones that can change now.
+        # A global aggregate (no group columns) is one group: it reads its whole trace.
+        global_group = node.op == "aggregate" and not params["keys"]
+        touched = None if global_group else self._touched_keys(node, t, unit, port_keys)
+        traces = []
+        for port in range(len(node.inputs)):
+            traces.append(
+                self._trace(
+                    node, port, unit, keys=touched, when=lambda time: timestamps.less_equal(time, t)
+                )
+            )
+        if node.op == "distinct":
+            return ops.distinct_delta(traces[0], out_names, t)
+        if node.op == "aggregate":
+            return ops.aggregate_delta(
+                traces[0], schemas[0], list(params["keys"]), params["aggregations"], node.schema, t
+            )
+        return ops.join_delta_nested(
+            traces[0],
+            traces[1],
+            list(params["left_keys"]),
+            list(params["right_keys"]),
+            list(schemas[0].names),
+            list(schemas[1].names),
+            list(params["right_values"]),
+            out_names,
+            t,
+        )
+
+    def _join_at_root(
+        self, node: Node, t: Time, unit: Unit, deltas: list[Any], present: list[bool]
+    ) -> Frame:
+        """A join at the root clock: each side's delta against the other side's history
+        before this epoch, read only for the delta's keys."""
+        params = node.params
+        left_keys, right_keys = list(params["left_keys"]), list(params["right_keys"])
+
+        def before(port: int, keys: list[str]) -> DataFrame:
+            """One side's history before this epoch, for the other side's delta keys
+            (no read at all when the other side did not change)."""
+            other = 1 - port
+            if not present[other]:
+                return self._or_empty(None, self.circuit.node(node.inputs[port]), unit)
+            gathered = self._gather(unit, deltas[other].select(*keys))
+            rows = self._trace(node, port, unit, keys=gathered, when=lambda x: x[0] < t[0])
+            return rows.drop(*time_columns(1))
+
+        return ops.join_delta_root(
+            deltas[0],
+            deltas[1],
+            before(0, right_keys),
+            before(1, left_keys),
+            left_keys,
+            right_keys,
+            list(self.circuit.node(node.inputs[0]).schema.names),
+            list(params["right_values"]),
+            list(node.schema.names),
+        )
+
+    def _trace(
+        self,
+        node: Node,
+        port: int,
+        unit: Unit,
+        *,
+        keys: KeySet | None,
+        when: Callable[[Time], bool],
+    ) -> DataFrame:
+        """Port ``port``'s trace at the times ``when`` accepts, pruned to ``keys`` (given in
+        either port's key names: they are renamed to this port's)."""
+        input_node = self.circuit.node(node.inputs[port])
+        depth = self.circuit.scope(node.scope).depth
+        collection = coll.arranged(node.id, port)
+        records = unit.batches(collection, "trace", when)
+        port_keys = list(keys_by_port(self.circuit, node)[port])
+        return unit.tier.read(
+            records,
+            self._fields(input_node, depth),
+            keys=None if keys is None else keys.renamed(port_keys),
+            bucket_by=port_keys,
+        )
+
+    def _gather(self, unit: Unit, keys: Any) -> KeySet:
+        return unit.tier.gather_keys(keys, (self.buckets,))
+
+    def _touched_keys(
+        self, node: Node, t: Time, unit: Unit, port_keys: Sequence[Sequence[str]]
+    ) -> KeySet:
+        """Keys of any port with an update in t's epoch at or before t (named as port 0's keys)."""
+        records = [
+            unit.batches(
+                coll.arranged(node.id, port),
+                "trace",
+                lambda time: time[0] == t[0] and timestamps.less_equal(time, t),
+            )
+            for port in range(len(node.inputs))
+        ]
+        schemas = [self._fields(self.circuit.node(i), len(t)) for i in node.inputs]
+        return self._keys_of(node, records, port_keys, schemas, unit)
+
+    def _keys_of(
+        self,
+        node: Node,
+        records: Sequence[Sequence[BatchRecord]],
+        port_keys: Sequence[Sequence[str]],
+        schemas: Sequence[Any],
+        unit: Unit,
+    ) -> KeySet:
+        """The keys in each port's ``records`` (named as port 0's keys), gathered by one
+        Spark job (or one local query). Batches never change, so the same batches give the
+        same keys: a loop iteration that added no batch for the node reuses the previous
+        gathering."""
+        paths = tuple(tuple(sorted(r.path for r in rs)) for rs in records)
+        memo = (unit.tier.name, node.id, paths)
+        if memo in self._key_sets:
+            return self._key_sets[memo]
+        frames = [
+            renamed(unit.tier.read(rs, schemas[port]), port_keys[port], port_keys[0])
+            for port, rs in enumerate(records)
+        ]
+        keys = self._gather(unit, reduce(ops.plus, frames))
+        if keys.buckets is not None:  # gathered to the driver: a local relation to keep
+            self._key_sets[memo] = keys
+            while len(self._key_sets) > KEY_SETS_KEPT:
+                del self._key_sets[next(iter(self._key_sets))]
+        return keys
+
+
+def renamed(
+    frame: Any, source: Sequence[str], target: Sequence[str], rest: Sequence[str] = ()
+) -> Any:
+    """``frame``'s ``source`` columns under ``target`` names (one port's keys as another's),
+    then the ``rest``."""
+    F = dialect_of(frame).F
+    return frame.select(*[F.col(a).alias(b) for a, b in zip(source, target, strict=True)], *rest)
+
+
+def keys_by_port(circuit: Circuit, node: Node) -> list[tuple[str, ...]]:
+    if node.op == "join":
+        return [tuple(node.params["left_keys"]), tuple(node.params["right_keys"])]
+    if node.op == "aggregate":
+        keys = tuple(node.params["keys"])
+        return [keys or circuit.node(node.inputs[0]).schema.names]
+    return [circuit.node(node.inputs[0]).schema.names]

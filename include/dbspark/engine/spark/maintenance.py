@@ -1,0 +1,94 @@
+"""Maintenance after an epoch commits: traces advanced to the frontier and merged,
+and stream deltas no later epoch reads retired. None of it changes an answer.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from dbspark.circuit.builder import STATEFUL_OPS, Node
+from dbspark.core.columns import WEIGHT, time_columns
+from dbspark.core.timestamps import Time
+from dbspark.engine.dialect import dialect_of
+from dbspark.engine.kernels import consolidate
+from dbspark.engine.spark import collection_names as coll
+from dbspark.engine.spark.evaluate import keys_by_port
+from dbspark.storage.catalog import BatchRecord
+from dbspark.storage.traces import advance_columns
+
+log = logging.getLogger("dbspark.engine")
+
+
+class Maintenance:
+    """Compaction, mixed into ``SparkEngine``."""
+
+    def compact(self, epoch: int) -> None:
+        """Advance every trace by the frontier ``(epoch, 0, ...)`` and merge batches
+        (tiered, so old large batches are rewritten only as recent ones grow), then retire
+        stream deltas no later epoch reads (``delay`` reads one epoch back)."""
+        for node in self.circuit.nodes:
+            depth = self.circuit.scope(node.scope).depth
+            frontier = [(epoch, *([0] * (depth - 1)))]
+            if node.op in STATEFUL_OPS:
+                for port, input_id in enumerate(node.inputs):
+                    self._compact(
+                        coll.arranged(node.id, port),
+                        frontier,
+                        self.circuit.node(input_id),
+                        depth,
+                        list(keys_by_port(self.circuit, node)[port]),
+                    )
+            elif node.op == "upsert_source":
+                self._compact(coll.state(node.id), [(epoch,)], node, 1, list(node.params["key"]))
+        for name in self.circuit.views:
+            node = self.circuit.node(self.circuit.views[name])
+            self._compact(coll.view(name), [(epoch,)], node, 1, list(node.schema.names))
+        stale = [
+            record.id
+            for node in self.circuit.nodes
+            for record in self.catalog.batches(self.circuit.name, coll.delta(node.id), kind="delta")
+            if record.epoch < epoch and record.id is not None
+        ]
+        if stale:
+            self.catalog.commit(self.circuit.name, "retire-deltas", (epoch,), [], supersede=stale)
+
+    def _compact(
+        self,
+        collection: str,
+        frontier: Sequence[Time],
+        node: Node,
+        depth: int,
+        key_columns: list[str],
+    ) -> None:
+        """One trace's tiered compaction; a merge of at most ``local_rows`` rows is
+        rewritten on the local tier (no Spark job), a larger one by Spark."""
+        fields = self._fields(node, depth)
+        names = time_columns(depth)
+
+        def rewrite(chosen: list[BatchRecord], advanced: Any, out_time: Time) -> Any:
+            frame = self.local.read(chosen, fields)
+            for column, expr in advance_columns(advanced, names, dialect_of(frame).F):
+                frame = frame.withColumn(column, expr)
+            merged = consolidate(frame, [n for n, _ in fields if n != WEIGHT])
+            return self.local.write(
+                merged,
+                self.circuit.name,
+                collection,
+                "trace",
+                out_time,
+                fields,
+                bucket_by=key_columns or None,
+            )
+
+        self.traces.compact(
+            collection,
+            frontier,
+            self._schema_of(node, depth),
+            key_columns,
+            names,
+            tiered=True,
+            local=rewrite,
+            local_rows=self.local_rows,
+        )

@@ -1,0 +1,103 @@
+"""A unit of work and what it writes.
+
+A unit is one stage at one root time, or one loop iteration. It runs on one tier (the
+local one in this process, or Spark), writes each output as fresh Parquet files, reads
+its own uncommitted outputs where later work in the unit needs them, and registers all
+of them in ONE catalog transaction with its run record. A unit killed at any point so
+leaves only unregistered files, and a retried one recomputes the same result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from pyspark.sql import DataFrame
+
+from dbspark.core.columns import time_columns
+from dbspark.core.timestamps import Time
+from dbspark.engine.dialect import dialect_of
+from dbspark.engine.local.tier import LocalTier
+from dbspark.engine.spark.tier import SparkTier
+from dbspark.storage.catalog import BatchRecord, Catalog
+
+#: A delta as a frame of either tier, or None when it is known to be empty.
+Frame = DataFrame | Any | None
+
+Tier = LocalTier | SparkTier
+
+
+class Unit:
+    """One unit of work: the tier it runs on and the files it wrote, not yet registered
+    in the catalog. It writes every output, reads what it wrote before committing, and
+    commits all of it at once.
+
+    ``driver_rows`` > 0 says a Spark unit's batches are probably small, so the warehouse
+    writes them from the driver (``Warehouse.write``)."""
+
+    def __init__(self, tier: Tier, catalog: Catalog, circuit: str, driver_rows: int = 0) -> None:
+        self.tier = tier
+        self.catalog = catalog
+        self.circuit = circuit
+        self.records: list[BatchRecord] = []
+        self.driver_rows = driver_rows
+        # The committed batches this unit may read, by (collection, kind): what units
+        # before it committed, which nothing changes while it runs. One catalog query
+        # on first use instead of one per read (a loop iteration reads dozens).
+        self._committed: dict[tuple[str, str], list[BatchRecord]] | None = None
+
+    def add(self, record: BatchRecord | None) -> None:
+        if record is not None:
+            self.records.append(record)
+
+    def write(
+        self,
+        frame: Any,
+        collection: str,
+        kind: str,
+        t: Time,
+        fields: Sequence[tuple[str, str]],
+        *,
+        bucket_by: Sequence[str] | None = None,
+    ) -> BatchRecord | None:
+        """Write one output with the unit's tier and keep its record for the commit (None:
+        the frame was empty). A Spark unit may write from the driver (``driver_rows``)."""
+        options = {} if isinstance(self.tier, LocalTier) else {"driver_rows": self.driver_rows}
+        record = self.tier.write(
+            frame, self.circuit, collection, kind, t, fields, bucket_by=bucket_by, **options
+        )
+        self.add(record)
+        return record
+
+    def batches(
+        self, collection: str, kind: str, predicate: Callable[[Time], bool]
+    ) -> list[BatchRecord]:
+        """The batches of ``collection`` this unit may read at the times ``predicate``
+        accepts: committed ones and its own, not yet committed."""
+        pending = [r for r in self.records if r.collection == collection and r.kind == kind]
+        return [
+            r for r in [*self._committed_of(collection, kind), *pending] if predicate(tuple(r.time))
+        ]
+
+    def commit(self, name: str, t: Time, **options: Any) -> None:
+        """Register every batch written, with the unit's run record, in one transaction."""
+        self.catalog.commit(self.circuit, name, t, self.records, **options)
+
+    def _committed_of(self, collection: str, kind: str) -> list[BatchRecord]:
+        if self._committed is None:
+            self._committed = {}
+            for record in self.catalog.operator_batches(self.circuit):
+                self._committed.setdefault((record.collection, record.kind), []).append(record)
+        return self._committed.get((collection, kind), [])
+
+
+def with_time(df: Any, t: Time) -> Any:
+    """``df`` with the time columns of ``t`` (missing ones added, existing ones set)."""
+    F = dialect_of(df).F
+    for i, (name, value) in enumerate(zip(time_columns(len(t)), t, strict=True)):
+        df = df.withColumn(name, F.lit(value).cast("bigint" if i == 0 else "int"))
+    return df
+
+
+def records_rows(records: Iterable[BatchRecord]) -> int:
+    return sum(r.rows for r in records)

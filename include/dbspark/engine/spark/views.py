@@ -1,0 +1,175 @@
+"""Views: publish each view's delta, read views back, and check them against a full
+refresh.
+
+``publish`` appends an epoch's view deltas to the views' collections before the epoch
+commits; readers see them only once it has (``view_change`` between publish and close
+is the one exception, for the export task). ``verify`` and ``rebuild`` recompute views
+with Spark from the sources' raw input logs (``full_refresh.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+import pyarrow as pa
+from pyspark.sql import DataFrame
+
+from dbspark.circuit.builder import Node
+from dbspark.core.columns import WEIGHT, time_columns, time_fields
+from dbspark.core.zset import ZSet
+from dbspark.engine.api import (
+    EpochOrderError,
+    UnitReport,
+)
+from dbspark.engine.kernels import consolidate
+from dbspark.engine.spark import collection_names as coll
+from dbspark.engine.spark.compile import struct_type
+from dbspark.engine.spark.unit import records_rows, with_time
+from dbspark.storage.catalog import BatchRecord
+
+log = logging.getLogger("dbspark.engine")
+
+
+class Views:
+    """Publishing and reading views, mixed into ``SparkEngine``."""
+
+    def publish(self, epoch: int) -> UnitReport:
+        """Append each view's delta for ``epoch`` to the view's published collection."""
+        t = (epoch,)
+        if self.catalog.stage_done(self.circuit.name, "publish", t):
+            return UnitReport("publish", t, skipped=True)
+        unit = self._epoch_unit(epoch)
+        report = UnitReport("publish", t, tier=unit.tier.name)
+        for name, node_id in self.circuit.views.items():
+            node = self.circuit.node(node_id)
+            delta = self._delta(node_id, t, unit, {})
+            record = (
+                None
+                if delta is None
+                else unit.write(
+                    with_time(delta, t), coll.view(name), "trace", t, self._fields(node, 1)
+                )
+            )
+            report.rows_out[name] = record.rows if record else 0
+        unit.commit("publish", t)
+        log.info("%s", report.describe())
+        return report
+
+    def view_frame(self, name: str, epoch: int | None = None) -> DataFrame:
+        """The view's contents (consolidated, with ``__w``) as of the last committed epoch,
+        or as of ``epoch`` once that epoch's publish has committed.
+
+        A view's batch for an epoch is registered by ``publish`` before the epoch commits;
+        readers must not see it until the epoch does: only the publishing task, which
+        exports it, asks for an uncommitted epoch explicitly."""
+        node, records = self._view_records(name, epoch, change=False)
+        frame = self.warehouse.read(self.spark, records, self._schema_of(node, 1))
+        return consolidate(frame.drop(*time_columns(1)), list(node.schema.names))
+
+    def view_change(self, name: str, epoch: int) -> DataFrame:
+        """The view's change at ``epoch`` (consolidated, ``__w`` = +inserted / -deleted).
+
+        Compaction at the close of the epoch merges the batch into older ones, so the
+        change is read between ``publish`` and ``close_epoch``."""
+        node, records = self._view_records(name, epoch, change=True)
+        frame = self.warehouse.read(self.spark, records, self._schema_of(node, 1))
+        return consolidate(frame.drop(*time_columns(1)), list(node.schema.names))
+
+    def view_table(self, name: str, epoch: int, *, change: bool = False) -> pa.Table | None:
+        """``view_frame`` (or, with ``change``, ``view_change``) as Arrow, read in this
+        process when the batches hold at most ``local_rows`` rows; None when they hold
+        more (read them with Spark), so exporting a small epoch starts no Spark."""
+        node, records = self._view_records(name, epoch, change=change)
+        if records_rows(records) > self.local_rows:
+            return None
+        frame = self.local.read(records, self._fields(node, 1))
+        return consolidate(frame.drop(*time_columns(1)), list(node.schema.names)).toArrow()
+
+    def _view_records(
+        self, name: str, epoch: int | None, *, change: bool
+    ) -> tuple[Node, list[BatchRecord]]:
+        node = self.circuit.node(self.circuit.views[name])
+        if epoch is None:
+            epoch = self.last_committed_epoch()
+        else:
+            self._require_published(epoch)
+        if not change:
+            return node, self.catalog.batches(self.circuit.name, coll.view(name), max_epoch=epoch)
+        if self.catalog.epoch_state(self.circuit.name, epoch) == "committed":
+            raise EpochOrderError(
+                f"circuit {self.circuit.name!r}: epoch {epoch} is committed and its view "
+                f"batches may be compacted; read a change between publish and close_epoch"
+            )
+        return node, self.catalog.batches(self.circuit.name, coll.view(name), epoch=epoch)
+
+    def _require_published(self, epoch: int) -> None:
+        if not self.catalog.stage_done(self.circuit.name, "publish", (epoch,)):
+            raise EpochOrderError(
+                f"circuit {self.circuit.name!r}: the views of epoch {epoch} are not published"
+            )
+
+    def view(self, name: str) -> ZSet:
+        """The view's contents as of the last committed epoch, read in this process (no
+        Spark job: the rows come to Python anyway)."""
+        node = self.circuit.node(self.circuit.views[name])
+        epoch = self.last_committed_epoch()
+        records = self.catalog.batches(self.circuit.name, coll.view(name), max_epoch=epoch)
+        frame = self.local.read(records, self._fields(node, 1))
+        return self.local.zset(frame.drop(*time_columns(1)), node.schema)
+
+    def views(self) -> dict[str, ZSet]:
+        return {name: self.view(name) for name in self.circuit.views}
+
+    def input_frames(self, epoch: int | None = None) -> dict[str, DataFrame]:
+        """Every source's raw input log (epochs ``0..epoch``), shaped for full refresh."""
+        frames = {}
+        for name, node_id in self.circuit.sources.items():
+            node = self.circuit.node(node_id)
+            user = node.schema if node.op == "zset_source" else node.params["user_schema"]
+            extra = [(WEIGHT, "bigint")] if node.op == "zset_source" else []
+            schema = struct_type(user, extra=[*extra, *time_fields(1)])
+            records = self.catalog.batches(
+                self.circuit.name, coll.input_log(node_id), max_epoch=epoch
+            )
+            frames[name] = self.warehouse.read(self.spark, records, schema)
+        return frames
+
+    def full_refresh(self, epoch: int | None = None) -> dict[str, DataFrame]:
+        """Every view recomputed from scratch over the accumulated input (a full refresh)."""
+        from dbspark.engine.spark.full_refresh import evaluate
+
+        epoch = self.last_committed_epoch() if epoch is None else epoch
+        if epoch < 0:
+            raise ValueError(f"circuit {self.circuit.name!r} has no committed epoch yet")
+        return evaluate(self.spark, self.circuit, self.input_frames(epoch), epoch)
+
+    def verify(self) -> dict[str, list[tuple]]:
+        """Per view, the rows (with ``__w`` = full refresh minus maintained) that differ
+        between the incrementally maintained view and a full refresh; empty when equal."""
+        from dbspark.engine.spark.full_refresh import verify
+
+        fresh = self.full_refresh()
+        differences = {}
+        for name in self.circuit.views:
+            diff = verify(fresh[name], self.view_frame(name))
+            differences[name] = [tuple(row) for row in diff.limit(1000).collect()]
+        return differences
+
+    def rebuild(self, name: str) -> int:
+        """Replace a view's published contents with its full refresh; returns its rows."""
+        epoch = self.last_committed_epoch()
+        fresh = self.full_refresh(epoch)[name]
+        record = self.traces.write(coll.view(name), fresh, (epoch,))
+        old = [r.id for r in self.catalog.batches(self.circuit.name, coll.view(name)) if r.id]
+        stage = f"rebuild:view.{name}@{uuid.uuid4().hex[:8]}"
+        self.catalog.commit(
+            self.circuit.name, stage, (epoch,), [record] if record else [], supersede=old
+        )
+        log.info(
+            "view %s rebuilt from scratch at epoch %s: %s rows",
+            name,
+            epoch,
+            record.rows if record else 0,
+        )
+        return record.rows if record else 0
