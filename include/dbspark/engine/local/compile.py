@@ -236,7 +236,10 @@ def _convert(sql: str, kind: str, target: str) -> str:
     if target == STRING:
         if kind == BOOLEAN:
             return f"(CASE WHEN {sql} THEN 'true' WHEN NOT {sql} THEN 'false' END)"
-        return f"CAST({sql} AS VARCHAR)"  # BIGINT digits; DOUBLE as Python's repr
+        if kind == DOUBLE:
+            # As Python's repr, which has no sign on NaN (DuckDB writes a negated one '-nan').
+            return f"(CASE WHEN isnan({sql}) THEN 'nan' ELSE CAST({sql} AS VARCHAR) END)"
+        return f"CAST({sql} AS VARCHAR)"  # BIGINT digits
     if target == BIGINT:
         if kind == STRING:
             text = _strip(sql)
