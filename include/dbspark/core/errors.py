@@ -27,12 +27,16 @@ class InputError(ValueError):
         return (type(self), (self.source, self.message, self.file))
 
 
-def unknown_sources(circuit_name: str, sources: Any, names: Any) -> InputError | None:
-    """The error for the first of ``names`` that is not one of ``sources``, or None."""
+def require_sources(
+    circuit_name: str, sources: Any, names: Any, *, epoch: int | None = None
+) -> None:
+    """Raise :class:`InputError` for the first of ``names`` that is not one of
+    ``sources`` (saying which epoch's input it was in, when given)."""
     unknown = sorted(set(names) - set(sources))
     if not unknown:
-        return None
+        return
     known = ", ".join(sorted(sources)) or "none"
-    return InputError(
-        unknown[0], f"circuit {circuit_name!r} has no such source (its sources: {known})"
+    where = "" if epoch is None else f"epoch {epoch}: "
+    raise InputError(
+        unknown[0], f"{where}circuit {circuit_name!r} has no such source (its sources: {known})"
     )

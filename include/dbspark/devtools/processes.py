@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -117,8 +118,6 @@ def launch(
     ``parent_death_signal`` None lets the child outlive the thread that started it.
     ``popen`` goes to :class:`subprocess.Popen` (``user=``, ``group=``...).
     """
-    import shlex
-
     with contextlib.ExitStack() as stack:
         output: Any = None
         if log_path is not None:

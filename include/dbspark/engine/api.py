@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from dbspark.circuit.builder import Circuit
 from dbspark.circuit.planner import Plan
-from dbspark.core.errors import InputError, unknown_sources
+from dbspark.core.errors import InputError, require_sources
 from dbspark.core.timestamps import Time
 from dbspark.core.upsert import UpsertError
 from dbspark.core.zset import ZSet
@@ -41,7 +41,7 @@ __all__ = [
     "UnitReport",
     "UpsertError",
     "loop_reports",
-    "unknown_sources",
+    "require_sources",
 ]
 
 

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 
 from dbspark.circuit.builder import Circuit
-from dbspark.engine.api import InputError, unknown_sources
+from dbspark.engine.api import InputError, require_sources
 from dbspark.engine.file_batches import FORMATS, FileBatch
 from dbspark.orchestration.intervals import Interval
 
@@ -82,9 +82,7 @@ class SourceConnector(abc.ABC):
 def source_columns(circuit: Circuit, source: str) -> tuple[str, ...]:
     """The declared column names of ``source`` in schema order (an upsert source's user
     columns, not its internal state columns)."""
-    error = unknown_sources(circuit.name, circuit.sources, [source])
-    if error is not None:
-        raise error
+    require_sources(circuit.name, circuit.sources, [source])
     node = circuit.node(circuit.sources[source])
     schema = node.schema if node.op == "zset_source" else node.params["user_schema"]
     return tuple(schema.names)

@@ -65,7 +65,7 @@ from dbspark.engine.api import (
     EpochResult,
     LoopDidNotConverge,
     LoopReport,
-    unknown_sources,
+    require_sources,
 )
 from dbspark.engine.batches import upsert_batch, upsert_spec, zset_batch
 from dbspark.engine.reference.compile import (
@@ -114,9 +114,7 @@ class ReferenceEngine:
     def step(self, inputs: Mapping[str, Any] | None = None) -> EpochResult:
         """Run the next epoch with ``inputs`` (source name -> batch); absent sources are empty."""
         inputs = dict(inputs or {})
-        error = unknown_sources(self.circuit.name, self.circuit.sources, inputs)
-        if error is not None:
-            raise error
+        require_sources(self.circuit.name, self.circuit.sources, inputs)
         epoch = self.epoch + 1
         # Check every batch before touching any state, so bad input commits nothing.
         checked = {name: self._check_batch(name, batch) for name, batch in inputs.items()}

@@ -67,7 +67,7 @@ from dbspark.core.upsert import (
     format_key,
 )
 from dbspark.core.zset import ZSet
-from dbspark.engine.api import InputError, LoopDidNotConverge, unknown_sources
+from dbspark.engine.api import LoopDidNotConverge, require_sources
 from dbspark.engine.batches import upsert_batch, upsert_spec, zset_batch
 from dbspark.engine.reference.compile import (
     compile_expr,
@@ -100,9 +100,7 @@ class FullRefresh:
         self.circuit = circuit
         self.history = [dict(batches or {}) for batches in history]
         for index, batches in enumerate(self.history):
-            error = unknown_sources(circuit.name, circuit.sources, batches)
-            if error is not None:
-                raise InputError(error.source, f"epoch {index}: {error.message}")
+            require_sources(circuit.name, circuit.sources, batches, epoch=index)
         self._memo: dict[Time, dict[int, ZSet]] = {}
         self._compiled: dict[int, Any] = {}
         # Per source, its collection after each epoch replayed so far (running sums).

@@ -238,14 +238,17 @@ class OperatorEvaluation:
         out_names = list(node.schema.names)
         if depth == 1 and all(d is None for d in deltas):
             return None  # at the root clock, output needs input at this very epoch
-        if depth > 1 and not any(
+        # Per port, the batches of t's epoch at or before t: their keys are the only ones
+        # that can change now.
+        now = [
             unit.batches(
                 coll.arranged(node.id, port),
                 "trace",
                 lambda time: time[0] == t[0] and timestamps.less_equal(time, t),
             )
             for port in range(len(node.inputs))
-        ):
+        ]
+        if depth > 1 and not any(now):
             return None  # no key of this node changed in this epoch: nothing can be owed
         present = [d is not None for d in deltas]
         deltas = [
@@ -254,10 +257,10 @@ class OperatorEvaluation:
         ]
         if node.op == "join" and depth == 1:
             return self._join_at_root(node, t, unit, deltas, present)
-        # Keys touched in this epoch at or before t: the only ones that can change now.
         # A global aggregate (no group columns) is one group: it reads its whole trace.
         global_group = node.op == "aggregate" and not params["keys"]
-        touched = None if global_group else self._touched_keys(node, t, unit, port_keys)
+        fields = [self._fields(self.circuit.node(i), depth) for i in node.inputs]
+        touched = None if global_group else self._keys_of(node, now, port_keys, fields, unit)
         traces = []
         for port in range(len(node.inputs)):
             traces.append(
@@ -338,21 +341,6 @@ class OperatorEvaluation:
 
     def _gather(self, unit: Unit, keys: Any) -> KeySet:
         return unit.tier.gather_keys(keys, (self.buckets,))
-
-    def _touched_keys(
-        self, node: Node, t: Time, unit: Unit, port_keys: Sequence[Sequence[str]]
-    ) -> KeySet:
-        """Keys of any port with an update in t's epoch at or before t (named as port 0's keys)."""
-        records = [
-            unit.batches(
-                coll.arranged(node.id, port),
-                "trace",
-                lambda time: time[0] == t[0] and timestamps.less_equal(time, t),
-            )
-            for port in range(len(node.inputs))
-        ]
-        schemas = [self._fields(self.circuit.node(i), len(t)) for i in node.inputs]
-        return self._keys_of(node, records, port_keys, schemas, unit)
 
     def _keys_of(
         self,

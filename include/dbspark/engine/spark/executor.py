@@ -46,7 +46,7 @@ from dbspark.engine.api import (
     EpochResult,
     UnitReport,
     loop_reports,
-    unknown_sources,
+    require_sources,
 )
 from dbspark.engine.batches import upsert_spec
 from dbspark.engine.local.tier import LocalTier
@@ -57,7 +57,7 @@ from dbspark.engine.spark.loops import Loops
 from dbspark.engine.spark.maintenance import Maintenance
 from dbspark.engine.spark.session import int_setting, spark_session
 from dbspark.engine.spark.tier import SparkTier, spark_struct
-from dbspark.engine.spark.unit import Frame, Tier, Unit
+from dbspark.engine.spark.unit import Frame, Tier, Unit, records_rows
 from dbspark.engine.spark.upserts import default_driver_rows
 from dbspark.engine.spark.views import Views
 from dbspark.storage.catalog import BatchRecord, Catalog
@@ -182,9 +182,10 @@ class SparkEngine(Ingest, OperatorEvaluation, Loops, Views, Maintenance):
         rows = self._input_rows(epoch)
         tier = self.tier_for(rows)
         driver_rows = self.driver_rows if rows <= self.driver_rows else 0
-        return Unit(
-            tier, self.catalog, self.circuit.name, driver_rows if tier.name == "spark" else 0
-        )
+        return self._unit(tier, driver_rows if tier.name == "spark" else 0)
+
+    def _unit(self, tier: Tier, driver_rows: int = 0) -> Unit:
+        return Unit(tier, self.catalog, self.circuit.name, driver_rows)
 
     def last_committed_epoch(self) -> int:
         return self.catalog.last_committed_epoch(self.circuit.name)
@@ -218,9 +219,7 @@ class SparkEngine(Ingest, OperatorEvaluation, Loops, Views, Maintenance):
         """Open, ingest, run every stage and loop, publish and commit one epoch."""
         report = EpochReport(epoch)
         inputs = dict(inputs or {})
-        error = unknown_sources(self.circuit.name, self.circuit.sources, inputs)
-        if error is not None:
-            raise error
+        require_sources(self.circuit.name, self.circuit.sources, inputs)
         # Bad rows are rejected before the epoch opens or anything is written.
         checked = {name: self.check_batch(name, batch) for name, batch in inputs.items()}
         if not self.open_epoch(epoch):
@@ -341,13 +340,10 @@ class SparkEngine(Ingest, OperatorEvaluation, Loops, Views, Maintenance):
         """How many rows the epoch's sources brought (its raw input logs, from the catalog):
         what decides the tier of its units, and whether a Spark unit writes from the driver
         (a unit fed by a few rows of change rarely writes many)."""
-        rows = 0
-        for source_id in self.circuit.sources.values():
-            for record in self.catalog.batches(
-                self.circuit.name, coll.input_log(source_id), epoch=epoch
-            ):
-                rows += record.rows
-        return rows
+        return sum(
+            records_rows(self.catalog.batches(self.circuit.name, coll.input_log(i), epoch=epoch))
+            for i in self.circuit.sources.values()
+        )
 
     def _or_empty(self, frame: Frame, node: Node, unit: Unit) -> Any:
         return frame if frame is not None else unit.tier.empty(self._fields(node))

@@ -45,7 +45,7 @@ from dbspark.circuit.builder import Circuit, Node
 from dbspark.core.columns import EPOCH, EPOCH_TYPE, TOMBSTONE, WEIGHT, WEIGHT_TYPE
 from dbspark.core.types import BOOLEAN, STRING, Schema
 from dbspark.core.upsert import UpsertConflict, conform_rows, format_key
-from dbspark.engine.api import InputError, LoopDidNotConverge, unknown_sources
+from dbspark.engine.api import LoopDidNotConverge, require_sources
 from dbspark.engine.batches import upsert_batch, upsert_spec, zset_batch
 from dbspark.engine.kernels import consolidate
 from dbspark.engine.spark import user_aggregates
@@ -110,9 +110,7 @@ def source_frames(
     """
     rows: dict[str, list[tuple]] = {name: [] for name in circuit.sources}
     for index, inputs in enumerate(history):
-        error = unknown_sources(circuit.name, circuit.sources, inputs)
-        if error is not None:
-            raise InputError(error.source, f"epoch {index}: {error.message}")
+        require_sources(circuit.name, circuit.sources, inputs, epoch=index)
         for name, batch in inputs.items():
             node = circuit.node(circuit.sources[name])
             if node.op == "zset_source":

@@ -109,10 +109,10 @@ class Ingest:
             batch = batch.batch
         if isinstance(batch, CheckedFrame):
             file = file or batch.file_label()
-            unit = Unit(self._spark_unit_tier(), self.catalog, self.circuit.name)
+            unit = self._unit(self._spark_unit_tier())
         else:
             rows = len(batch) if batch is not None else 0
-            unit = Unit(self.tier_for(rows), self.catalog, self.circuit.name)
+            unit = self._unit(self.tier_for(rows))
         frame = self._input_frame(node, batch, file, unit.tier)
         local = isinstance(unit.tier, LocalTier)
         # A first Spark ingest takes the fingerprint while writing the input log (no job of

@@ -46,10 +46,6 @@ class Unit:
         # on first use instead of one per read (a loop iteration reads dozens).
         self._committed: dict[tuple[str, str], list[BatchRecord]] | None = None
 
-    def add(self, record: BatchRecord | None) -> None:
-        if record is not None:
-            self.records.append(record)
-
     def write(
         self,
         frame: Any,
@@ -66,7 +62,8 @@ class Unit:
         record = self.tier.write(
             frame, self.circuit, collection, kind, t, fields, bucket_by=bucket_by, **options
         )
-        self.add(record)
+        if record is not None:
+            self.records.append(record)
         return record
 
     def batches(
