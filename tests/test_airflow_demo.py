@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -41,6 +42,12 @@ def test_the_main_command_runs_the_example_dags_through_airflow_and_verifies(tmp
     assert "Spark full refresh over the warehouse's input log agrees" in out
     assert "all epochs verified" in out
     assert (home / "airflow.db").exists()
+    # The runs carry their real start and end (dag.test() starts them at the logical date).
+    with sqlite3.connect(home / "airflow.db") as db:
+        spans = db.execute(
+            "SELECT julianday(end_date) - julianday(start_date) FROM dag_run"
+        ).fetchall()
+    assert len(spans) == 4 and all(0 < days * 86400 < 600 for (days,) in spans), spans
 
     # Again, one more epoch: the two committed epochs are not run again.
     again = _demo(home, "--epochs", "3", "--dag", "dbspark_orders_by_region")

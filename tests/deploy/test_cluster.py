@@ -177,7 +177,7 @@ def test_example_dags_on_the_compose_topology(tmp_path):
         )  # each worker ran an executor and kept its log
 
         # The tasks were Spark Connect clients on the Celery workers, no Spark of their own.
-        opened = list(airflow.logs.glob("dag_id=*/run_id=*/task_id=epoch.open/attempt=*.log"))
+        opened = list(airflow.logs.glob("dag_id=*/run_id=*/task_id=open_epoch/attempt=*.log"))
         assert len(opened) == EPOCHS * len(EXAMPLES)
         for path in opened:
             assert f"Spark Connect at sc://127.0.0.1:{cluster.connect.port}" in path.read_text()

@@ -142,7 +142,7 @@ def test_bad_input_fails_its_ingest_task_and_the_fixed_input_completes_the_epoch
     assert state == "failed"
     assert tasks[("ingest.orders", -1)] == "failed"
     assert tasks[("ingest.customers", -1)] == "success"
-    assert tasks[("epoch.close", -1)] == "upstream_failed"
+    assert tasks[("close_epoch", -1)] == "upstream_failed"
     logs = capfd.readouterr().out
     assert "source 'orders'" in logs and "part-bad.jsonl" in logs and "line 2" in logs
     catalog = Catalog.for_warehouse(place.warehouse)
@@ -182,7 +182,7 @@ def test_a_loop_that_exceeds_its_bound_fails_the_convergence_check(test_dags, pl
     state, tasks = run(dag, 0)
     assert state == "failed"
     assert tasks[("loop_doubling.converged", -1)] == "failed"
-    assert tasks[("epoch.close", -1)] == "upstream_failed"
+    assert tasks[("close_epoch", -1)] == "upstream_failed"
     logs = capfd.readouterr().out
     assert "loop doubling of circuit doubling_low_bound did not converge at epoch 0" in logs
     assert "max_iterations=3" in logs

@@ -185,9 +185,9 @@ def test_backfill_kill_and_retry_and_a_triggered_run_equal_full_refresh(deployme
 
     killed_run = runs[KILLED_EPOCH].run_id
     instances = {ti["task_id"]: ti for ti in api.task_instances(DAG_ID, killed_run)}
-    join = instances[f"stages.{KILLED_STAGE}"]
+    join = instances[KILLED_STAGE]
     assert (join["state"], join["try_number"]) == ("success", 2), api.explain(DAG_ID, runs)
-    tries = api.tries(DAG_ID, killed_run, f"stages.{KILLED_STAGE}")
+    tries = api.tries(DAG_ID, killed_run, KILLED_STAGE)
     assert [t["state"] for t in sorted(tries, key=lambda t: t["try_number"])] == [
         "failed",
         "success",
@@ -196,11 +196,11 @@ def test_backfill_kill_and_retry_and_a_triggered_run_equal_full_refresh(deployme
         airflow.logs
         / f"dag_id={DAG_ID}"
         / f"run_id={killed_run}"
-        / f"task_id=stages.{KILLED_STAGE}"
+        / f"task_id={KILLED_STAGE}"
         / "attempt=1.log"
     )
     assert "SIGKILL" in attempt.read_text()  # the supervisor saw its task process killed
-    others = [ti for ti in instances.values() if ti["task_id"] != f"stages.{KILLED_STAGE}"]
+    others = [ti for ti in instances.values() if ti["task_id"] != KILLED_STAGE]
     assert {(ti["state"], ti["try_number"]) for ti in others} == {("success", 1)}
 
     epochs = committed(place, circuit)

@@ -197,6 +197,11 @@ class RestClient:
             self._token = str(answer["access_token"])
         return self._token
 
+    def get(self, path: str) -> Any:
+        """``GET`` any path of the api-server as the logged-in user, e.g. the endpoints
+        behind the UI's Graph and Grid views (``/ui/structure/structure_data``)."""
+        return self._send("GET", path)
+
     def health(self) -> dict[str, Any]:
         """``/api/v2/monitor/health``: metadatabase, scheduler, dag_processor, triggerer."""
         return dict(self._send("GET", "/api/v2/monitor/health", auth=False, timeout=5))

@@ -2,9 +2,17 @@
 
 The graph mirrors the circuit's plan (``circuit/planner.py``)::
 
-    epoch.open >> ingest.<source> ... >> stages.<stage> ...            (plan order)
+    open_epoch >> ingest.<source> ... >> <stage> ...                   (plan order)
                loop_<name>.iterate[0..k] >> loop_<name>.converged     (per top-level loop)
-    ... >> publish >> epoch.close
+    ... >> publish >> close_epoch
+
+Task groups stay acyclic when collapsed, as the Graph view draws them (Airflow sorts a
+group's children topologically and fails the whole view on a cycle): ``ingest`` only
+follows ``open_epoch`` and each loop group is entered by its iterations and left by
+its convergence check, while ``open_epoch``, the stages, ``publish`` and
+``close_epoch`` stand at the top level. A ``stages`` group or an ``epoch`` group
+holding both ends would be a cycle as soon as a loop, or the epoch itself, sat
+between its members.
 
 Dependencies follow the data: a stage waits for the tasks that produce what it reads,
 a loop for the producers of what its body reads from outside, ``publish`` for all of
@@ -162,19 +170,15 @@ class _EpochGraph:
         self.every: list[Any] = []
 
     def build(self) -> None:
-        from airflow.sdk import TaskGroup
-
         opened, closed = self._epoch()
         self._ingest(opened)
-        stages_group = TaskGroup("stages", tooltip="fused operator chains, in plan order")
         for stage in self.plan.stages_in_scope(0):
             anchor = self.circuit.node(stage.anchor)
             if anchor.op in ("zset_source", "upsert_source"):
                 continue
             if anchor.op == "leave":
                 self._loop(anchor.params["loop"], opened)
-            with stages_group:
-                ran = self._stage(stage.id)
+            ran = self._stage(stage.id)
             self._after(stage.inputs, ran, opened)
             self.producers.update(dict.fromkeys(stage.nodes, ran))
             self.every.append(ran)
@@ -184,21 +188,20 @@ class _EpochGraph:
         published >> closed
 
     def _epoch(self) -> tuple[Any, Any]:
-        """``epoch.open`` and ``epoch.close``."""
-        from airflow.sdk import TaskGroup, task
+        """``open_epoch`` and ``close_epoch``, the first and the last task."""
+        from airflow.sdk import task
 
         runner = self.runner
-        with TaskGroup("epoch", tooltip="open and commit the epoch"):
 
-            @task(task_id="open")
-            def open_epoch(**context: Any) -> int:
-                return runner.open_epoch(context)
+        @task(task_id="open_epoch")
+        def open_epoch(**context: Any) -> int:
+            return runner.open_epoch(context)
 
-            @task(task_id="close", trigger_rule="all_success")
-            def close_epoch(**context: Any) -> int:
-                return runner.close_epoch(context)
+        @task(task_id="close_epoch", trigger_rule="all_success")
+        def close_epoch(**context: Any) -> int:
+            return runner.close_epoch(context)
 
-            return open_epoch(), close_epoch()
+        return open_epoch(), close_epoch()
 
     def _ingest(self, opened: Any) -> None:
         """``ingest.<source>``: one task per source, running the chain fused onto it."""
@@ -249,7 +252,7 @@ class _EpochGraph:
         self.producers.update(dict.fromkeys(inside, checked))
 
     def _stage(self, stage_id: int) -> Any:
-        """``stages.<stage>``: one fused chain of operators."""
+        """``<stage>``: one fused chain of operators (named by the plan)."""
         from airflow.sdk import task
 
         runner = self.runner
@@ -272,7 +275,7 @@ class _EpochGraph:
         return publish()
 
     def _after(self, reads: Any, task_: Any, opened: Any) -> None:
-        """``task_`` waits for the producers of ``reads`` (or for ``epoch.open``)."""
+        """``task_`` waits for the producers of ``reads`` (or for ``open_epoch``)."""
         upstreams = {id(self.producers[n]): self.producers[n] for n in reads}
         for upstream in upstreams.values():
             upstream >> task_
