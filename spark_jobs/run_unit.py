@@ -3,7 +3,7 @@ iteration, the publish step or the close) of a dbspark circuit.
 
     spark-submit --master spark://HOST:7077 spark_jobs/run_unit.py --unit-file PATH
 
-The Airflow task that submits it (``dbspark.orchestration.tasks``, when the Spark
+The Airflow task that submits it (``dbspark.orchestration.airflow.tasks``, when the Spark
 connection has type ``spark``) writes the unit file: the circuit and the unit, pickled.
 The job opens the engine on the same warehouse and catalog, runs the unit through
 ``dbspark.orchestration.units.execute_unit`` (the code a local task runs), and writes

@@ -1,7 +1,9 @@
 """Imports point one way (ARCHITECTURE.md, "Layers"): every ``import dbspark.X`` in the
 library, at module level or inside a function, goes to its own layer or one below; no
-library module imports the development tools; and the layers under ``orchestration``
-never import Airflow."""
+library module imports the development tools; the layers under ``orchestration`` never
+import Airflow; and within ``orchestration`` only ``orchestration/airflow/`` does, besides
+the source connectors that look up a Connection or ``[dbspark] landing`` when a batch is
+pulled."""
 
 from __future__ import annotations
 
@@ -72,6 +74,39 @@ def test_imports_point_down(path: Path) -> None:
         if top in FORBIDDEN_THIRD_PARTY.get(part, ()):
             wrong.append(f"line {line}: {module}")
     assert not wrong, f"{path.relative_to(PACKAGE)} ({part}) imports upward: {wrong}"
+
+
+#: The orchestration modules outside ``orchestration/airflow/`` that may import Airflow,
+#: inside a function only: they resolve an Airflow Connection (``SqlTable(conn_id=...)``)
+#: or ``[dbspark] landing`` when a batch is pulled, never when a DAG file is parsed.
+AIRFLOW_AT_PULL_TIME = {"orchestration/sources/landing.py", "orchestration/sources/sql.py"}
+ORCHESTRATION = sorted(p for p in MODULES if _part(p) == "orchestration")
+
+
+def _module_level_imports(path: Path) -> set[int]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    return {
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        and not any(
+            isinstance(outer, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and outer.lineno <= node.lineno <= (outer.end_lineno or outer.lineno)
+            for outer in ast.walk(tree)
+        )
+    }
+
+
+@pytest.mark.parametrize("path", ORCHESTRATION, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_only_orchestration_airflow_imports_airflow(path: Path) -> None:
+    relative = path.relative_to(PACKAGE).as_posix()
+    if relative.startswith("orchestration/airflow/"):
+        return
+    airflow = [(line, m) for line, m in _imports(path) if m.split(".")[0] == "airflow"]
+    if relative in AIRFLOW_AT_PULL_TIME:
+        top_level = _module_level_imports(path)
+        airflow = [(line, m) for line, m in airflow if line in top_level]
+    assert not airflow, f"{relative} imports Airflow outside orchestration/airflow/: {airflow}"
 
 
 def test_every_part_is_known() -> None:

@@ -34,9 +34,9 @@ from dbspark.devtools.demo import land
 from dbspark.devtools.engine_demo import SCENARIOS, engine_inputs, verify_views
 from dbspark.engine.reference.full_refresh import full_refresh
 from dbspark.examples.circuits import orders, reachability
-from dbspark.orchestration.connectors import LandingDirectory
 from dbspark.orchestration.intervals import Interval
-from dbspark.orchestration.outputs import CHANGES, SNAPSHOT, output_dir, read_change_rows
+from dbspark.orchestration.sinks.files import CHANGES, SNAPSHOT, output_dir, read_change_rows
+from dbspark.orchestration.sources import LandingDirectory
 from dbspark.storage.catalog import epochs_table
 
 pytestmark = pytest.mark.slow

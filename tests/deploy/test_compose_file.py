@@ -51,8 +51,8 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from dbspark.orchestration.connectors import sqlalchemy_url
-from dbspark.orchestration.deployment import DEFAULT_CATALOG_CONN_ID, DEFAULT_SPARK_CONN_ID
+from dbspark.orchestration.airflow.deployment import DEFAULT_CATALOG_CONN_ID, DEFAULT_SPARK_CONN_ID
+from dbspark.orchestration.sources import sqlalchemy_url
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE = REPO / "docker-compose.yml"

@@ -23,13 +23,13 @@ from dbspark.engine.api import InputError
 from dbspark.engine.batches import upsert_batch
 from dbspark.engine.file_batches import FileBatch
 from dbspark.examples.circuits import orders
-from dbspark.orchestration.connectors import (
+from dbspark.orchestration.intervals import Interval
+from dbspark.orchestration.sources import (
     LandingDirectory,
     SourceConnector,
     SqlTable,
     source_columns,
 )
-from dbspark.orchestration.intervals import Interval
 
 DAY0 = Interval(datetime(2026, 1, 1, tzinfo=UTC), datetime(2026, 1, 2, tzinfo=UTC))
 DAY1 = Interval(DAY0.end, DAY0.end + timedelta(days=1))

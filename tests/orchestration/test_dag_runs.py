@@ -12,10 +12,10 @@ import pytest
 
 from dbspark.core.zset import ZSet
 from dbspark.engine.reference.full_refresh import full_refresh
-from dbspark.orchestration.connectors import LandingDirectory
-from dbspark.orchestration.dag import circuit_of
+from dbspark.orchestration.airflow.dag import circuit_of
 from dbspark.orchestration.intervals import Interval
-from dbspark.orchestration.outputs import CHANGES, SNAPSHOT, output_dir, read_change_rows
+from dbspark.orchestration.sinks.files import CHANGES, SNAPSHOT, output_dir, read_change_rows
+from dbspark.orchestration.sources import LandingDirectory
 from dbspark.storage.catalog import Catalog
 
 pytestmark = pytest.mark.slow

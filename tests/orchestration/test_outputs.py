@@ -21,21 +21,22 @@ from dbspark.circuit.builder import Circuit
 from dbspark.core.types import Schema
 from dbspark.core.zset import ZSet
 from dbspark.examples.circuits import orders
-from dbspark.orchestration.outputs import (
+from dbspark.orchestration.sinks.export import ExportReport, export_epoch
+from dbspark.orchestration.sinks.files import (
     MARKER,
     ExportError,
-    ExportReport,
-    ServingEpochError,
-    ServingError,
-    ServingTarget,
     _publish_dir,
-    export_epoch,
     exported_epochs,
-    initialize_serving,
     output_dir,
     read_change_rows,
     read_changes,
     read_snapshot,
+)
+from dbspark.orchestration.sinks.serving import (
+    ServingEpochError,
+    ServingError,
+    ServingTarget,
+    initialize_serving,
 )
 
 SCHEMA = Schema.of(

@@ -30,9 +30,9 @@ from dbspark.devtools.processes import free_port
 from dbspark.devtools.spark_connect import LocalConnectServer
 from dbspark.engine.reference.full_refresh import full_refresh
 from dbspark.examples.circuits import orders
-from dbspark.orchestration.connectors import LandingDirectory
 from dbspark.orchestration.intervals import Interval
-from dbspark.orchestration.outputs import CHANGES, SNAPSHOT, output_dir, read_change_rows
+from dbspark.orchestration.sinks.files import CHANGES, SNAPSHOT, output_dir, read_change_rows
+from dbspark.orchestration.sources import LandingDirectory
 from dbspark.storage.catalog import Catalog, epochs_table
 
 pytestmark = pytest.mark.slow

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from dbspark.core.zset import ZSet
-from dbspark.orchestration.connectors import LandingDirectory
 from dbspark.orchestration.intervals import Interval
-from dbspark.orchestration.outputs import SNAPSHOT, output_dir, read_change_rows
+from dbspark.orchestration.sinks.files import SNAPSHOT, output_dir, read_change_rows
+from dbspark.orchestration.sources import LandingDirectory
 from dbspark.storage.catalog import Catalog
 
 pytestmark = pytest.mark.slow

@@ -87,7 +87,7 @@ def interval(epoch: int) -> Any:
 def land(circuit: Circuit, epoch: int, inputs: Inputs, landing: Any = None) -> list[str]:
     """Write one epoch's batches as files in the landing directory (idempotently);
     ``landing`` None is the configured one (``[dbspark] landing``)."""
-    from dbspark.orchestration.connectors import LandingDirectory
+    from dbspark.orchestration.sources import LandingDirectory
 
     landing = landing or LandingDirectory()
     written = []
@@ -119,8 +119,8 @@ def load_dags(dags_folder: Path) -> dict[str, Any]:
 def run_demo(dag: Any, name: str, epochs: int, out: Any) -> bool:
     """Run one example DAG for ``epochs`` epochs and print them; True when all verified."""
     from dbspark.engine.reference.full_refresh import full_refresh
-    from dbspark.orchestration.deployment import DeploymentOptions, resolve
-    from dbspark.orchestration.tasks import EpochTasks
+    from dbspark.orchestration.airflow.deployment import DeploymentOptions, resolve
+    from dbspark.orchestration.airflow.tasks import EpochTasks
 
     def say(text: str = "") -> None:
         print(text, file=out, flush=True)
@@ -178,7 +178,7 @@ def record_real_start(run: Any, began: datetime) -> None:
 
 
 def dag_circuit(dag: Any) -> Circuit:
-    from dbspark.orchestration.dag import circuit_of
+    from dbspark.orchestration.airflow.dag import circuit_of
 
     return circuit_of(dag.dag_id)
 
@@ -191,7 +191,7 @@ def show_epoch(
     circuit: Circuit, epoch: int, outputs: Path, catalog: Any, say: Any
 ) -> dict[str, ZSet]:
     """Print what the epoch published (read back from the exported files)."""
-    from dbspark.orchestration.outputs import CHANGES, SNAPSHOT, output_dir, read_change_rows
+    from dbspark.orchestration.sinks.files import CHANGES, SNAPSHOT, output_dir, read_change_rows
 
     for loop in _top_loops(circuit):
         iterations = catalog.loop_iterations(circuit.name, loop, (epoch,))
@@ -224,7 +224,7 @@ def _top_loops(circuit: Circuit) -> list[str]:
 def verify_in_spark(circuit: Circuit, deployment: Any, say: Any) -> bool:
     """``SparkEngine.verify``: Spark recomputes every view from the stored raw inputs."""
     from dbspark.engine.spark.executor import SparkEngine
-    from dbspark.orchestration.deployment import spark_for
+    from dbspark.orchestration.airflow.deployment import spark_for
 
     with spark_for(deployment) as spark:
         engine = SparkEngine(

@@ -100,7 +100,8 @@ class PublishUnit:
     kind: ClassVar[str] = "publish"
 
     def run(self, engine: Any) -> dict[str, Any]:
-        from dbspark.orchestration.outputs import ServingTarget, export_epoch
+        from dbspark.orchestration.sinks.export import export_epoch
+        from dbspark.orchestration.sinks.serving import ServingTarget
 
         report = engine.publish(self.epoch)
         log.info("epoch %s: %s", self.epoch, report.describe())

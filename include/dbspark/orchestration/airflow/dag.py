@@ -32,8 +32,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from dbspark.circuit.builder import Circuit
-from dbspark.orchestration.deployment import DeploymentOptions
-from dbspark.orchestration.tasks import EpochTasks
+from dbspark.orchestration.airflow.deployment import DeploymentOptions
+from dbspark.orchestration.airflow.tasks import EpochTasks
 
 #: Mapped iteration tasks per loop when ``build_dag`` is not told otherwise.
 DEFAULT_ITERATION_TASKS = 16
@@ -84,7 +84,7 @@ def build_dag(
     """The Airflow DAG that runs ``circuit`` one epoch per data interval.
 
     ``sources`` maps every source of the circuit to a connector
-    (``orchestration/connectors.py``). ``warehouse``, ``outputs`` and the connection ids
+    (``orchestration/sources/``). ``warehouse``, ``outputs`` and the connection ids
     default to ``airflow.cfg`` (``deployment.py``). Each top-level loop gets
     ``min(iteration_tasks, max_iterations)`` mapped iteration tasks; the last one
     carries on inline if the loop needs more.

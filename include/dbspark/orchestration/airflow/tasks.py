@@ -27,10 +27,15 @@ from typing import Any
 
 from dbspark.circuit.builder import Circuit
 from dbspark.circuit.planner import LoopPlan, Plan, plan
-from dbspark.orchestration.connectors import source_columns
-from dbspark.orchestration.deployment import Deployment, DeploymentOptions, resolve, spark_for
+from dbspark.orchestration.airflow.deployment import (
+    Deployment,
+    DeploymentOptions,
+    resolve,
+    spark_for,
+)
 from dbspark.orchestration.epochs import EpochOfRun, next_epoch, require_epoch
 from dbspark.orchestration.intervals import Interval
+from dbspark.orchestration.sources.base import source_columns
 from dbspark.orchestration.units import (
     CloseUnit,
     IngestUnit,
@@ -47,7 +52,7 @@ from dbspark.storage.catalog import Catalog
 log = logging.getLogger("dbspark.airflow")
 
 #: The spark-submit entry point (``spark_jobs/`` beside ``include/`` in the project).
-SPARK_JOB = Path(__file__).resolve().parents[3] / "spark_jobs" / "run_unit.py"
+SPARK_JOB = Path(__file__).resolve().parents[4] / "spark_jobs" / "run_unit.py"
 
 
 def _skip(message: str) -> Exception:

@@ -94,7 +94,7 @@ def _connection(conn_id: str | None, *, required: bool) -> Any | None:
 
 
 def _database_url(connection: Any | None) -> str | None:
-    from dbspark.orchestration.connectors import airflow_connection_url
+    from dbspark.orchestration.sources.sql import airflow_connection_url
 
     if connection is None:
         return None

@@ -1,0 +1,297 @@
+"""A view's snapshot and change feed as Parquet directories, for readers outside dbspark.
+
+``<root>/<circuit>/<view>/snapshot/epoch=<n>/``
+    the whole view as of epoch ``n``: the view's columns plus ``__w``, the row's
+    multiplicity (never 0). Written by Spark's Parquet writer, never collected.
+``<root>/<circuit>/<view>/changes/epoch=<n>/``
+    the epoch's change: the view's columns plus ``__w`` (positive: copies
+    inserted, negative: copies deleted). An empty change is still written, as a
+    Parquet dataset with no rows and the right schema, so that "nothing changed"
+    differs from "not exported yet". Summing ``__w`` per row over epochs
+    ``0..n`` gives the snapshot of epoch ``n``.
+
+Both directories are published atomically: Spark writes into a hidden sibling
+(``.epoch=<n>.tmp-<id>``, which Spark and Arrow readers skip), a ``_dbspark.json``
+marker (epoch, rows, columns) is added, and one ``rename`` makes data and marker
+visible together. A directory with its marker is complete, so a retried task skips
+it; readers must likewise only trust directories that have the marker
+(:func:`read_changes`, :func:`read_snapshot`, :func:`read_change_rows`). Reading
+``<view>/changes`` as one dataset gives an ``epoch`` partition column.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from dbspark.core.columns import WEIGHT
+from dbspark.core.types import BIGINT, Schema, element_type, is_array
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from dbspark.engine.spark.executor import SparkEngine
+
+MARKER = "_dbspark.json"
+SNAPSHOT = "snapshot"
+CHANGES = "changes"
+KINDS = (SNAPSHOT, CHANGES)
+
+#: One row of a view in schema order, and its weight (a multiplicity or a change).
+WeightedRow = tuple[tuple[Any, ...], int]
+
+
+class ExportError(RuntimeError):
+    """An export cannot be written or read as asked."""
+
+
+# ==================================================================================== paths
+def output_dir(
+    root: str | os.PathLike[str], circuit: str, view: str, kind: str, epoch: int
+) -> Path:
+    """``<root>/<circuit>/<view>/<kind>/epoch=<n>``; ``kind`` is ``snapshot`` or ``changes``."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown export kind {kind!r}; use one of {', '.join(KINDS)}")
+    return Path(root) / circuit / view / kind / f"epoch={int(epoch)}"
+
+
+def read_marker(path: Path) -> dict[str, Any] | None:
+    """The completion marker of an export directory, or None when it is not complete."""
+    try:
+        return json.loads((path / MARKER).read_text())
+    except FileNotFoundError:
+        return None
+
+
+def exported_epochs(
+    root: str | os.PathLike[str], circuit: str, view: str, kind: str = CHANGES
+) -> list[int]:
+    """The epochs whose ``kind`` export of ``view`` is complete, ascending."""
+    base = output_dir(root, circuit, view, kind, 0).parent
+    if not base.is_dir():
+        return []
+    epochs = []
+    for child in base.iterdir():
+        # Hidden temporaries (".epoch=3.tmp-...") are never complete exports.
+        if child.name.startswith("epoch=") and read_marker(child) is not None:
+            epochs.append(int(child.name.removeprefix("epoch=")))
+    return sorted(epochs)
+
+
+# ==================================================================================== writing
+@dataclass
+class DirectoryExport:
+    """One snapshot or change directory: where it is and what is in it."""
+
+    kind: str
+    path: Path | None  # None: computed for serving only, not written
+    rows: int
+    skipped: bool = False
+    inserted: int = 0  # changes only: sum of the positive weights
+    deleted: int = 0  # changes only: sum of the negative weights, as a positive count
+
+    def describe(self) -> str:
+        where = "not written" if self.path is None else str(self.path)
+        where += " (already exported)" if self.skipped else ""
+        if self.kind == SNAPSHOT:
+            return f"snapshot {self.rows} rows -> {where}"
+        return f"change +{self.inserted}/-{self.deleted} in {self.rows} rows -> {where}"
+
+
+def export_snapshot(
+    engine: SparkEngine, view: str, epoch: int, root: str | os.PathLike[str]
+) -> DirectoryExport:
+    """Write the snapshot directory of ``view`` at ``epoch`` under ``root``, unless it is
+    already complete."""
+    circuit = engine.circuit.name
+    schema = engine.circuit.node(engine.circuit.views[view]).schema
+    path = output_dir(root, circuit, view, SNAPSHOT, epoch)
+    skipped, marker = _publish_dir(
+        path,
+        lambda tmp: _write_frame(_view(engine, view, epoch), [*schema.names, WEIGHT], tmp),
+        _marker(circuit, view, SNAPSHOT, epoch, schema),
+    )
+    return DirectoryExport(SNAPSHOT, path, int(marker["rows"]), skipped)
+
+
+def export_changes(
+    engine: SparkEngine, view: str, epoch: int, root: str | os.PathLike[str]
+) -> DirectoryExport:
+    """Write the change directory of ``view`` for ``epoch`` under ``root``, unless it is
+    already complete. Only possible before ``engine.close_epoch(epoch)``."""
+    circuit = engine.circuit.name
+    schema = engine.circuit.node(engine.circuit.views[view]).schema
+    path = output_dir(root, circuit, view, CHANGES, epoch)
+    skipped, marker = _publish_dir(
+        path,
+        lambda tmp: _write_change(engine, view, epoch, schema, tmp),
+        _marker(circuit, view, CHANGES, epoch, schema),
+    )
+    return DirectoryExport(
+        CHANGES,
+        path,
+        int(marker["rows"]),
+        skipped,
+        inserted=int(marker.get("inserted", 0)),
+        deleted=int(marker.get("deleted", 0)),
+    )
+
+
+def _publish_dir(
+    final: Path,
+    write: Callable[[Path], Mapping[str, Any]],
+    marker: Mapping[str, Any],
+) -> tuple[bool, dict[str, Any]]:
+    """Write a directory atomically: ``write(tmp)`` fills a hidden sibling, which gets the
+    marker and is renamed into place. Returns (skipped, marker of the final directory)."""
+    existing = read_marker(final)
+    if existing is not None:
+        return True, existing
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".{final.name}.tmp-{uuid.uuid4().hex[:12]}"
+    try:
+        stats = write(tmp)
+        content = {**marker, **stats, "written_at": datetime.now(UTC).isoformat()}
+        (tmp / MARKER).write_text(json.dumps(content, indent=1, sort_keys=True) + "\n")
+        try:
+            tmp.rename(final)
+        except OSError:
+            # Either a concurrent attempt won the race (its directory is complete, keep
+            # it), or a directory without marker is in the way: not ours to trust.
+            winner = read_marker(final)
+            if winner is not None:
+                return True, winner
+            stale = final.parent / f".{final.name}.stale-{uuid.uuid4().hex[:12]}"
+            final.rename(stale)
+            shutil.rmtree(stale, ignore_errors=True)
+            tmp.rename(final)
+        return False, content
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _view(engine: SparkEngine, view: str, epoch: int, *, change: bool = False) -> Any:
+    """The view (or its change) as Arrow when it is small enough to read in this process
+    (no Spark job for a small epoch's export), else as a Spark DataFrame."""
+    table = engine.view_table(view, epoch, change=change)
+    if table is not None:
+        return table
+    return engine.view_change(view, epoch) if change else engine.view_frame(view, epoch)
+
+
+def _write_frame(frame: DataFrame | pa.Table, columns: Sequence[str], tmp: Path) -> dict[str, int]:
+    from dbspark.storage.warehouse import parquet_stats, spark_path
+
+    # An empty frame is written as one empty part file with the schema (what Spark does),
+    # which is what lets readers tell an empty change from a missing one.
+    if isinstance(frame, pa.Table):
+        tmp.mkdir()
+        pq.write_table(frame.select(list(columns)), tmp / f"part-00000-{uuid.uuid4().hex}.parquet")
+    else:
+        frame.select(*columns).write.mode("error").parquet(spark_path(tmp))
+    rows, size = parquet_stats(tmp)
+    return {"rows": rows, "bytes": size}
+
+
+def _write_change(
+    engine: SparkEngine, view: str, epoch: int, schema: Schema, tmp: Path
+) -> dict[str, int]:
+    columns = [*schema.names, WEIGHT]
+    stats = _write_frame(_view(engine, view, epoch, change=True), columns, tmp)
+    # A change is small: its +/- sizes are read back from the files just written.
+    rows = _parquet_rows(tmp, schema)
+    stats["inserted"] = sum(w for _, w in rows if w > 0)
+    stats["deleted"] = -sum(w for _, w in rows if w < 0)
+    return stats
+
+
+def _marker(circuit: str, view: str, kind: str, epoch: int, schema: Schema) -> dict[str, Any]:
+    return {
+        "format": 1,
+        "circuit": circuit,
+        "view": view,
+        "kind": kind,
+        "epoch": int(epoch),
+        "columns": [[name, type_name] for name, type_name in schema.fields] + [[WEIGHT, BIGINT]],
+    }
+
+
+# ==================================================================================== reading
+def read_change_rows(path: Path, schema: Schema) -> list[WeightedRow]:
+    """The rows of one complete change directory, on the driver (a change is small)."""
+    if read_marker(path) is None:
+        raise ExportError(f"{path} is not a complete export (no {MARKER})")
+    return _parquet_rows(path, schema)
+
+
+def _parquet_rows(path: Path, schema: Schema) -> list[WeightedRow]:
+    # Arrow skips "_"- and "."-prefixed files (_SUCCESS, the marker, .crc) like Spark.
+    return arrow_rows(pq.read_table(path, columns=[*schema.names, WEIGHT]), schema)
+
+
+def arrow_rows(table: pa.Table, schema: Schema) -> list[WeightedRow]:
+    """The rows of an Arrow table of the view's columns and ``__w``."""
+    return [
+        (tuple(_from_arrow(record[n], t) for n, t in schema.fields), int(record[WEIGHT]))
+        for record in table.to_pylist()
+    ]
+
+
+def _from_arrow(value: Any, type_name: str) -> Any:
+    if value is None:
+        return None
+    if is_array(type_name):
+        inner = element_type(type_name)
+        return tuple(_from_arrow(v, inner) for v in value)
+    return value
+
+
+def read_changes(
+    spark: SparkSession,
+    root: str | os.PathLike[str],
+    circuit: str,
+    view: str,
+    epochs: Iterable[int] | None = None,
+) -> DataFrame:
+    """The exported changes of ``view`` for ``epochs`` (default: every complete one) as one
+    frame: the view's columns, ``__w`` and ``epoch``. A missing epoch is an error."""
+    from dbspark.storage.warehouse import spark_path
+
+    available = exported_epochs(root, circuit, view, CHANGES)
+    wanted = available if epochs is None else sorted({int(e) for e in epochs})
+    missing = sorted(set(wanted) - set(available))
+    if missing:
+        raise ExportError(
+            f"the changes of view {view!r} of circuit {circuit!r} are not exported for "
+            f"epochs {missing} (exported: {available or 'none'})"
+        )
+    if not wanted:
+        raise ExportError(f"no exported changes of view {view!r} of circuit {circuit!r}")
+    paths = [output_dir(root, circuit, view, CHANGES, e) for e in wanted]
+    base = paths[0].parent
+    return spark.read.option("basePath", spark_path(base)).parquet(*(spark_path(p) for p in paths))
+
+
+def read_snapshot(
+    spark: SparkSession, root: str | os.PathLike[str], circuit: str, view: str, epoch: int
+) -> DataFrame:
+    """The exported snapshot of ``view`` at ``epoch`` (view columns and ``__w``)."""
+    from dbspark.storage.warehouse import spark_path
+
+    path = output_dir(root, circuit, view, SNAPSHOT, epoch)
+    if read_marker(path) is None:
+        raise ExportError(
+            f"the snapshot of view {view!r} of circuit {circuit!r} at epoch {epoch} is not "
+            f"exported (no complete {path})"
+        )
+    return spark.read.parquet(spark_path(path))

@@ -1,0 +1,233 @@
+"""A change-data pull from an operational table: :class:`SqlTable`.
+
+The database is a SQLAlchemy URL, or an Airflow connection resolved at each pull
+(:func:`airflow_connection_url`), never when the DAG file is parsed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+
+from dbspark.engine.api import InputError
+from dbspark.orchestration.intervals import Interval
+from dbspark.orchestration.sources.base import SourceConnector
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = ["SqlTable", "airflow_connection_url", "sqlalchemy_url"]
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_UNITS = {"s": 1_000_000, "ms": 1_000}
+
+
+def _epoch_bound(moment: datetime, unit: str) -> int:
+    """The smallest integer ``n`` in ``unit`` with ``n >= moment``: for integer column
+    values, ``v >= bound(t)`` exactly when ``v`` (as an instant) is at or after ``t``, so
+    the half-open interval stays half-open when its bounds are not whole units."""
+    delta = moment - _EPOCH
+    micros = (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+    return -(-micros // _UNITS[unit])
+
+
+def sqlalchemy_url(uri: str | sa.URL) -> sa.URL:
+    """``uri`` as a SQLAlchemy URL, with PostgreSQL on the installed driver (psycopg 3):
+    Airflow writes ``postgres://`` and plain ``postgresql://`` would mean psycopg2."""
+    url = sa.make_url(uri)
+    if url.drivername in ("postgres", "postgresql"):
+        url = url.set(drivername="postgresql+psycopg")
+    return url
+
+
+def airflow_connection_url(conn_id: str) -> sa.URL:
+    """The SQLAlchemy URL of the Airflow connection ``conn_id`` (resolved now).
+
+    Works inside a task and outside one (connections given as ``AIRFLOW_CONN_<ID>``
+    environment variables, a URI or JSON). A SQLite connection may hold its file path in
+    ``host`` (Airflow's SQLite hook convention, and the JSON form) or in ``schema`` (the
+    URI form ``sqlite:////abs/path.db``); ``get_uri`` renders the first one wrongly, so
+    SQLite URLs are built from the fields.
+    """
+    # Imported here: the task SDK costs seconds to import and DAG parsing must not need it.
+    from airflow.sdk import BaseHook
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    try:
+        conn = BaseHook.get_connection(conn_id)
+    except AirflowNotFoundException:
+        raise LookupError(
+            f"Airflow connection {conn_id!r} is not defined (add it in Airflow, or set "
+            f"AIRFLOW_CONN_{conn_id.upper()})"
+        ) from None
+    if conn.conn_type == "sqlite":
+        path = conn.host or conn.schema
+        if not path:
+            raise ValueError(f"Airflow connection {conn_id!r} (sqlite) names no database file")
+        return sa.URL.create("sqlite", database=path)
+    return sqlalchemy_url(conn.get_uri())
+
+
+class SqlTable(SourceConnector):
+    """A change-data pull from an operational table: the rows whose ``watermark_column``
+    lies in the interval ``[start, end)``.
+
+    Give the database as a SQLAlchemy ``url``, or as an Airflow ``conn_id`` that is
+    resolved at each pull (never when the DAG is parsed, so DAG files need no database or
+    secrets). ``schema`` is the database schema of ``table``.
+
+    The watermark column is a TIMESTAMP (a column without a time zone is taken to hold
+    UTC), or an integer of epoch seconds or milliseconds: ``watermark_unit="s"`` or
+    ``"ms"``. The bounds are bound parameters of the query. A row whose watermark is
+    NULL is in no interval and is never pulled.
+
+    Selected are the source's declared columns (given to :meth:`batch`), in that order;
+    ``columns`` maps a source column to a table column of another name. With
+    ``weight_column`` the rows are ``[row, weight]`` pairs, for a Z-set source. Rows are
+    ordered by the watermark and then by every selected column, so a pull is
+    reproducible. Values are what the driver returns; the engine checks them against the
+    source's types (a NUMERIC column gives ``Decimal``, which a BIGINT source refuses).
+    """
+
+    def __init__(
+        self,
+        url: str | sa.URL | None = None,
+        *,
+        conn_id: str | None = None,
+        table: str,
+        watermark_column: str,
+        watermark_unit: str | None = None,
+        columns: Mapping[str, str] | None = None,
+        schema: str | None = None,
+        weight_column: str | None = None,
+    ) -> None:
+        if (url is None) == (conn_id is None):
+            raise ValueError("SqlTable needs exactly one of url and conn_id")
+        if watermark_unit not in (None, *_UNITS):
+            raise ValueError(
+                f"watermark_unit {watermark_unit!r} is not one of None (a timestamp), 's', 'ms'"
+            )
+        self.url = None if url is None else sqlalchemy_url(url)
+        self.conn_id = conn_id
+        self.table = table
+        self.schema = schema
+        self.watermark_column = watermark_column
+        self.watermark_unit = watermark_unit
+        self.columns = dict(columns or {})
+        self.weight_column = weight_column
+
+    @property
+    def _table_name(self) -> str:
+        return f"{self.schema}.{self.table}" if self.schema else self.table
+
+    def _where(self) -> str:
+        if self.url is not None:
+            return self.url.render_as_string(hide_password=True)
+        return f"Airflow connection {self.conn_id!r}"
+
+    def __repr__(self) -> str:
+        return f"SqlTable({self._where()}, table={self._table_name!r})"
+
+    def describe(self, source: str, interval: Interval) -> str:
+        return (
+            f"source {source!r}: table {self._table_name} at {self._where()}, rows with "
+            f"{self.watermark_column} in {interval}"
+        )
+
+    def batch(
+        self,
+        source: str,
+        interval: Interval,
+        *,
+        columns: Sequence[str],
+        spark: SparkSession | None = None,
+    ) -> list[tuple]:
+        """The rows of the interval, as tuples in ``columns`` order (``[row, weight]``
+        pairs with ``weight_column``). An interval without rows gives an empty list."""
+        if not columns:
+            raise ValueError(f"source {source!r}: SqlTable needs the source's columns")
+        unknown = sorted(set(self.columns) - set(columns))
+        if unknown:
+            raise InputError(
+                source, f"SqlTable maps column(s) {unknown} the source does not declare"
+            )
+        engine = sa.create_engine(self._url())
+        try:
+            with engine.connect() as conn:
+                table = self._reflect(source, conn)
+                query = self._query(source, table, columns, interval)
+                rows = conn.execute(query).all()
+        finally:
+            engine.dispose()
+        if self.weight_column is None:
+            return [tuple(r) for r in rows]
+        return [(tuple(r[:-1]), r[-1]) for r in rows]
+
+    def _url(self) -> sa.URL:
+        if self.url is not None:
+            return self.url
+        assert self.conn_id is not None  # the constructor requires one of the two
+        return airflow_connection_url(self.conn_id)
+
+    def _reflect(self, source: str, conn: sa.Connection) -> sa.Table:
+        try:
+            return sa.Table(self.table, sa.MetaData(), schema=self.schema, autoload_with=conn)
+        except sa.exc.NoSuchTableError:
+            raise InputError(
+                source, f"table {self._table_name!r} does not exist at {self._where()}"
+            ) from None
+
+    def _column(self, source: str, table: sa.Table, name: str, role: str) -> sa.Column:
+        if name not in table.c:
+            raise InputError(
+                source,
+                f"{role} column {name!r} is not in table {self._table_name!r} at "
+                f"{self._where()} (it has {list(table.c.keys())})",
+            )
+        return table.c[name]
+
+    def _query(
+        self, source: str, table: sa.Table, columns: Sequence[str], interval: Interval
+    ) -> sa.Select:
+        selected = [
+            self._column(source, table, self.columns.get(c, c), "the source").label(c)
+            for c in columns
+        ]
+        if self.weight_column is not None:
+            selected.append(self._column(source, table, self.weight_column, "the weight"))
+        mark = self._column(source, table, self.watermark_column, "the watermark")
+        start, end = self._bounds(source, mark, interval)
+        return (
+            sa.select(*selected)
+            .where(mark >= start, mark < end)
+            .order_by(mark, *[table.c[self.columns.get(c, c)] for c in columns])
+        )
+
+    def _bounds(self, source: str, mark: sa.Column, interval: Interval) -> tuple[Any, Any]:
+        kind = mark.type
+        untyped = isinstance(kind, sa.types.NullType)  # a SQLite column declared without type
+        if self.watermark_unit is not None:
+            if not (untyped or isinstance(kind, sa.Integer)):
+                raise InputError(
+                    source,
+                    f"watermark column {mark.name!r} of table {self._table_name!r} is {kind}, "
+                    f"not an integer of epoch {self.watermark_unit}",
+                )
+            unit = self.watermark_unit
+            return _epoch_bound(interval.start, unit), _epoch_bound(interval.end, unit)
+        if not (untyped or isinstance(kind, sa.DateTime)):
+            hint = " (give watermark_unit='s' or 'ms')" if isinstance(kind, sa.Integer) else ""
+            raise InputError(
+                source,
+                f"watermark column {mark.name!r} of table {self._table_name!r} is {kind}, "
+                f"not a TIMESTAMP{hint}",
+            )
+        if getattr(kind, "timezone", False):
+            return interval.start, interval.end
+        # A timestamp without time zone holds UTC; an aware bound would be shifted by the
+        # session's time zone on some databases (PostgreSQL compares as timestamptz).
+        return interval.start.replace(tzinfo=None), interval.end.replace(tzinfo=None)
