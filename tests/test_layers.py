@@ -84,17 +84,17 @@ ORCHESTRATION = sorted(p for p in MODULES if _part(p) == "orchestration")
 
 
 def _module_level_imports(path: Path) -> set[int]:
-    tree = ast.parse(path.read_text(), filename=str(path))
-    return {
-        node.lineno
-        for node in ast.walk(tree)
-        if isinstance(node, (ast.Import, ast.ImportFrom))
-        and not any(
-            isinstance(outer, (ast.FunctionDef, ast.AsyncFunctionDef))
-            and outer.lineno <= node.lineno <= (outer.end_lineno or outer.lineno)
-            for outer in ast.walk(tree)
-        )
-    }
+    """Lines of the imports that run when the module is imported (not inside a function)."""
+    found: set[int] = set()
+    pending = list(ast.parse(path.read_text(), filename=str(path)).body)
+    while pending:
+        node = pending.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            found.add(node.lineno)
+        pending.extend(ast.iter_child_nodes(node))
+    return found
 
 
 @pytest.mark.parametrize("path", ORCHESTRATION, ids=lambda p: str(p.relative_to(PACKAGE)))

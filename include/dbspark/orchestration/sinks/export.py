@@ -16,13 +16,11 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from dbspark.core.types import Schema
 from dbspark.orchestration.sinks.files import (
     CHANGES,
     DirectoryExport,
     ExportError,
-    WeightedRow,
-    arrow_rows,
+    change_rows,
     export_changes,
     export_snapshot,
     read_change_rows,
@@ -101,7 +99,7 @@ def export_epoch(
                 # The exported change is what readers of the feed see: serve exactly that.
                 change = read_change_rows(item.changes.path, schema)
             else:
-                change = _change_rows(engine, name, epoch, schema)
+                change = change_rows(engine, name, epoch, schema)
             item.serving = serving.apply(circuit, name, schema, epoch, change)
             if item.changes is None:
                 item.changes = DirectoryExport(
@@ -113,14 +111,3 @@ def export_epoch(
                 )
     log.info("%s", report.describe())
     return report
-
-
-def _change_rows(engine: SparkEngine, view: str, epoch: int, schema: Schema) -> list[WeightedRow]:
-    """The epoch's change of ``view`` on the driver (for serving without a change feed):
-    read as Arrow when the engine holds it small, else collected from Spark."""
-    table = engine.view_table(view, epoch, change=True)
-    if table is not None:
-        return arrow_rows(table, schema)
-    from dbspark.engine.spark.frames import frame_to_zset
-
-    return list(frame_to_zset(engine.view_change(view, epoch), schema).items())

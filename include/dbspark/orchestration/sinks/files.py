@@ -189,6 +189,16 @@ def _view(engine: SparkEngine, view: str, epoch: int, *, change: bool = False) -
     return engine.view_change(view, epoch) if change else engine.view_frame(view, epoch)
 
 
+def change_rows(engine: SparkEngine, view: str, epoch: int, schema: Schema) -> list[WeightedRow]:
+    """The epoch's change of ``view`` on the driver, for serving without a change feed."""
+    change = _view(engine, view, epoch, change=True)
+    if isinstance(change, pa.Table):
+        return _arrow_rows(change, schema)
+    from dbspark.engine.spark.frames import frame_to_zset
+
+    return list(frame_to_zset(change, schema).items())
+
+
 def _write_frame(frame: DataFrame | pa.Table, columns: Sequence[str], tmp: Path) -> dict[str, int]:
     from dbspark.storage.warehouse import parquet_stats, spark_path
 
@@ -236,10 +246,10 @@ def read_change_rows(path: Path, schema: Schema) -> list[WeightedRow]:
 
 def _parquet_rows(path: Path, schema: Schema) -> list[WeightedRow]:
     # Arrow skips "_"- and "."-prefixed files (_SUCCESS, the marker, .crc) like Spark.
-    return arrow_rows(pq.read_table(path, columns=[*schema.names, WEIGHT]), schema)
+    return _arrow_rows(pq.read_table(path, columns=[*schema.names, WEIGHT]), schema)
 
 
-def arrow_rows(table: pa.Table, schema: Schema) -> list[WeightedRow]:
+def _arrow_rows(table: pa.Table, schema: Schema) -> list[WeightedRow]:
     """The rows of an Arrow table of the view's columns and ``__w``."""
     return [
         (tuple(_from_arrow(record[n], t) for n, t in schema.fields), int(record[WEIGHT]))
