@@ -22,7 +22,8 @@ ALLOWED: dict[str, set[str]] = {
     "examples": {"core", "circuit", "examples"},
     "engine": {"core", "circuit", "storage", "engine"},
     "orchestration": {"core", "circuit", "storage", "engine", "orchestration"},
-    "conformance": {"core", "circuit", "storage", "engine", "examples", "conformance"},
+    "sql": {"core", "circuit", "sql"},
+    "conformance": {"core", "circuit", "storage", "engine", "examples", "sql", "conformance"},
     "refresh": {"core", "circuit", "storage", "engine", "examples"},
     "devtools": {
         "core",
@@ -32,6 +33,7 @@ ALLOWED: dict[str, set[str]] = {
         "orchestration",
         "examples",
         "conformance",
+        "sql",
         "devtools",
     },
 }
@@ -39,6 +41,7 @@ ALLOWED: dict[str, set[str]] = {
 FORBIDDEN_THIRD_PARTY = {
     "core": {"airflow", "pyspark", "duckdb", "pyarrow", "sqlalchemy"},
     "circuit": {"airflow", "pyspark", "duckdb"},
+    "sql": {"airflow", "pyspark", "duckdb", "pyarrow", "sqlalchemy"},
     "storage": {"airflow"},
     "engine": {"airflow"},
 }

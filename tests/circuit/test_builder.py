@@ -454,3 +454,44 @@ def test_named_circuits_validate_and_plan(name: str) -> None:
     c = NAMED_CIRCUITS[name]()
     c.validate()
     assert plan(c).stages
+
+
+def test_constant_checks_its_rows_against_its_schema() -> None:
+    c = Circuit("constants")
+    c.zset_source("s", {"x": "bigint"})
+    with pytest.raises(CircuitError, match="does not have 2 values"):
+        c.constant({"a": "bigint", "b": "string"}, [((1,), 1)])
+    with pytest.raises(CircuitError, match="column 'b' is string, got 2"):
+        c.constant({"a": "bigint", "b": "string"}, [((1, 2), 1)])
+    with pytest.raises(CircuitError, match="weight 'one'"):
+        c.constant({"a": "bigint"}, [((1,), "one")])
+    stream = c.constant({"a": "bigint", "b": "string"}, [((1, None), 2), ((3, "x"), 0)])
+    assert stream.node.op == "constant" and stream.node.scope == 0
+    assert stream.node.params["rows"] == (((1, None), 2),)  # zero weights dropped
+
+
+def test_a_constant_arrives_once_and_is_held_by_every_engine_after() -> None:
+    """Its delta is its rows at epoch 0 and nothing later; used inside a loop, it is
+    entered like any outer stream."""
+    from dbspark.engine.reference.engine import ReferenceEngine
+    from dbspark.engine.reference.full_refresh import full_refresh
+
+    c = Circuit("constant_use")
+    edges = c.zset_source("edges", {"src": "bigint", "dst": "bigint"})
+    start = c.constant({"node": "bigint"}, [((1,), 1)])
+    reach = start.iterate(
+        lambda r: (
+            r.join(edges, left_on="node", right_on="src")
+            .select(node=col("dst"))
+            .plus(start)
+            .distinct()
+        )
+    )
+    c.view("reach", reach)
+    engine = ReferenceEngine(c)
+    first = engine.step({"edges": []})
+    assert dict(first.views["reach"].items()) == {(1,): 1}
+    second = engine.step({"edges": [((1, 2), 1), ((2, 3), 1)]})
+    assert dict(second.views["reach"].items()) == {(1,): 1, (2,): 1, (3,): 1}
+    history = [{"edges": []}, {"edges": [((1, 2), 1), ((2, 3), 1)]}]
+    assert full_refresh(c, history)["reach"] == second.views["reach"]

@@ -41,9 +41,11 @@ from dbspark.circuit.expressions import (
     wrap,
 )
 from dbspark.core.columns import TOMBSTONE, is_reserved
-from dbspark.core.types import BIGINT, BOOLEAN, STRING, Schema, is_array
+from dbspark.core.types import BIGINT, BOOLEAN, DOUBLE, STRING, Schema, is_array
 
 SOURCE_OPS = frozenset({"zset_source", "upsert_source"})
+#: A collection fixed when the circuit is built: its rows arrive at epoch 0, once.
+CONSTANT_OP = "constant"
 #: Operators that act on each update independently: they run on the delta alone.
 LINEAR_OPS = frozenset(
     {
@@ -200,6 +202,32 @@ class Circuit:
         self.sources[name] = state.id
         live = self._add("upsert_live", (state.id,), user_schema, 0, f"{name}.live")
         return Stream(self, live.id)
+
+    # --- constants -------------------------------------------------------------
+    def constant(
+        self, schema: Mapping[str, str], rows: Iterable[tuple[Sequence[Any], int]]
+    ) -> Stream:
+        """A collection that never changes: ``rows`` (``(values, weight)`` pairs) with
+        ``schema``'s columns. Its delta is ``rows`` at epoch 0 and empty at every other
+        time, so its integral is ``rows`` from the first epoch on (DBSP's constant
+        stream, integrated). SQL's aggregate without ``GROUP BY`` uses it for the row it
+        returns over no input."""
+        where = f"constant #{len(self.nodes)}"
+        typed = _source_schema(schema, where)
+        checked: list[tuple[tuple[Any, ...], int]] = []
+        for values, weight in rows:
+            values = tuple(values)
+            if len(values) != len(typed):
+                raise CircuitError(f"{where}: row {values!r} does not have {len(typed)} values")
+            if not isinstance(weight, int) or isinstance(weight, bool):
+                raise CircuitError(f"{where}: weight {weight!r} of {values!r} is not an integer")
+            for value, (name, kind) in zip(values, typed.fields, strict=True):
+                if value is not None and not _fits(value, kind):
+                    raise CircuitError(f"{where}: column {name!r} is {kind}, got {value!r}")
+            if weight:
+                checked.append((values, weight))
+        node = self._add(CONSTANT_OP, (), typed, 0, where, {"rows": tuple(checked)})
+        return Stream(self, node.id)
 
     # --- views -----------------------------------------------------------------
     def view(self, name: str, stream: Stream) -> Stream:
@@ -701,6 +729,19 @@ def _source_schema(schema: Mapping[str, str], what: str) -> Schema:
         return Schema.of(schema, what=what)
     except (TypeError, ValueError) as exc:
         raise CircuitError(str(exc)) from None
+
+
+def _fits(value: Any, kind: str) -> bool:
+    """Whether a Python constant is a value of column type ``kind`` (scalars only)."""
+    if kind == BIGINT:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == BOOLEAN:
+        return isinstance(value, bool)
+    if kind == STRING:
+        return isinstance(value, str)
+    if kind == DOUBLE:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return False
 
 
 def _as_names(value: str | Sequence[str] | None) -> tuple[str, ...]:

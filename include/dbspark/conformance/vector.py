@@ -18,9 +18,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dbspark.circuit.builder import Circuit
+from dbspark.circuit.builder import Circuit, CircuitError
 from dbspark.core.types import BIGINT, BOOLEAN, DOUBLE, STRING, Schema, element_type, is_array
 from dbspark.examples.circuits import NAMED_CIRCUITS
+from dbspark.sql import compile_circuit
 
 BIGINT_MIN = -(2**63)
 BIGINT_MAX = 2**63 - 1
@@ -95,21 +96,66 @@ def parse_vector(text: str) -> Vector:
         raise VectorError(f"the vector must be a JSON object, got {_kind(data)}")
     if "circuit" not in data:
         raise VectorError('the vector has no "circuit"')
-    name = data["circuit"]
-    if not isinstance(name, str):
-        raise VectorError(f'"circuit" must be a string, got {_kind(name)}')
-    if name not in NAMED_CIRCUITS:
-        raise VectorError(f"unknown circuit {name!r} (known: {', '.join(sorted(NAMED_CIRCUITS))})")
+    name, circuit = _circuit(data["circuit"])
     if "epochs" not in data:
         raise VectorError('the vector has no "epochs"')
     raw_epochs = data["epochs"]
     if not isinstance(raw_epochs, list):
         raise VectorError(f'"epochs" must be a list of objects, got {_kind(raw_epochs)}')
-    circuit = NAMED_CIRCUITS[name]()
     sources = sources_of(circuit)
     epochs = [_parse_epoch(index, raw, sources, name) for index, raw in enumerate(raw_epochs)]
     expected = data.get("expected")
     return Vector(name, circuit, epochs, expected)
+
+
+#: The name a circuit defined in SQL runs under (its warehouse folder, its DAG).
+SQL_CIRCUIT = "sql_circuit"
+
+
+def _circuit(spec: Any) -> tuple[str, Circuit]:
+    """The vector's circuit: a named one, or sources and SQL views (the conformance
+    README, "Circuits defined in SQL")."""
+    if isinstance(spec, str):
+        if spec not in NAMED_CIRCUITS:
+            raise VectorError(
+                f"unknown circuit {spec!r} (known: {', '.join(sorted(NAMED_CIRCUITS))})"
+            )
+        return spec, NAMED_CIRCUITS[spec]()
+    if not isinstance(spec, dict):
+        raise VectorError(f'"circuit" must be a name or an object, got {_kind(spec)}')
+    unknown = sorted(set(spec) - {"sources", "sql"})
+    if unknown or not isinstance(spec.get("sources"), dict) or not isinstance(spec.get("sql"), str):
+        raise VectorError(
+            '"circuit" as an object needs "sources" (an object) and "sql" (a string)'
+            + (f"; unknown keys: {unknown}" if unknown else "")
+        )
+    for source, declared in spec["sources"].items():
+        _check_source_spec(source, declared)
+    try:
+        return SQL_CIRCUIT, compile_circuit(SQL_CIRCUIT, spec["sources"], spec["sql"])
+    except CircuitError as error:
+        raise VectorError(str(error)) from None
+
+
+def _check_source_spec(source: str, declared: Any) -> None:
+    here = f'"circuit" source {source!r}'
+    if not isinstance(declared, dict):
+        raise VectorError(f"{here}: must be an object, got {_kind(declared)}")
+    allowed = {"columns", "key", "watermark", "tombstone", "tombstone_value"}
+    unknown = sorted(set(declared) - allowed)
+    if unknown:
+        raise VectorError(f"{here}: unknown keys {unknown}")
+    columns = declared.get("columns")
+    if not isinstance(columns, list) or not all(
+        isinstance(c, list) and len(c) == 2 and all(isinstance(x, str) for x in c) for c in columns
+    ):
+        raise VectorError(f'{here}: "columns" must be a list of [name, type] pairs')
+    for listed in ("key", "watermark"):
+        value = declared.get(listed)
+        if value is not None and not (
+            isinstance(value, list) and all(isinstance(x, str) for x in value)
+        ):
+            raise VectorError(f'{here}: "{listed}" must be a list of column names')
 
 
 def _parse_epoch(

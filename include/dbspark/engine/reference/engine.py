@@ -337,6 +337,9 @@ class ReferenceEngine:
         op = node.op
         if node.id in self._linear:
             self._linear[node.id](self._input(node, 0, t), t)
+        elif op == "constant":
+            if t == (0,):  # its rows arrive once, at the first epoch
+                self._emit(node.id, t, ZSet(node.params["rows"]))
         elif op == "plus":
             self._emit(node.id, t, self._input(node, 0, t) + self._input(node, 1, t))
         elif op == "minus":

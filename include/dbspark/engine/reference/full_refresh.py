@@ -150,6 +150,8 @@ class FullRefresh:
             return self._zset_source(node, t[0])
         if op == "upsert_source":
             return self._upsert_source(node, t[0])
+        if op == "constant":
+            return ZSet(node.params["rows"])
         if op == "enter":
             return self.collection(node.inputs[0], t[:-1])
         if op == "variable":

@@ -117,6 +117,15 @@ def _negate(e: Evaluation) -> Frame:
     return None if delta is None else ops.negate(delta)
 
 
+@evaluates("constant")
+def _constant(e: Evaluation) -> Frame:
+    """A constant's rows arrive once, at the first epoch."""
+    if e.t != (0,):
+        return None
+    rows = [(*values, weight) for values, weight in e.node.params["rows"]]
+    return e.unit.tier.frame(rows, e.engine._fields(e.node)) if rows else None
+
+
 @evaluates("upsert_live")
 def _upsert_live(e: Evaluation) -> Frame:
     delta = e.input()

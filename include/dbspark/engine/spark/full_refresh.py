@@ -332,6 +332,13 @@ def refresher(node: Node) -> Refresher:
 # --- sources -----------------------------------------------------------------------------
 
 
+@refreshes("constant")
+def _constant(r: Refresh, node: Node, time: Time) -> DataFrame:
+    """A constant holds its rows at every time."""
+    rows = [(*values, weight) for values, weight in node.params["rows"]]
+    return r.spark.createDataFrame(rows, struct_type(node.schema, [(WEIGHT, WEIGHT_TYPE)]))
+
+
 @refreshes("zset_source")
 def _zset_source(r: Refresh, node: Node, time: Time) -> DataFrame:
     """A Z-set source at epoch ``e`` is the sum of its batches of epochs ``0..e``."""

@@ -36,8 +36,12 @@ class SparkTier:
         self.warehouse = warehouse
         self.buckets = buckets
 
+    def frame(self, rows: Sequence[Sequence[Any]], fields: Fields) -> DataFrame:
+        """Rows (tuples in ``fields`` order) as a DataFrame, for small constant data."""
+        return self.spark.createDataFrame([tuple(row) for row in rows], spark_struct(fields))
+
     def empty(self, fields: Fields) -> DataFrame:
-        return self.spark.createDataFrame([], spark_struct(fields))
+        return self.frame([], fields)
 
     def checkpoint(self, frame: DataFrame) -> DataFrame:
         return frame.localCheckpoint()

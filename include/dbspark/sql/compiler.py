@@ -1,0 +1,710 @@
+"""SQL view definitions compiled to a circuit of the builder.
+
+``add_views(circuit, script)`` reads a script of ``CREATE [MATERIALIZED] VIEW name AS
+query;`` statements (Spark SQL, parsed by sqlglot) over the circuit's sources and
+declares each view on the circuit. The result is an ordinary circuit: the planner,
+both engines, the DAG, full refresh and ``verify`` see operators, never SQL.
+
+How a query becomes operators:
+
+* every table reference is a ``select`` that renames the relation's columns to fresh
+  internal names, so self-joins and equal column names on two sides never clash
+  (the planner fuses these projections into the stage that reads them);
+* ``WHERE`` terms over one relation are applied to it before it is joined; an
+  equality between a column of the relations joined so far and one of the next
+  relation becomes the join's key, from ``ON`` or, for ``FROM a, b``, from ``WHERE``;
+  the terms left over filter the joined rows;
+* ``GROUP BY`` is a ``select`` of the group keys and aggregate arguments, an
+  ``aggregate``, then ``HAVING`` and the select list over its result. Without
+  ``GROUP BY`` the aggregate keeps its one row over no input: the result is
+  ``aggregate + constant(default row) - (one default row per aggregate row)``,
+  which is the aggregate when the input has rows and the default row when not;
+* ``UNION ALL`` is ``plus``, ``UNION`` is ``plus`` then ``distinct``, ``DISTINCT``
+  is ``distinct``;
+* ``WITH RECURSIVE r AS (base UNION step)`` is ``iterate``: the loop variable starts
+  as the base, each iteration is ``distinct(base + step(r))``, and the loop ends when
+  an iteration changes nothing (the least fixed point, as SQL defines it).
+
+What the builder has no operator for yet is refused, naming the view, the construct
+and its line and column: outer joins, ``EXISTS`` and ``IN (subquery)``, ``EXCEPT`` and
+``INTERSECT``, ``COUNT(DISTINCT)``. So is what no view can mean: window functions,
+``ORDER BY`` and ``LIMIT``, joins without an equality, non-deterministic functions.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import reduce
+from typing import Any
+
+import sqlglot
+from sqlglot import exp
+from sqlglot.errors import ParseError, TokenError
+
+from dbspark.circuit import aggregations as aggs
+from dbspark.circuit.builder import Circuit, CircuitError, Stream
+from dbspark.circuit.expressions import Column, Expr, ExpressionError, col, infer_type, lit, unify
+from dbspark.core.types import BOOLEAN, Schema
+from dbspark.sql.errors import SqlError, position, sql_text
+from dbspark.sql.scalars import Field, Scalars, column_refs, conjuncts
+
+#: sqlglot aggregate nodes and the builder's aggregations.
+_AGGREGATES = {exp.Count: "count", exp.Sum: "sum", exp.Min: "min", exp.Max: "max", exp.Avg: "avg"}
+_BUILDERS = {
+    "count": aggs.count,
+    "sum": aggs.sum_,
+    "min": aggs.min_,
+    "max": aggs.max_,
+    "avg": aggs.avg,
+}
+
+
+@dataclass
+class Relation:
+    """A query result: a stream whose columns are exactly ``names``, in order."""
+
+    stream: Stream
+    names: list[str]
+
+
+@dataclass
+class _From:
+    """A relation as a ``FROM`` item: its stream under internal names, its fields."""
+
+    stream: Stream
+    fields: list[Field]
+
+
+def add_views(circuit: Circuit, script: str) -> list[str]:
+    """Declare the views of ``script`` on ``circuit`` (whose sources they read) and
+    return their names in order. Raises :class:`SqlError` for SQL that is refused."""
+    return _Compiler(circuit).script(script)
+
+
+def compile_circuit(name: str, sources: Mapping[str, Mapping[str, Any]], script: str) -> Circuit:
+    """A circuit called ``name`` with ``sources`` (the conformance format: ``columns``
+    as ``[name, type]`` pairs, and for an upsert source ``key``, ``watermark``,
+    ``tombstone`` and ``tombstone_value``) and the views of ``script``."""
+    circuit = Circuit(name)
+    for source, spec in sources.items():
+        columns = {column: kind for column, kind in spec["columns"]}
+        if "key" in spec:
+            circuit.upsert_source(
+                source,
+                columns,
+                key=spec["key"],
+                watermark=spec.get("watermark") or (),
+                tombstone=spec.get("tombstone"),
+                tombstone_value=spec.get("tombstone_value"),
+            )
+        else:
+            circuit.zset_source(source, columns)
+    add_views(circuit, script)
+    return circuit
+
+
+class _Compiler:
+    def __init__(self, circuit: Circuit) -> None:
+        self.circuit = circuit
+        self.tables: dict[str, Relation] = {}
+        for name, node_id in circuit.sources.items():
+            stream = _live_stream(circuit, name, node_id)
+            self.tables[name.lower()] = Relation(stream, list(stream.columns))
+        for name, node_id in circuit.views.items():
+            stream = Stream(circuit, node_id)
+            self.tables[name.lower()] = Relation(stream, list(stream.columns))
+        self.ctes: list[dict[str, Relation]] = []
+        self.view = ""
+        self._serial = itertools.count()
+
+    # --- the script -----------------------------------------------------------------
+    def script(self, text: str) -> list[str]:
+        try:
+            statements = [s for s in sqlglot.parse(text, read="spark") if s is not None]
+        except ParseError as error:
+            first = error.errors[0] if error.errors else {}
+            raise SqlError(
+                f"cannot parse: {first.get('description', error)}",
+                line=first.get("line"),
+                column=first.get("col"),
+            ) from None
+        except TokenError as error:
+            raise SqlError(f"cannot parse: {error}") from None
+        if not statements:
+            raise SqlError("the script defines no view (expected CREATE VIEW name AS query;)")
+        declared = []
+        for statement in statements:
+            name, query = self._view_statement(statement)
+            self.view = name
+            if name.lower() in self.tables:
+                raise self.error(f"{name!r} is already a source or view", statement)
+            relation = self.query(query)
+            try:
+                self.circuit.view(name, relation.stream)
+            except CircuitError as error:
+                raise self.error(str(error), statement) from None
+            self.tables[name.lower()] = relation
+            declared.append(name)
+        return declared
+
+    def _view_statement(self, statement: exp.Expression) -> tuple[str, exp.Expression]:
+        if not (isinstance(statement, exp.Create) and str(statement.kind).upper() == "VIEW"):
+            raise SqlError(
+                f"only CREATE VIEW statements are accepted, got {sql_text(statement)}",
+                line=position(statement)[0],
+                column=position(statement)[1],
+            )
+        target = statement.this
+        name = target.name if isinstance(target, exp.Table) else target.this.name
+        query = statement.expression
+        if isinstance(target, exp.Schema) or not isinstance(query, exp.Query):
+            self.view = name
+            raise self.error("expected CREATE VIEW name AS query", statement)
+        return name, query
+
+    def error(self, message: str, node: exp.Expression | None) -> SqlError:
+        line, column = position(node)
+        return SqlError(message, view=self.view, line=line, column=column)
+
+    def fresh(self, hint: str) -> str:
+        base = hint.lower().lstrip("_")
+        if not base.isidentifier():
+            base = "c"
+        return f"{base}_{next(self._serial)}"
+
+    # --- queries --------------------------------------------------------------------
+    def query(self, node: exp.Expression) -> Relation:
+        """A query's result, its columns named as the query names them."""
+        if isinstance(node, exp.Subquery):
+            return self.query(node.this)
+        for clause in ("order", "limit", "offset"):
+            if node.args.get(clause) is not None:
+                raise self.error(
+                    f"{clause.upper()} in a view is not supported: a view is an unordered "
+                    "collection (order when reading it)",
+                    node.args[clause],
+                )
+        with self.with_clause(node.args.get("with_")):
+            if isinstance(node, exp.Union):
+                return self.union(node)
+            if isinstance(node, (exp.Except, exp.Intersect)):
+                raise self.error(f"{node.key.upper()} is not supported yet", node.expression)
+            if isinstance(node, exp.Select):
+                return self.select(node)
+        raise self.error(f"{type(node).__name__} is not a supported query", node)
+
+    @contextmanager
+    def with_clause(self, clause: exp.With | None) -> Iterator[None]:
+        scope: dict[str, Relation] = {}
+        self.ctes.append(scope)
+        try:
+            for cte in clause.expressions if clause is not None else []:
+                name = cte.alias_or_name
+                columns = (
+                    [c.name for c in cte.args["alias"].columns] if cte.args.get("alias") else []
+                )
+                if clause.args.get("recursive") and _references(cte.this, name):
+                    scope[name.lower()] = self.recursive(name, columns, cte.this)
+                else:
+                    scope[name.lower()] = self.renamed(self.query(cte.this), columns, cte)
+            yield
+        finally:
+            self.ctes.pop()
+
+    def renamed(self, relation: Relation, names: Sequence[str], node: exp.Expression) -> Relation:
+        """``relation`` with its columns called ``names`` (all of them, by position)."""
+        if not names or list(names) == relation.names:
+            return relation
+        if len(names) != len(relation.names):
+            raise self.error(
+                f"{len(names)} column names given for a query of {len(relation.names)} columns",
+                node,
+            )
+        stream = self.build(
+            lambda: relation.stream.select(
+                **{new: col(old) for new, old in zip(names, relation.names, strict=True)}
+            ),
+            node,
+        )
+        return Relation(stream, list(names))
+
+    def union(self, node: exp.Union) -> Relation:
+        left = self.query(node.this)
+        right = self.query(node.expression)
+        if len(left.names) != len(right.names):
+            raise self.error(
+                f"UNION of {len(left.names)} and {len(right.names)} columns", node.expression
+            )
+        left_stream, right_stream = self.aligned(left, right, node)
+        stream = self.build(lambda: left_stream.plus(right_stream), node)
+        if node.args.get("distinct"):
+            stream = stream.distinct()
+        return Relation(stream, left.names)
+
+    def aligned(
+        self, left: Relation, right: Relation, node: exp.Expression
+    ) -> tuple[Stream, Stream]:
+        """Both sides under the left's names, each column cast to the common type."""
+        left_columns: dict[str, Expr] = {}
+        right_columns: dict[str, Expr] = {}
+        for name, other in zip(left.names, right.names, strict=True):
+            a, b = left.stream.schema.type_of(name), right.stream.schema.type_of(other)
+            common = unify(a, b)
+            if common is None:
+                raise self.error(f"column {name!r} is {a} on one side and {b} on the other", node)
+            left_columns[name] = col(name) if a == common else col(name).cast(common)
+            right_columns[name] = col(other) if b == common else col(other).cast(common)
+        same = all(
+            (n == o and left.stream.schema.type_of(n) == right.stream.schema.type_of(o))
+            for n, o in zip(left.names, right.names, strict=True)
+        )
+        if same:
+            return left.stream, right.stream
+        return (
+            self.build(lambda: left.stream.select(**left_columns), node),
+            self.build(lambda: right.stream.select(**right_columns), node),
+        )
+
+    def recursive(self, name: str, columns: Sequence[str], body: exp.Expression) -> Relation:
+        """``WITH RECURSIVE name(columns) AS (base UNION step)`` as an ``iterate`` loop."""
+        branches = _union_branches(body)
+        if branches is None:
+            raise self.error(
+                f"recursive query {name!r} must be base UNION step (UNION ALL never reaches a "
+                "fixed point on a cycle; UNION does)",
+                body,
+            )
+        base = [b for b in branches if not _references(b, name)]
+        steps = [b for b in branches if _references(b, name)]
+        if not base:
+            raise self.error(
+                f"recursive query {name!r} has no base (a branch without {name})", body
+            )
+        start = reduce(self.union_all, [self.query(b) for b in base])
+        start = self.renamed(start, columns, body)
+
+        def iteration(variable: Stream) -> Stream:
+            self.ctes.append({name.lower(): Relation(variable, start.names)})
+            try:
+                parts = [self.renamed(self.query(s), start.names, s) for s in steps]
+            finally:
+                self.ctes.pop()
+            total = reduce(self.union_all, [start, *parts])
+            return total.stream.distinct()
+
+        loop = self.build(
+            lambda: start.stream.distinct().iterate(iteration, name=f"{self.view}_{name}"), body
+        )
+        return Relation(loop, start.names)
+
+    def union_all(self, left: Relation, right: Relation) -> Relation:
+        a, b = self.aligned(left, right, None)  # type: ignore[arg-type]
+        return Relation(a.plus(b), left.names)
+
+    # --- one query block ---------------------------------------------------------------
+    def select(self, node: exp.Select) -> Relation:
+        items = list(node.expressions)
+        relations = self.from_items(node)
+        where = conjuncts(node.args.get("where").this) if node.args.get("where") else []
+        for term in where:
+            if isinstance(term, (exp.Exists, exp.Not)) and _has_subquery(term):
+                raise self.error(f"{sql_text(term)}: EXISTS is not supported yet", term)
+            if isinstance(term, exp.In) and term.args.get("query") is not None:
+                raise self.error(f"{sql_text(term)}: IN (subquery) is not supported yet", term)
+        joined = self.join_all(relations, node, where)
+        scalars = Scalars(self.view, joined.fields)
+        grouped = node.args.get("group") is not None or node.args.get("having") is not None
+        grouped = grouped or any(_aggregate_calls(item) for item in items)
+        if grouped:
+            return self.aggregate(node, joined, scalars)
+        columns = self.projection(items, scalars, joined.stream.schema)
+        stream = self.build(lambda: joined.stream.select(**columns), node)
+        if node.args.get("distinct"):
+            stream = stream.distinct()
+        return Relation(stream, list(columns))
+
+    def projection(
+        self, items: Sequence[exp.Expression], scalars: Scalars, schema: Schema
+    ) -> dict[str, Expr]:
+        """The select list as output name -> expression (``*`` and ``t.*`` expanded)."""
+        columns: dict[str, Expr] = {}
+
+        def add(name: str, expr: Expr, item: exp.Expression) -> None:
+            if name in columns:
+                raise self.error(f"column name {name!r} appears twice in the select list", item)
+            self.type_of(schema, expr, item)
+            columns[name] = expr
+
+        for index, item in enumerate(items):
+            if isinstance(item, exp.Star) or (
+                isinstance(item, exp.Column) and isinstance(item.this, exp.Star)
+            ):
+                qualifier = item.table.lower() if isinstance(item, exp.Column) else None
+                fields = [f for f in scalars.fields if qualifier in (None, f.qualifier)]
+                if not fields:
+                    raise self.error(f"{sql_text(item)} matches no relation", item)
+                for field in fields:
+                    add(field.name, col(field.column), item)
+                continue
+            if isinstance(item, exp.Alias):
+                add(item.alias, scalars(item.this), item)
+            elif isinstance(item, exp.Column):
+                add(item.name, scalars(item), item)
+            else:
+                add(f"_c{index}", scalars(item), item)
+        return columns
+
+    # --- FROM and joins --------------------------------------------------------------------
+    def from_items(self, node: exp.Select) -> list[tuple[_From, exp.Join | None]]:
+        source = node.args.get("from_")
+        if source is None:
+            raise self.error("a query without FROM is not supported", node)
+        items = [(self.from_item(source.this), None)]
+        for join in node.args.get("joins") or []:
+            side, kind = (join.side or "").upper(), (join.kind or "").upper()
+            if side:
+                raise self.error(f"{side} OUTER JOIN is not supported yet", join)
+            if kind not in ("", "INNER", "CROSS"):
+                raise self.error(f"{kind} JOIN is not supported", join)
+            if join.args.get("using"):
+                raise self.error("JOIN ... USING is not supported; write ON a = b", join)
+            items.append((self.from_item(join.this), join))
+        return items
+
+    def from_item(self, node: exp.Expression) -> _From:
+        if isinstance(node, exp.Table):
+            relation = self.table(node)
+            alias = node.alias_or_name
+        elif isinstance(node, exp.Subquery):
+            relation = self.query(node.this)
+            alias = node.alias
+            if node.args.get("alias") is not None and node.args["alias"].columns:
+                relation = self.renamed(
+                    relation, [c.name for c in node.args["alias"].columns], node
+                )
+        else:
+            raise self.error(f"{sql_text(node)} is not supported in FROM", node)
+        qualifier = alias.lower() if alias else None
+        internal = {name: self.fresh(name) for name in relation.names}
+        stream = self.build(
+            lambda: relation.stream.select(**{internal[n]: col(n) for n in relation.names}), node
+        )
+        return _From(stream, [Field(qualifier, n, internal[n]) for n in relation.names])
+
+    def table(self, node: exp.Table) -> Relation:
+        name = node.name.lower()
+        if node.args.get("db") is not None:
+            raise self.error(f"unknown table {sql_text(node)}", node)
+        for scope in reversed(self.ctes):
+            if name in scope:
+                return scope[name]
+        if name in self.tables:
+            return self.tables[name]
+        known = ", ".join(sorted({*self.tables, *(n for s in self.ctes for n in s)}))
+        raise self.error(f"unknown table {node.name!r} (known: {known})", node)
+
+    def join_all(
+        self,
+        items: list[tuple[_From, exp.Join | None]],
+        node: exp.Select,
+        where: list[exp.Expression],
+    ) -> _From:
+        """Join the ``FROM`` items left to right. ``where``'s terms are used up here:
+        pushed to the one relation they read, taken as join keys, or applied last."""
+        everything = Scalars(self.view, [f for item, _ in items for f in item.fields])
+        owner = {f: index for index, (item, _) in enumerate(items) for f in item.fields}
+
+        def readers(term: exp.Expression) -> set[int]:
+            return {owner[everything.resolve(c)] for c in column_refs(term)}
+
+        pending = list(where)
+        relations = []
+        for index, (item, _) in enumerate(items):
+            local = [t for t in pending if readers(t) == {index}]
+            pending = [t for t in pending if t not in local]
+            relations.append(self.filtered(item, local))
+        joined = relations[0]
+        for index in range(1, len(items)):
+            join = items[index][1]
+            terms = conjuncts(join.args.get("on")) if join is not None else []
+            if join is not None and join.args.get("on") is None:
+                terms = pending  # FROM a, b / CROSS JOIN: the keys come from WHERE
+            done = set(range(index))
+            keys, rest = [], []
+            for term in terms:
+                pair = self.key_pair(term, readers, done, index)
+                (keys if pair else rest).append(pair or term)
+            if terms is pending:
+                pending = rest
+                rest = []
+            if not keys:
+                raise self.error(
+                    "a join needs an equality between its two sides (a cross join or a "
+                    "non-equi join is not supported)",
+                    join,
+                )
+            joined = self.equi_join(joined, relations[index], keys, join)
+            joined = self.filtered(joined, rest)
+        return self.filtered(joined, pending)
+
+    def key_pair(
+        self, term: exp.Expression, readers: Any, done: set[int], index: int
+    ) -> tuple[exp.Expression, exp.Expression] | None:
+        """``(left side, right side)`` when ``term`` equates an expression of the
+        relations joined so far with one of relation ``index``."""
+        if not isinstance(term, exp.EQ):
+            return None
+        a, b = term.this, term.expression
+        left, right = readers(a), readers(b)
+        if left and right and left <= done and right == {index}:
+            return a, b
+        if left and right and right <= done and left == {index}:
+            return b, a
+        return None
+
+    def equi_join(
+        self,
+        left: _From,
+        right: _From,
+        keys: list[tuple[exp.Expression, exp.Expression]],
+        node: exp.Expression | None,
+    ) -> _From:
+        left_scalars, right_scalars = (
+            Scalars(self.view, left.fields),
+            Scalars(self.view, right.fields),
+        )
+        left_extra: dict[str, Expr] = {}
+        right_extra: dict[str, Expr] = {}
+        left_keys, right_keys = [], []
+        redirect: dict[str, str] = {}
+        for a, b in keys:
+            ea, eb = left_scalars(a), right_scalars(b)
+            ta = self.type_of(left.stream.schema, ea, a)
+            tb = self.type_of(right.stream.schema, eb, b)
+            common = unify(ta, tb)
+            if common is None:
+                raise self.error(f"cannot compare {ta} with {tb} in {sql_text(a.parent)}", a)
+            left_keys.append(self.key_column(ea, ta, common, left_extra))
+            right_key = self.key_column(eb, tb, common, right_extra)
+            right_keys.append(right_key)
+            if right_key not in right_extra:  # a column the join drops: read the left's
+                redirect[right_key] = left_keys[-1]
+        left_stream = self.with_extra(left.stream, left_extra, node)
+        right_stream = self.with_extra(right.stream, right_extra, node)
+        stream = self.build(
+            lambda: left_stream.join(right_stream, left_on=left_keys, right_on=right_keys), node
+        )
+        fields = [
+            Field(f.qualifier, f.name, redirect.get(f.column, f.column))
+            for f in [*left.fields, *right.fields]
+        ]
+        return _From(stream, fields)
+
+    def key_column(self, expr: Expr, kind: str, common: str, extra: dict[str, Expr]) -> str:
+        """The column holding a join key: the column itself, or a computed one."""
+        if kind == common and isinstance(expr, Column):
+            return expr.name
+        name = self.fresh("key")
+        extra[name] = expr if kind == common else expr.cast(common)
+        return name
+
+    def with_extra(self, stream: Stream, extra: dict[str, Expr], node: Any) -> Stream:
+        if not extra:
+            return stream
+        return self.build(lambda: stream.with_columns(**extra), node)
+
+    def filtered(self, item: _From, terms: Sequence[exp.Expression]) -> _From:
+        if not terms:
+            return item
+        scalars = Scalars(self.view, item.fields)
+        translated = []
+        for term in terms:
+            translated.append(scalars(term))
+            self.expect_boolean(item.stream.schema, translated[-1], term)
+        predicate = reduce(lambda a, b: a & b, translated)
+        return _From(self.build(lambda: item.stream.filter(predicate), terms[0]), item.fields)
+
+    # --- GROUP BY and aggregates ------------------------------------------------------------
+    def aggregate(self, node: exp.Select, joined: _From, scalars: Scalars) -> Relation:
+        items = list(node.expressions)
+        group = node.args.get("group")
+        group_nodes = list(group.expressions) if group is not None else []
+        group_nodes = [self.group_item(g, items) for g in group_nodes]
+        having = node.args.get("having")
+        calls: list[exp.Expression] = []
+        for part in [*items, *([having.this] if having is not None else [])]:
+            for found in _aggregate_calls(part):
+                if not any(found == seen for seen in calls):
+                    calls.append(found)
+        before: dict[str, Expr] = {}
+        keys: dict[str, str] = {}  # repr of the key expression -> its column
+        for g in group_nodes:
+            expr = scalars(g)
+            if repr(expr) not in keys:
+                name = self.fresh(g.name if isinstance(g, exp.Column) else "key")
+                keys[repr(expr)] = name
+                before[name] = expr
+        results: list[tuple[exp.Expression, str]] = []
+        specs = {}
+        for found in calls:
+            name = self.fresh(_AGGREGATES[type(found)])
+            specs[name] = self.aggregation(found, scalars, before)
+            results.append((found, name))
+        if not before:
+            before[self.fresh("one")] = lit(1)  # a global aggregate of count(*) only
+        stream = self.build(lambda: joined.stream.select(**before), node)
+        grouped = self.build(lambda: stream.aggregate(by=list(keys.values()), **specs), node)
+        if group is None:
+            grouped = self.keep_empty_row(grouped, specs, node)
+
+        def hook(part: exp.Expression) -> Expr | None:
+            for found, name in results:
+                if part == found:
+                    return col(name)
+            if isinstance(part, (exp.Literal, exp.Boolean, exp.Null)):
+                return None
+            try:
+                expr = scalars(part)
+            except SqlError:
+                if isinstance(part, exp.Column):
+                    raise
+                return None
+            if repr(expr) in keys:
+                return col(keys[repr(expr)])
+            if isinstance(part, exp.Column):
+                raise self.error(
+                    f"column {sql_text(part)} must be in GROUP BY or inside an aggregate", part
+                )
+            return None
+
+        after = Scalars(self.view, [], hook)
+        if having is not None:
+            predicate = after(having.this)
+            self.expect_boolean(grouped.schema, predicate, having.this)
+            grouped = self.build(lambda: grouped.filter(predicate), having)
+        columns = self.projection(items, after, grouped.schema)
+        out = self.build(lambda: grouped.select(**columns), node)
+        if node.args.get("distinct"):
+            out = out.distinct()
+        return Relation(out, list(columns))
+
+    def group_item(self, item: exp.Expression, select: Sequence[exp.Expression]) -> exp.Expression:
+        """A ``GROUP BY`` item: ``GROUP BY 1`` and a select alias mean that select item."""
+        if isinstance(item, exp.Literal) and not item.is_string:
+            position_ = int(item.this)
+            if not 1 <= position_ <= len(select):
+                raise self.error(
+                    f"GROUP BY {position_}: the select list has {len(select)} items", item
+                )
+            chosen = select[position_ - 1]
+            return chosen.this if isinstance(chosen, exp.Alias) else chosen
+        if isinstance(item, exp.Column) and not item.table:
+            for chosen in select:
+                if isinstance(chosen, exp.Alias) and chosen.alias.lower() == item.name.lower():
+                    return chosen.this
+        return item
+
+    def aggregation(
+        self, call: exp.Expression, scalars: Scalars, before: dict[str, Expr]
+    ) -> aggs.Aggregation:
+        kind = _AGGREGATES[type(call)]
+        argument = call.this
+        if isinstance(argument, exp.Distinct):
+            raise self.error(f"{kind.upper()}(DISTINCT ...) is not supported yet", call)
+        if kind == "count" and (argument is None or isinstance(argument, exp.Star)):
+            return aggs.count()
+        if _aggregate_calls(argument):
+            raise self.error(f"an aggregate inside an aggregate: {sql_text(call)}", call)
+        column = self.fresh("arg")
+        before[column] = scalars(argument)
+        return _BUILDERS[kind](col(column))
+
+    def keep_empty_row(
+        self, grouped: Stream, specs: Mapping[str, aggs.Aggregation], node: exp.Expression
+    ) -> Stream:
+        """An aggregate without ``GROUP BY``: one row also over no input (``COUNT`` 0,
+        the others NULL)."""
+        schema = grouped.schema
+        defaults = {name: (0 if specs[name].kind == "count" else None) for name in schema.names}
+        marker = {
+            name: lit(value) if value is not None else lit(None).cast(schema.type_of(name))
+            for name, value in defaults.items()
+        }
+        default_row = tuple(defaults[name] for name in schema.names)
+        constant = self.circuit.constant(dict(schema.fields), [(default_row, 1)])
+        return self.build(lambda: grouped.plus(constant).minus(grouped.select(**marker)), node)
+
+    # --- helpers ----------------------------------------------------------------------------
+    def type_of(self, schema: Schema, expr: Expr, node: exp.Expression) -> str:
+        """``expr``'s type; a type error is told in terms of the SQL at ``node``."""
+        try:
+            return infer_type(expr, schema, sql_text(node))
+        except ExpressionError as error:
+            # The message ends with the circuit expression, whose columns are internal.
+            raise self.error(str(error).rsplit(" in ", 1)[0], node) from None
+
+    def expect_boolean(self, schema: Schema, expr: Expr, node: exp.Expression) -> None:
+        kind = self.type_of(schema, expr, node)
+        if kind not in (BOOLEAN, "null"):
+            raise self.error(f"{sql_text(node)} is a {kind}, not a condition", node)
+
+    def build(self, make: Any, node: exp.Expression | None) -> Stream:
+        """Run a builder call; its errors (types, names) become errors at ``node``."""
+        try:
+            return make()
+        except SqlError:
+            raise
+        except CircuitError as error:
+            raise self.error(str(error), node) from None
+
+
+def _live_stream(circuit: Circuit, name: str, node_id: int) -> Stream:
+    """A source as SQL sees it: an upsert source's live rows, a Z-set source itself."""
+    if circuit.node(node_id).op == "upsert_source":
+        for node in circuit.nodes:
+            if node.op == "upsert_live" and node.inputs == (node_id,):
+                return Stream(circuit, node.id)
+        raise CircuitError(f"upsert source {name!r} has no live stream")
+    return Stream(circuit, node_id)
+
+
+def _references(node: exp.Expression, table: str) -> bool:
+    return any(t.name.lower() == table.lower() for t in node.find_all(exp.Table))
+
+
+def _union_branches(node: exp.Expression) -> list[exp.Expression] | None:
+    """The branches of a chain of ``UNION`` (distinct); None if any is ``UNION ALL``."""
+    if isinstance(node, exp.Subquery):
+        return _union_branches(node.this)
+    if isinstance(node, exp.Union):
+        if not node.args.get("distinct"):
+            return None
+        left, right = _union_branches(node.this), _union_branches(node.expression)
+        if left is None or right is None:
+            return None
+        return left + right
+    return [node]
+
+
+def _aggregate_calls(node: exp.Expression) -> list[exp.Expression]:
+    """The outermost aggregate calls in ``node`` (window functions excluded)."""
+    found: list[exp.Expression] = []
+
+    def visit(part: exp.Expression) -> None:
+        if isinstance(part, (exp.Window, exp.Select, exp.Subquery)):
+            return
+        if type(part) in _AGGREGATES:
+            found.append(part)
+            return
+        for child in part.iter_expressions():
+            visit(child)
+
+    visit(node)
+    return found
+
+
+def _has_subquery(node: exp.Expression) -> bool:
+    return any(True for _ in node.find_all(exp.Select))
