@@ -32,7 +32,6 @@ if not SQL_VECTORS:
 #: construct its refusal names. A test checks each is refused so; when one compiles,
 #: that test fails and the vector joins the replayed ones.
 SQL_NOT_YET = {
-    "sql_outer_and_exists": "LEFT OUTER JOIN is not supported yet",
     "sql_ledger_types": "unknown column type 'DATE'",
 }
 REPLAYED = VECTORS + [p for p in SQL_VECTORS if p.stem not in SQL_NOT_YET]

@@ -495,3 +495,40 @@ def test_a_constant_arrives_once_and_is_held_by_every_engine_after() -> None:
     assert dict(second.views["reach"].items()) == {(1,): 1, (2,): 1, (3,): 1}
     history = [{"edges": []}, {"edges": [((1, 2), 1), ((2, 3), 1)]}]
     assert full_refresh(c, history)["reach"] == second.views["reach"]
+
+
+def test_semi_anti_left_and_full_joins_with_null_keys_and_retractions() -> None:
+    """The composed joins on the reference engine: NULL keys match nothing, bag weights
+    are kept, and retracting the last match moves a row between semi and anti."""
+    from dbspark.engine.reference.engine import ReferenceEngine
+
+    c = Circuit("composed_joins")
+    a = c.zset_source("a", {"k": "bigint", "x": "string"})
+    b = c.zset_source("b", {"k2": "bigint", "y": "string"})
+    c.view("semi", a.semi_join(b, left_on="k", right_on="k2"))
+    c.view("anti", a.anti_join(b, left_on="k", right_on="k2"))
+    c.view("left", a.left_join(b, left_on="k", right_on="k2"))
+    c.view("full", a.full_join(b, left_on="k", right_on="k2"))
+    engine = ReferenceEngine(c)
+    first = engine.step(
+        {
+            "a": [((1, "a"), 1), ((2, "b"), 2), ((None, "n"), 1)],
+            "b": [((1, "p"), 1), ((1, "q"), 1), ((3, "z"), 1), ((None, "m"), 1)],
+        }
+    )
+    views = {name: dict(z.items()) for name, z in first.views.items()}
+    assert views["semi"] == {(1, "a"): 1}
+    assert views["anti"] == {(2, "b"): 2, (None, "n"): 1}
+    assert views["left"] == {
+        (1, "a", "p"): 1,
+        (1, "a", "q"): 1,
+        (2, "b", None): 2,
+        (None, "n", None): 1,
+    }
+    assert views["full"] == {**views["left"], (None, None, "z"): 1, (None, None, "m"): 1}
+    second = engine.step({"b": [((1, "p"), -1), ((1, "q"), -1), ((2, "w"), 1)]})
+    views = {name: dict(z.items()) for name, z in second.views.items()}
+    assert views["semi"] == {(2, "b"): 2}
+    assert views["anti"] == {(1, "a"): 1, (None, "n"): 1}
+    assert views["left"] == {(1, "a", None): 1, (2, "b", "w"): 2, (None, "n", None): 1}
+    assert engine.verify() == {name: [] for name in c.views}

@@ -418,3 +418,23 @@ def test_nan_compares_like_spark() -> None:
 def test_double_typed_values_are_floats(expr: Expr) -> None:
     assert type_of(expr) == "double"
     assert isinstance(value(expr), float)
+
+
+def test_like_patterns_and_their_refusals() -> None:
+    import re
+
+    from dbspark.circuit.expressions import like, like_regex
+
+    def matches(pattern: str, text: str) -> bool:
+        return re.fullmatch(like_regex(pattern), text, re.DOTALL) is not None
+
+    assert matches("a%", "abc") and matches("a%", "a") and not matches("a%", "ba")
+    assert matches("_b_", "abc") and not matches("_b_", "abcd")
+    assert matches("%", "line\nbreak")  # % and _ match newlines, as in Spark
+    assert matches(r"100\%", "100%") and not matches(r"100\%", "1000")
+    assert matches(r"a\_b", "a_b") and not matches(r"a\_b", "axb")
+    assert matches("a.c*", "a.c*") and not matches("a.c*", "abcc")
+    with pytest.raises(ValueError, match="ends with the escape character"):
+        like(col("s"), "abc\\")
+    with pytest.raises(ValueError, match="must be followed by"):
+        like(col("s"), r"\a")

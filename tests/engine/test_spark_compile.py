@@ -32,6 +32,7 @@ from dbspark.circuit.expressions import (
     concat,
     if_else,
     infer_type,
+    like,
     lit,
     sequence,
     split,
@@ -289,6 +290,15 @@ HAND: list[Expr] = [
     split(s, "."),
     split(s, "||"),
     split(t, ","),
+    # LIKE: % and _ count characters (not bytes) and match newlines, as in Spark
+    like(s, "a%"),
+    like(s, "%b_"),
+    like(s, "_"),
+    like(s, "%.%"),
+    like(t, "%"),
+    like(t, "_%_"),
+    like(lit(None), "x%"),
+    ~like(s, "%a%"),
 ]
 
 

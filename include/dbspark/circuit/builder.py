@@ -596,6 +596,92 @@ class Stream:
         params = {"left_keys": left_keys, "right_keys": right_keys, "right_values": right_values}
         return self.circuit._operator("join", [self, other], schema, where, params)
 
+    def semi_join(
+        self,
+        other: Stream,
+        on: str | Sequence[str] | None = None,
+        *,
+        left_on: str | Sequence[str] | None = None,
+        right_on: str | Sequence[str] | None = None,
+    ) -> Stream:
+        """The rows of this stream whose key matches some row of ``other`` (SQL's
+        ``EXISTS`` and ``IN (subquery)``), each with its own weight; NULL keys match
+        nothing. It is the join with ``other``'s distinct keys, so its incremental rule
+        is theirs: ``distinct`` turns ``other``'s changes into key appearances and
+        disappearances, and the join pairs them with this stream's trace (and this
+        stream's changes with the distinct keys' trace)."""
+        left_keys, right_keys = self._join_keys(other, on, left_on, right_on)
+        distinct_keys = other.select(*dict.fromkeys(right_keys)).distinct()
+        return self.join(distinct_keys, left_on=left_keys, right_on=right_keys)
+
+    def anti_join(
+        self,
+        other: Stream,
+        on: str | Sequence[str] | None = None,
+        *,
+        left_on: str | Sequence[str] | None = None,
+        right_on: str | Sequence[str] | None = None,
+    ) -> Stream:
+        """The rows of this stream whose key matches no row of ``other`` (SQL's ``NOT
+        EXISTS``); a row with a NULL key is kept. It is this stream minus its
+        ``semi_join``, and ``minus`` is linear, so it is incremental as the semi-join is."""
+        return self.minus(self.semi_join(other, on, left_on=left_on, right_on=right_on))
+
+    def left_join(
+        self,
+        other: Stream,
+        on: str | Sequence[str] | None = None,
+        *,
+        left_on: str | Sequence[str] | None = None,
+        right_on: str | Sequence[str] | None = None,
+    ) -> Stream:
+        """``join``, plus every row of this stream that matches nothing, with NULL in
+        ``other``'s columns (SQL's ``LEFT OUTER JOIN``). Columns as ``join``'s. The rule:
+        the inner join plus the padded ``anti_join``, each incremental."""
+        left_keys, right_keys = self._join_keys(other, on, left_on, right_on)
+        inner = self.join(other, left_on=left_keys, right_on=right_keys)
+        unmatched = self.anti_join(other, left_on=left_keys, right_on=right_keys)
+        return inner.plus(unmatched._padded_into(inner))
+
+    def full_join(
+        self,
+        other: Stream,
+        on: str | Sequence[str] | None = None,
+        *,
+        left_on: str | Sequence[str] | None = None,
+        right_on: str | Sequence[str] | None = None,
+    ) -> Stream:
+        """``left_join``, plus every row of ``other`` that matches nothing, with NULL in
+        this stream's columns (SQL's ``FULL OUTER JOIN``). As in ``join``, ``other``'s
+        key columns are not in the output: in a row only ``other`` has, the key is
+        NULL, so copy it to a value column first where it is needed."""
+        left_keys, right_keys = self._join_keys(other, on, left_on, right_on)
+        left = self.left_join(other, left_on=left_keys, right_on=right_keys)
+        unmatched = other.anti_join(self, left_on=right_keys, right_on=left_keys)
+        return left.plus(unmatched._padded_into(left))
+
+    def _join_keys(
+        self,
+        other: Stream,
+        on: str | Sequence[str] | None,
+        left_on: str | Sequence[str] | None,
+        right_on: str | Sequence[str] | None,
+    ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        if on is not None:
+            return _as_names(on), _as_names(on)
+        if left_on is not None or right_on is not None:
+            return _as_names(left_on), _as_names(right_on)
+        return self._declared_keys(), other._declared_keys()
+
+    def _padded_into(self, shape: Stream) -> Stream:
+        """This stream's rows in ``shape``'s columns: its own where the names match, NULL
+        (of the column's type) elsewhere."""
+        columns = {
+            name: wrap_column(name) if name in self.schema else lit_null(kind)
+            for name, kind in shape.schema.fields
+        }
+        return self.select(**columns)
+
     def distinct(self) -> Stream:
         """Set semantics: every row with positive weight, at weight one."""
         return self.circuit._operator(
@@ -722,6 +808,13 @@ def wrap_column(name: str) -> Expr:
     from dbspark.circuit.expressions import col
 
     return col(name)
+
+
+def lit_null(kind: str) -> Expr:
+    """A NULL of column type ``kind``."""
+    from dbspark.circuit.expressions import lit
+
+    return lit(None).cast(kind)
 
 
 def _source_schema(schema: Mapping[str, str], what: str) -> Schema:

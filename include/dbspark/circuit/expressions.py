@@ -15,6 +15,7 @@ identity and cannot be used as booleans.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -195,6 +196,8 @@ FUNCTIONS = {
     "array": (1, None),
     "sequence": (2, 2),
     "split": (2, 2),
+    # predicates
+    "like": (2, 2),
 }
 
 
@@ -249,6 +252,40 @@ def split(text: Any, separator: str) -> Call:
     if not isinstance(separator, str) or not separator:
         raise ValueError(f"split needs a non-empty string separator, got {separator!r}")
     return call("split", text, lit(separator))
+
+
+def like(text: Any, pattern: str) -> Call:
+    """SQL's ``text LIKE pattern``: ``%`` matches any run of characters, ``_`` one
+    character, and a backslash makes the next ``%``, ``_`` or backslash literal."""
+    like_regex(pattern)  # a bad pattern is refused where it is written
+    return call("like", text, lit(pattern))
+
+
+def like_regex(pattern: str) -> str:
+    """A ``LIKE`` pattern as a regular expression that must match the whole text (the
+    syntax both Python's ``re`` and RE2 read; ``.`` must match newlines, as in Spark)."""
+    parts = []
+    escaped = False
+    for char in pattern:
+        if escaped:
+            if char not in "%_\\":
+                raise ValueError(
+                    f"LIKE pattern {pattern!r}: the escape character must be followed by "
+                    f"%, _ or \\, not {char!r}"
+                )
+            parts.append(re.escape(char))
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        elif char == "%":
+            parts.append(".*")
+        elif char == "_":
+            parts.append(".")
+        else:
+            parts.append(re.escape(char))
+    if escaped:
+        raise ValueError(f"LIKE pattern {pattern!r} ends with the escape character")
+    return "".join(parts)
 
 
 def walk(expr: Expr) -> Iterator[Expr]:
@@ -404,6 +441,17 @@ def _call_type(node: Call, args: list[str], fail: Any) -> str:
         ):
             raise fail("split needs a non-empty literal string separator")
         return array_of(STRING)
+    if name == "like":
+        if args[0] not in (STRING, NULL_TYPE):
+            raise fail("like needs a string")
+        pattern = node.args[1]
+        if not (isinstance(pattern, Literal) and isinstance(pattern.value, str)):
+            raise fail("like needs a literal string pattern")
+        try:
+            like_regex(pattern.value)
+        except ValueError as error:
+            raise fail(str(error)) from None
+        return BOOLEAN
     raise fail(f"unknown function {name}")
 
 

@@ -199,6 +199,11 @@ class ExpressionCompiler(ABC, Generic[C]):
                     f"split needs a non-empty literal string separator, got {separator!r}"
                 )
             return self.split(text, separator.value), array_of(STRING)
+        if name == "like":
+            (text, text_type), _ = compiled
+            if text_type == NULL_TYPE:
+                return self.null(BOOLEAN), BOOLEAN
+            return self.like(text, expr.args[1].value), BOOLEAN
         raise TypeError(f"unknown function {name}")
 
     def literal(self, value: Any) -> tuple[C, str]:
@@ -302,3 +307,7 @@ class ExpressionCompiler(ABC, Generic[C]):
     @abstractmethod
     def split(self, text: C, separator: str) -> C:
         """Split on a literal separator, keeping empty parts."""
+
+    @abstractmethod
+    def like(self, text: C, pattern: str) -> C:
+        """``text LIKE pattern`` (the pattern is a literal, checked by ``like_regex``)."""

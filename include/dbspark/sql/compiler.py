@@ -15,20 +15,31 @@ How a query becomes operators:
   relation becomes the join's key, from ``ON`` or, for ``FROM a, b``, from ``WHERE``;
   the terms left over filter the joined rows;
 * ``GROUP BY`` is a ``select`` of the group keys and aggregate arguments, an
-  ``aggregate``, then ``HAVING`` and the select list over its result. Without
+  ``aggregate``, then ``HAVING`` and the select list over its result. Each
+  ``COUNT(DISTINCT x)`` is an aggregate over the distinct ``(group, x)`` pairs, joined
+  to the others on the group with NULL equal to NULL. Without
   ``GROUP BY`` the aggregate keeps its one row over no input: the result is
   ``aggregate + constant(default row) - (one default row per aggregate row)``,
   which is the aggregate when the input has rows and the default row when not;
 * ``UNION ALL`` is ``plus``, ``UNION`` is ``plus`` then ``distinct``, ``DISTINCT``
   is ``distinct``;
+* ``LEFT``, ``RIGHT`` and ``FULL OUTER JOIN`` are the builder's ``left_join`` and
+  ``full_join``; their keys are copies, so each side's own columns stay and can be
+  NULL. ``ON`` conditions on the padded side filter it before the join; ``WHERE``
+  terms on a padded side are applied after it;
+* ``[NOT] EXISTS`` and ``IN (subquery)`` in ``WHERE``, correlated by equalities, are
+  ``semi_join`` and ``anti_join`` of the outer rows with the subquery's relation;
+* ``EXCEPT`` and ``INTERSECT`` (DISTINCT) are ``anti_join`` and ``semi_join`` of the
+  left side's distinct rows with the right side on every column, NULL-safe;
 * ``WITH RECURSIVE r AS (base UNION step)`` is ``iterate``: the loop variable starts
   as the base, each iteration is ``distinct(base + step(r))``, and the loop ends when
   an iteration changes nothing (the least fixed point, as SQL defines it).
 
 What the builder has no operator for yet is refused, naming the view, the construct
-and its line and column: outer joins, ``EXISTS`` and ``IN (subquery)``, ``EXCEPT`` and
-``INTERSECT``, ``COUNT(DISTINCT)``. So is what no view can mean: window functions,
-``ORDER BY`` and ``LIMIT``, joins without an equality, non-deterministic functions.
+and its line and column: other ``DISTINCT`` aggregates, ``NOT IN (subquery)``, ``EXCEPT
+ALL`` and ``INTERSECT ALL``, uncorrelated ``EXISTS``. So is what no view can mean: window
+functions, ``ORDER BY`` and ``LIMIT``, joins without an equality, non-deterministic
+functions.
 """
 
 from __future__ import annotations
@@ -46,11 +57,28 @@ from sqlglot.errors import ParseError, TokenError
 
 from dbspark.circuit import aggregations as aggs
 from dbspark.circuit.builder import Circuit, CircuitError, Stream
-from dbspark.circuit.expressions import Column, Expr, ExpressionError, col, infer_type, lit, unify
-from dbspark.core.types import BOOLEAN, Schema
+from dbspark.circuit.expressions import (
+    Column,
+    Expr,
+    ExpressionError,
+    call,
+    col,
+    infer_type,
+    lit,
+    unify,
+)
+from dbspark.core.types import BIGINT, BOOLEAN, DOUBLE, STRING, Schema
 from dbspark.sql.errors import SqlError, position, sql_text
 from dbspark.sql.scalars import Field, Scalars, column_refs, conjuncts
 
+#: A value per column type that stands in for NULL in a set operation's key (beside a
+#: flag saying whether it was NULL, so it never equals a real value by accident).
+_NULL_STAND_INS = {
+    BIGINT: lit(0),
+    DOUBLE: lit(0.0),
+    STRING: lit(""),
+    BOOLEAN: lit(False),
+}
 #: sqlglot aggregate nodes and the builder's aggregations.
 _AGGREGATES = {exp.Count: "count", exp.Sum: "sum", exp.Min: "min", exp.Max: "max", exp.Avg: "avg"}
 _BUILDERS = {
@@ -191,7 +219,7 @@ class _Compiler:
             if isinstance(node, exp.Union):
                 return self.union(node)
             if isinstance(node, (exp.Except, exp.Intersect)):
-                raise self.error(f"{node.key.upper()} is not supported yet", node.expression)
+                return self.except_intersect(node)
             if isinstance(node, exp.Select):
                 return self.select(node)
         raise self.error(f"{type(node).__name__} is not a supported query", node)
@@ -243,6 +271,31 @@ class _Compiler:
         if node.args.get("distinct"):
             stream = stream.distinct()
         return Relation(stream, left.names)
+
+    def except_intersect(self, node: exp.Expression) -> Relation:
+        """``EXCEPT`` and ``INTERSECT`` (both DISTINCT, as in Spark): the left side's
+        distinct rows anti- or semi-joined with the right side on every column, NULL
+        equal to NULL as set operations compare (each column is keyed by whether it is
+        NULL and by its value with NULL replaced)."""
+        word = node.key.upper()
+        if not node.args.get("distinct"):
+            raise self.error(f"{word} ALL is not supported (only {word} DISTINCT)", node)
+        left = self.query(node.this)
+        right = self.query(node.expression)
+        if len(left.names) != len(right.names):
+            raise self.error(
+                f"{word} of {len(left.names)} and {len(right.names)} columns", node.expression
+            )
+        left_stream, right_stream = self.aligned(left, right, node)
+        keys = self.null_safe_keys(left_stream.schema, left.names, node)
+        names = list(keys)
+        keyed_left = self.build(lambda: left_stream.distinct().with_columns(**keys), node)
+        keyed_right = self.build(lambda: right_stream.select(**keys), node)
+        method = "anti_join" if isinstance(node, exp.Except) else "semi_join"
+        kept = self.build(
+            lambda: getattr(keyed_left, method)(keyed_right, left_on=names, right_on=names), node
+        )
+        return Relation(kept.select(*left.names), left.names)
 
     def aligned(
         self, left: Relation, right: Relation, node: exp.Expression
@@ -309,12 +362,10 @@ class _Compiler:
         items = list(node.expressions)
         relations = self.from_items(node)
         where = conjuncts(node.args.get("where").this) if node.args.get("where") else []
-        for term in where:
-            if isinstance(term, (exp.Exists, exp.Not)) and _has_subquery(term):
-                raise self.error(f"{sql_text(term)}: EXISTS is not supported yet", term)
-            if isinstance(term, exp.In) and term.args.get("query") is not None:
-                raise self.error(f"{sql_text(term)}: IN (subquery) is not supported yet", term)
-        joined = self.join_all(relations, node, where)
+        subqueries = [t for t in where if _has_subquery(t)]
+        joined = self.join_all(relations, node, [t for t in where if t not in subqueries])
+        for term in subqueries:
+            joined = self.subquery_condition(joined, term)
         scalars = Scalars(self.view, joined.fields)
         grouped = node.args.get("group") is not None or node.args.get("having") is not None
         grouped = grouped or any(_aggregate_calls(item) for item in items)
@@ -325,6 +376,126 @@ class _Compiler:
         if node.args.get("distinct"):
             stream = stream.distinct()
         return Relation(stream, list(columns))
+
+    def subquery_condition(self, outer: _From, term: exp.Expression) -> _From:
+        """``[NOT] EXISTS (subquery)`` or ``x IN (subquery)`` as a term of ``WHERE``: a
+        semi-join (anti-join for ``NOT EXISTS``) of the outer rows with the subquery's
+        relation, on the subquery's equalities with outer columns (and, for ``IN``, the
+        tested value against the subquery's one column)."""
+        negated = isinstance(term, exp.Not)
+        inner_term = term.this if negated else term
+        while isinstance(inner_term, exp.Paren):
+            inner_term = inner_term.this
+        pairs: list[tuple[exp.Expression, exp.Expression]] = []
+        if isinstance(inner_term, exp.Exists):
+            query = inner_term.this
+            tested = None
+        elif isinstance(inner_term, exp.In) and inner_term.args.get("query") is not None:
+            if negated:
+                raise self.error(
+                    "NOT IN (subquery) is not supported: a NULL in the subquery makes it "
+                    "NULL for every row; write NOT EXISTS",
+                    term,
+                )
+            query = inner_term.args["query"]
+            tested = inner_term.this
+        else:
+            raise self.error(f"subquery in {sql_text(term)} is not supported here", term)
+        while isinstance(query, exp.Subquery):
+            query = query.this
+        if not isinstance(query, exp.Select) or any(
+            query.args.get(k) is not None for k in ("group", "having", "limit", "order", "with_")
+        ):
+            raise self.error(
+                "a subquery in WHERE must be a plain SELECT ... FROM ... [WHERE ...]", query
+            )
+        if any(_aggregate_calls(item) for item in query.expressions):
+            raise self.error("an aggregate in a WHERE subquery is not supported", query)
+        items = self.from_items(query)
+        inner_fields = Scalars(self.view, [f for item, _ in items for f in item.fields])
+        outer_fields = Scalars(self.view, outer.fields)
+
+        def side(expression: exp.Expression) -> str:
+            """ "inner", "outer" or "both"/"none", by where its columns resolve."""
+            found = set()
+            for reference in column_refs(expression):
+                try:
+                    inner_fields.resolve(reference)
+                    found.add("inner")
+                except SqlError:
+                    outer_fields.resolve(reference)  # unknown in both: raises there
+                    found.add("outer")
+            return found.pop() if len(found) == 1 else ("both" if found else "none")
+
+        local = []
+        where = query.args.get("where")
+        for part in conjuncts(where.this) if where is not None else []:
+            if _has_subquery(part):
+                raise self.error("a subquery inside a WHERE subquery is not supported", part)
+            where_ = side(part)
+            if where_ in ("inner", "none"):
+                local.append(part)
+            elif isinstance(part, exp.EQ) and {side(part.this), side(part.expression)} == {
+                "inner",
+                "outer",
+            }:
+                a, b = part.this, part.expression
+                pairs.append((a, b) if side(a) == "outer" else (b, a))
+            else:
+                raise self.error(
+                    "a correlated subquery may compare outer columns only by equality "
+                    f"(found {sql_text(part)})",
+                    part,
+                )
+        inner = self.join_all(items, query, local)
+        if tested is not None:
+            if len(query.expressions) != 1 or isinstance(query.expressions[0], exp.Star):
+                raise self.error("IN (subquery) needs a subquery of one column", query)
+            chosen = query.expressions[0]
+            pairs.append((tested, chosen.this if isinstance(chosen, exp.Alias) else chosen))
+        if not pairs:
+            raise self.error(
+                "an uncorrelated EXISTS is not supported: correlate it by an equality with "
+                "an outer column",
+                term,
+            )
+        return self.semi_or_anti(outer, inner, pairs, anti=negated, node=term)
+
+    def semi_or_anti(
+        self,
+        outer: _From,
+        inner: _From,
+        pairs: list[tuple[exp.Expression, exp.Expression]],
+        *,
+        anti: bool,
+        node: exp.Expression,
+    ) -> _From:
+        outer_scalars = Scalars(self.view, outer.fields)
+        inner_scalars = Scalars(self.view, inner.fields)
+        outer_extra: dict[str, Expr] = {}
+        inner_extra: dict[str, Expr] = {}
+        outer_keys, inner_keys = [], []
+        for a, b in pairs:
+            ea, eb = outer_scalars(a), inner_scalars(b)
+            ta = self.type_of(outer.stream.schema, ea, a)
+            tb = self.type_of(inner.stream.schema, eb, b)
+            common = unify(ta, tb)
+            if common is None:
+                raise self.error(f"cannot compare {ta} with {tb}", a)
+            outer_keys.append(self.key_column(ea, ta, common, outer_extra))
+            inner_keys.append(self.key_column(eb, tb, common, inner_extra))
+        outer_stream = self.with_extra(outer.stream, outer_extra, node)
+        inner_stream = self.with_extra(inner.stream, inner_extra, node)
+        method = "anti_join" if anti else "semi_join"
+        stream = self.build(
+            lambda: getattr(outer_stream, method)(
+                inner_stream, left_on=outer_keys, right_on=inner_keys
+            ),
+            node,
+        )
+        if outer_extra:
+            stream = stream.select(*outer.stream.columns)
+        return _From(stream, outer.fields)
 
     def projection(
         self, items: Sequence[exp.Expression], scalars: Scalars, schema: Schema
@@ -364,10 +535,8 @@ class _Compiler:
             raise self.error("a query without FROM is not supported", node)
         items = [(self.from_item(source.this), None)]
         for join in node.args.get("joins") or []:
-            side, kind = (join.side or "").upper(), (join.kind or "").upper()
-            if side:
-                raise self.error(f"{side} OUTER JOIN is not supported yet", join)
-            if kind not in ("", "INNER", "CROSS"):
+            kind = (join.kind or "").upper()
+            if kind not in ("", "INNER", "CROSS", "OUTER"):
                 raise self.error(f"{kind} JOIN is not supported", join)
             if join.args.get("using"):
                 raise self.error("JOIN ... USING is not supported; write ON a = b", join)
@@ -413,24 +582,35 @@ class _Compiler:
         where: list[exp.Expression],
     ) -> _From:
         """Join the ``FROM`` items left to right. ``where``'s terms are used up here:
-        pushed to the one relation they read, taken as join keys, or applied last."""
+        pushed to the one relation they read (unless an outer join may pad it with
+        NULLs, which a filter below the join would not see), taken as join keys, or
+        applied last."""
         everything = Scalars(self.view, [f for item, _ in items for f in item.fields])
         owner = {f: index for index, (item, _) in enumerate(items) for f in item.fields}
 
         def readers(term: exp.Expression) -> set[int]:
             return {owner[everything.resolve(c)] for c in column_refs(term)}
 
+        padded: set[int] = set()  # relations an outer join may pad with NULLs
+        for index, (_, join) in enumerate(items):
+            side = _side(join)
+            if side in ("LEFT", "FULL"):
+                padded.add(index)
+            if side in ("RIGHT", "FULL"):
+                padded.update(range(index))
         pending = list(where)
         relations = []
         for index, (item, _) in enumerate(items):
-            local = [t for t in pending if readers(t) == {index}]
+            local = [t for t in pending if index not in padded and readers(t) == {index}]
             pending = [t for t in pending if t not in local]
             relations.append(self.filtered(item, local))
         joined = relations[0]
         for index in range(1, len(items)):
             join = items[index][1]
-            terms = conjuncts(join.args.get("on")) if join is not None else []
-            if join is not None and join.args.get("on") is None:
+            assert join is not None
+            side = _side(join)
+            terms = conjuncts(join.args.get("on"))
+            if join.args.get("on") is None:
                 terms = pending  # FROM a, b / CROSS JOIN: the keys come from WHERE
             done = set(range(index))
             keys, rest = [], []
@@ -438,15 +618,30 @@ class _Compiler:
                 pair = self.key_pair(term, readers, done, index)
                 (keys if pair else rest).append(pair or term)
             if terms is pending:
-                pending = rest
-                rest = []
+                pending, rest = rest, []
             if not keys:
                 raise self.error(
                     "a join needs an equality between its two sides (a cross join or a "
                     "non-equi join is not supported)",
                     join,
                 )
-            joined = self.equi_join(joined, relations[index], keys, join)
+            right = relations[index]
+            if side:
+                # ON conditions of an outer join filter the side it pads, before the join.
+                padded_side = {"LEFT": {index}, "RIGHT": done}.get(side, set())
+                for term in rest:
+                    if not readers(term) or not readers(term) <= padded_side:
+                        raise self.error(
+                            f"{side} OUTER JOIN ... ON may hold only equalities between the "
+                            "sides and conditions on the side it pads with NULLs",
+                            term,
+                        )
+                if side == "LEFT":
+                    right = self.filtered(right, rest)
+                elif side == "RIGHT":
+                    joined = self.filtered(joined, rest)
+                rest = []
+            joined = self.equi_join(joined, right, keys, join, side or "INNER")
             joined = self.filtered(joined, rest)
         return self.filtered(joined, pending)
 
@@ -471,11 +666,14 @@ class _Compiler:
         right: _From,
         keys: list[tuple[exp.Expression, exp.Expression]],
         node: exp.Expression | None,
+        how: str = "INNER",
     ) -> _From:
-        left_scalars, right_scalars = (
-            Scalars(self.view, left.fields),
-            Scalars(self.view, right.fields),
-        )
+        """``left`` joined with ``right`` on ``keys`` (an inner, ``LEFT``, ``RIGHT`` or
+        ``FULL`` join). The builder's join drops the key columns of the side it looks
+        keys up in; in an inner join those fields read the other side's key (equal by
+        the join), in an outer join the keys are copies and the columns stay."""
+        left_scalars = Scalars(self.view, left.fields)
+        right_scalars = Scalars(self.view, right.fields)
         left_extra: dict[str, Expr] = {}
         right_extra: dict[str, Expr] = {}
         left_keys, right_keys = [], []
@@ -487,25 +685,38 @@ class _Compiler:
             common = unify(ta, tb)
             if common is None:
                 raise self.error(f"cannot compare {ta} with {tb} in {sql_text(a.parent)}", a)
-            left_keys.append(self.key_column(ea, ta, common, left_extra))
-            right_key = self.key_column(eb, tb, common, right_extra)
+            left_keys.append(self.key_column(ea, ta, common, left_extra, copy=how == "RIGHT"))
+            right_key = self.key_column(eb, tb, common, right_extra, copy=how != "INNER")
             right_keys.append(right_key)
             if right_key not in right_extra:  # a column the join drops: read the left's
                 redirect[right_key] = left_keys[-1]
         left_stream = self.with_extra(left.stream, left_extra, node)
         right_stream = self.with_extra(right.stream, right_extra, node)
-        stream = self.build(
-            lambda: left_stream.join(right_stream, left_on=left_keys, right_on=right_keys), node
-        )
+        if how == "RIGHT":
+            stream = self.build(
+                lambda: right_stream.left_join(left_stream, left_on=right_keys, right_on=left_keys),
+                node,
+            )
+        else:
+            method = {"INNER": "join", "LEFT": "left_join", "FULL": "full_join"}[how]
+            stream = self.build(
+                lambda: getattr(left_stream, method)(
+                    right_stream, left_on=left_keys, right_on=right_keys
+                ),
+                node,
+            )
         fields = [
             Field(f.qualifier, f.name, redirect.get(f.column, f.column))
             for f in [*left.fields, *right.fields]
         ]
         return _From(stream, fields)
 
-    def key_column(self, expr: Expr, kind: str, common: str, extra: dict[str, Expr]) -> str:
-        """The column holding a join key: the column itself, or a computed one."""
-        if kind == common and isinstance(expr, Column):
+    def key_column(
+        self, expr: Expr, kind: str, common: str, extra: dict[str, Expr], *, copy: bool = False
+    ) -> str:
+        """The column holding a join key: the column itself, or a computed one (always
+        a computed one with ``copy``, so that the column itself stays in the output)."""
+        if kind == common and isinstance(expr, Column) and not copy:
             return expr.name
         name = self.fresh("key")
         extra[name] = expr if kind == common else expr.cast(common)
@@ -549,16 +760,29 @@ class _Compiler:
                 before[name] = expr
         results: list[tuple[exp.Expression, str]] = []
         specs = {}
+        distinct_counts: dict[str, str] = {}  # result column -> argument column
         for found in calls:
             name = self.fresh(_AGGREGATES[type(found)])
-            specs[name] = self.aggregation(found, scalars, before)
+            if isinstance(found.this, exp.Distinct):
+                distinct_counts[name] = self.distinct_argument(found, scalars, before)
+            else:
+                specs[name] = self.aggregation(found, scalars, before)
             results.append((found, name))
+        group_columns = list(keys.values())
+        if group is None and distinct_counts:
+            # The parts are joined on the group: a global aggregate gets a constant one.
+            group_columns = [self.fresh("all")]
+            before[group_columns[0]] = lit(1)
         if not before:
             before[self.fresh("one")] = lit(1)  # a global aggregate of count(*) only
         stream = self.build(lambda: joined.stream.select(**before), node)
-        grouped = self.build(lambda: stream.aggregate(by=list(keys.values()), **specs), node)
+        grouped = self.grouped(stream, group_columns, specs, distinct_counts, node)
         if group is None:
-            grouped = self.keep_empty_row(grouped, specs, node)
+            kinds = {name: spec.kind for name, spec in specs.items()}
+            kinds.update(dict.fromkeys(distinct_counts, "count"))
+            if distinct_counts:  # without the constant group column
+                grouped = grouped.select(*[name for _, name in results])
+            grouped = self.keep_empty_row(grouped, kinds, node)
 
         def hook(part: exp.Expression) -> Expr | None:
             for found, name in results:
@@ -607,13 +831,80 @@ class _Compiler:
                     return chosen.this
         return item
 
+    def grouped(
+        self,
+        stream: Stream,
+        group: list[str],
+        specs: dict[str, aggs.Aggregation],
+        distinct_counts: Mapping[str, str],
+        node: exp.Expression,
+    ) -> Stream:
+        """The aggregate of ``stream`` by ``group``: ``specs``, and each ``COUNT(DISTINCT
+        argument)`` as the count of the group's distinct non-NULL arguments (an
+        aggregate over the distinct ``(group, argument)`` pairs). The parts are joined
+        on the group, NULL equal to NULL (every part has every group)."""
+        parts = []
+        if specs or not distinct_counts:
+            parts.append(self.build(lambda: stream.aggregate(by=group, **specs), node))
+        for name, argument in distinct_counts.items():
+            pairs = self.build(lambda a=argument: stream.select(*group, a).distinct(), node)
+            counted = aggs.count(col(argument))
+            parts.append(
+                self.build(lambda p=pairs, n=name, c=counted: p.aggregate(by=group, **{n: c}), node)
+            )
+        result = parts[0]
+        if len(parts) == 1:
+            return result
+        left_keys = self.null_safe_keys(result.schema, group, node)
+        result = result.with_columns(**left_keys)
+        for part in parts[1:]:
+            right_keys = self.null_safe_keys(part.schema, group, node)
+            values = [n for n in part.columns if n not in group]
+            keyed = part.select(**right_keys, **{n: col(n) for n in values})
+            result = self.build(
+                lambda k=keyed, r=right_keys, so_far=result: so_far.join(
+                    k, left_on=list(left_keys), right_on=list(r)
+                ),
+                node,
+            )
+        return result
+
+    def null_safe_keys(
+        self, schema: Schema, columns: Sequence[str], node: exp.Expression
+    ) -> dict[str, Expr]:
+        """Per column, a flag "is NULL" and the value with NULL replaced: equal keys mean
+        equal columns, NULL equal to NULL (what GROUP BY and set operations compare)."""
+        keys: dict[str, Expr] = {}
+        for name in columns:
+            kind = schema.type_of(name)
+            if kind not in _NULL_STAND_INS:
+                raise self.error(f"grouping or comparing a {kind} column is not supported", node)
+            keys[self.fresh(f"{name}_null")] = col(name).is_null()
+            keys[self.fresh(f"{name}_value")] = call("coalesce", col(name), _NULL_STAND_INS[kind])
+        return keys
+
+    def distinct_argument(
+        self, call_: exp.Expression, scalars: Scalars, before: dict[str, Expr]
+    ) -> str:
+        """The column holding ``COUNT(DISTINCT x)``'s ``x``; other DISTINCT aggregates
+        are refused."""
+        kind = _AGGREGATES[type(call_)]
+        arguments = call_.this.expressions
+        if kind != "count":
+            raise self.error(f"{kind.upper()}(DISTINCT ...) is not supported", call_)
+        if len(arguments) != 1:
+            raise self.error("COUNT(DISTINCT ...) of several columns is not supported", call_)
+        if _aggregate_calls(arguments[0]):
+            raise self.error(f"an aggregate inside an aggregate: {sql_text(call_)}", call_)
+        column = self.fresh("distinct")
+        before[column] = scalars(arguments[0])
+        return column
+
     def aggregation(
         self, call: exp.Expression, scalars: Scalars, before: dict[str, Expr]
     ) -> aggs.Aggregation:
         kind = _AGGREGATES[type(call)]
         argument = call.this
-        if isinstance(argument, exp.Distinct):
-            raise self.error(f"{kind.upper()}(DISTINCT ...) is not supported yet", call)
         if kind == "count" and (argument is None or isinstance(argument, exp.Star)):
             return aggs.count()
         if _aggregate_calls(argument):
@@ -623,12 +914,12 @@ class _Compiler:
         return _BUILDERS[kind](col(column))
 
     def keep_empty_row(
-        self, grouped: Stream, specs: Mapping[str, aggs.Aggregation], node: exp.Expression
+        self, grouped: Stream, kinds: Mapping[str, str], node: exp.Expression
     ) -> Stream:
         """An aggregate without ``GROUP BY``: one row also over no input (``COUNT`` 0,
-        the others NULL)."""
+        the others NULL). ``kinds`` names each column's aggregate."""
         schema = grouped.schema
-        defaults = {name: (0 if specs[name].kind == "count" else None) for name in schema.names}
+        defaults = {name: (0 if kinds[name] == "count" else None) for name in schema.names}
         marker = {
             name: lit(value) if value is not None else lit(None).cast(schema.type_of(name))
             for name, value in defaults.items()
@@ -669,6 +960,11 @@ def _live_stream(circuit: Circuit, name: str, node_id: int) -> Stream:
                 return Stream(circuit, node.id)
         raise CircuitError(f"upsert source {name!r} has no live stream")
     return Stream(circuit, node_id)
+
+
+def _side(join: exp.Join | None) -> str:
+    """``LEFT``, ``RIGHT`` or ``FULL`` for an outer join, else the empty string."""
+    return (join.side or "").upper() if join is not None else ""
 
 
 def _references(node: exp.Expression, table: str) -> bool:

@@ -15,7 +15,7 @@ from functools import reduce
 
 from sqlglot import exp
 
-from dbspark.circuit.expressions import Expr, call, col, if_else, lit
+from dbspark.circuit.expressions import Expr, call, col, if_else, like, lit
 from dbspark.core.types import BIGINT, BOOLEAN, DOUBLE, STRING
 from dbspark.sql.errors import SqlError, position, sql_text
 
@@ -158,6 +158,15 @@ class Scalars:
                 raise self.error("IN (subquery) is only supported as a condition in WHERE", node)
             value = self(node.this)
             return reduce(lambda a, b: a | b, [value == self(item) for item in node.expressions])
+        if isinstance(node, exp.Like):
+            pattern = node.expression
+            if not (isinstance(pattern, exp.Literal) and pattern.is_string):
+                raise self.error("LIKE needs a literal string pattern", node)
+            try:
+                matched = like(self(node.this), pattern.this)
+            except ValueError as error:
+                raise self.error(str(error), pattern) from None
+            return ~matched if node.args.get("negate") else matched  # NOT LIKE
         if isinstance(node, exp.Case):
             return self._case(node)
         if isinstance(node, exp.If):

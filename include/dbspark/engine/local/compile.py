@@ -34,6 +34,7 @@ from dbspark.circuit.expressions import (
     NULL_TYPE,
     Expr,
     infer_type,
+    like_regex,
     output_type,
 )
 from dbspark.core.types import (
@@ -222,6 +223,12 @@ class _Compiler(ExpressionCompiler[str]):
 
     def split(self, text: str, separator: str) -> str:
         return f"string_split({text}, {sql_literal(separator)})"
+
+    def like(self, text: str, pattern: str) -> str:
+        # RE2 (DuckDB's regexps) reads characters, as Spark's LIKE does; DuckDB's own
+        # LIKE has no default escape character.
+        regex = sql_literal("(?s)" + like_regex(pattern))
+        return f"regexp_full_match({text}, {regex})"
 
 
 _SQL_COMPARE = {"==": "=", "!=": "<>"}

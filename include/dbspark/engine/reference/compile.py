@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import operator
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -24,6 +25,7 @@ from dbspark.circuit.expressions import (
     Literal,
     UnaryOp,
     infer_type,
+    like_regex,
 )
 from dbspark.core.types import BIGINT, BOOLEAN, DOUBLE, STRING, Schema
 
@@ -211,6 +213,10 @@ def _compile_call(name: str, args: list[RowFunction]) -> RowFunction:
     if name == "sequence":
         start, stop = args
         return lambda row: _sequence(start(row), stop(row))
+    if name == "like":
+        text, pattern = args
+        matcher = re.compile(like_regex(pattern(())), re.DOTALL)
+        return lambda row: None if (v := text(row)) is None else bool(matcher.fullmatch(v))
     if name == "split":
         text, separator = args
         return lambda row: None if (v := text(row)) is None else v.split(separator(row))

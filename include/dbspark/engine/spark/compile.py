@@ -248,6 +248,9 @@ class _Compiler(ExpressionCompiler[Column]):
     def split(self, text: Column, separator: str) -> Column:
         return F.split(text, java_regex_quote(separator), -1)
 
+    def like(self, text: Column, pattern: str) -> Column:
+        return text.like(pattern)
+
 
 # --- pieces ------------------------------------------------------------------------------
 
