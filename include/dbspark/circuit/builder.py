@@ -562,15 +562,10 @@ class Stream:
     ) -> Stream:
         """Inner equi-join; weights multiply. Output: left columns, then right non-key columns."""
         where = f"join of {self.node.label} with {other.node.label}"
-        if on is not None:
-            left_keys = right_keys = _as_names(on)
-        elif left_on is not None or right_on is not None:
-            left_keys, right_keys = _as_names(left_on), _as_names(right_on)
-        else:
-            left_keys = self._declared_keys()
-            right_keys = other._declared_keys()
-            if not left_keys or not right_keys:
-                raise CircuitError(f"{where}: give on=... (or index_by both sides)")
+        left_keys, right_keys = self._join_keys(other, on, left_on, right_on)
+        declared = on is None and left_on is None and right_on is None
+        if declared and (not left_keys or not right_keys):
+            raise CircuitError(f"{where}: give on=... (or index_by both sides)")
         if len(left_keys) != len(right_keys) or not left_keys:
             raise CircuitError(f"{where}: left and right keys differ in number")
         for lk, rk in zip(left_keys, right_keys, strict=True):
@@ -667,6 +662,8 @@ class Stream:
         left_on: str | Sequence[str] | None,
         right_on: str | Sequence[str] | None,
     ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The key columns of each side: ``on``, ``left_on``/``right_on``, or the ones
+        ``index_by`` declared."""
         if on is not None:
             return _as_names(on), _as_names(on)
         if left_on is not None or right_on is not None:

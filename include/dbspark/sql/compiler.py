@@ -99,6 +99,18 @@ class Relation:
 
 
 @dataclass
+class _KeyedSides:
+    """Two sides of a join with their key columns (``redirect``: right key column ->
+    the left key column equal to it, for the right keys a join drops)."""
+
+    left: Stream
+    right: Stream
+    left_keys: list[str]
+    right_keys: list[str]
+    redirect: dict[str, str]
+
+
+@dataclass
 class _From:
     """A relation as a ``FROM`` item: its stream under internal names, its fields."""
 
@@ -259,18 +271,22 @@ class _Compiler:
         )
         return Relation(stream, list(names))
 
-    def union(self, node: exp.Union) -> Relation:
+    def operands(self, node: exp.Expression, word: str) -> tuple[list[str], Stream, Stream]:
+        """A set operation's two sides under the left side's names and common types."""
         left = self.query(node.this)
         right = self.query(node.expression)
         if len(left.names) != len(right.names):
             raise self.error(
-                f"UNION of {len(left.names)} and {len(right.names)} columns", node.expression
+                f"{word} of {len(left.names)} and {len(right.names)} columns", node.expression
             )
-        left_stream, right_stream = self.aligned(left, right, node)
+        return (left.names, *self.aligned(left, right, node))
+
+    def union(self, node: exp.Union) -> Relation:
+        names, left_stream, right_stream = self.operands(node, "UNION")
         stream = self.build(lambda: left_stream.plus(right_stream), node)
         if node.args.get("distinct"):
             stream = stream.distinct()
-        return Relation(stream, left.names)
+        return Relation(stream, names)
 
     def except_intersect(self, node: exp.Expression) -> Relation:
         """``EXCEPT`` and ``INTERSECT`` (both DISTINCT, as in Spark): the left side's
@@ -280,22 +296,17 @@ class _Compiler:
         word = node.key.upper()
         if not node.args.get("distinct"):
             raise self.error(f"{word} ALL is not supported (only {word} DISTINCT)", node)
-        left = self.query(node.this)
-        right = self.query(node.expression)
-        if len(left.names) != len(right.names):
-            raise self.error(
-                f"{word} of {len(left.names)} and {len(right.names)} columns", node.expression
-            )
-        left_stream, right_stream = self.aligned(left, right, node)
-        keys = self.null_safe_keys(left_stream.schema, left.names, node)
-        names = list(keys)
+        names, left_stream, right_stream = self.operands(node, word)
+        keys = self.null_safe_keys(left_stream.schema, names, node)
+        key_names = list(keys)
         keyed_left = self.build(lambda: left_stream.distinct().with_columns(**keys), node)
         keyed_right = self.build(lambda: right_stream.select(**keys), node)
         method = "anti_join" if isinstance(node, exp.Except) else "semi_join"
         kept = self.build(
-            lambda: getattr(keyed_left, method)(keyed_right, left_on=names, right_on=names), node
+            lambda: getattr(keyed_left, method)(keyed_right, left_on=key_names, right_on=key_names),
+            node,
         )
-        return Relation(kept.select(*left.names), left.names)
+        return Relation(kept.select(*names), names)
 
     def aligned(
         self, left: Relation, right: Relation, node: exp.Expression
@@ -470,22 +481,9 @@ class _Compiler:
         anti: bool,
         node: exp.Expression,
     ) -> _From:
-        outer_scalars = Scalars(self.view, outer.fields)
-        inner_scalars = Scalars(self.view, inner.fields)
-        outer_extra: dict[str, Expr] = {}
-        inner_extra: dict[str, Expr] = {}
-        outer_keys, inner_keys = [], []
-        for a, b in pairs:
-            ea, eb = outer_scalars(a), inner_scalars(b)
-            ta = self.type_of(outer.stream.schema, ea, a)
-            tb = self.type_of(inner.stream.schema, eb, b)
-            common = unify(ta, tb)
-            if common is None:
-                raise self.error(f"cannot compare {ta} with {tb}", a)
-            outer_keys.append(self.key_column(ea, ta, common, outer_extra))
-            inner_keys.append(self.key_column(eb, tb, common, inner_extra))
-        outer_stream = self.with_extra(outer.stream, outer_extra, node)
-        inner_stream = self.with_extra(inner.stream, inner_extra, node)
+        sides = self.keyed_sides(outer, inner, pairs, node)
+        outer_stream, inner_stream = sides.left, sides.right
+        outer_keys, inner_keys = sides.left_keys, sides.right_keys
         method = "anti_join" if anti else "semi_join"
         stream = self.build(
             lambda: getattr(outer_stream, method)(
@@ -493,7 +491,7 @@ class _Compiler:
             ),
             node,
         )
-        if outer_extra:
+        if len(stream.columns) != len(outer.stream.columns):  # drop computed keys
             stream = stream.select(*outer.stream.columns)
         return _From(stream, outer.fields)
 
@@ -672,26 +670,11 @@ class _Compiler:
         ``FULL`` join). The builder's join drops the key columns of the side it looks
         keys up in; in an inner join those fields read the other side's key (equal by
         the join), in an outer join the keys are copies and the columns stay."""
-        left_scalars = Scalars(self.view, left.fields)
-        right_scalars = Scalars(self.view, right.fields)
-        left_extra: dict[str, Expr] = {}
-        right_extra: dict[str, Expr] = {}
-        left_keys, right_keys = [], []
-        redirect: dict[str, str] = {}
-        for a, b in keys:
-            ea, eb = left_scalars(a), right_scalars(b)
-            ta = self.type_of(left.stream.schema, ea, a)
-            tb = self.type_of(right.stream.schema, eb, b)
-            common = unify(ta, tb)
-            if common is None:
-                raise self.error(f"cannot compare {ta} with {tb} in {sql_text(a.parent)}", a)
-            left_keys.append(self.key_column(ea, ta, common, left_extra, copy=how == "RIGHT"))
-            right_key = self.key_column(eb, tb, common, right_extra, copy=how != "INNER")
-            right_keys.append(right_key)
-            if right_key not in right_extra:  # a column the join drops: read the left's
-                redirect[right_key] = left_keys[-1]
-        left_stream = self.with_extra(left.stream, left_extra, node)
-        right_stream = self.with_extra(right.stream, right_extra, node)
+        sides = self.keyed_sides(
+            left, right, keys, node, copy_left=how == "RIGHT", copy_right=how != "INNER"
+        )
+        left_stream, right_stream = sides.left, sides.right
+        left_keys, right_keys, redirect = sides.left_keys, sides.right_keys, sides.redirect
         if how == "RIGHT":
             stream = self.build(
                 lambda: right_stream.left_join(left_stream, left_on=right_keys, right_on=left_keys),
@@ -710,6 +693,39 @@ class _Compiler:
             for f in [*left.fields, *right.fields]
         ]
         return _From(stream, fields)
+
+    def keyed_sides(
+        self,
+        left: _From,
+        right: _From,
+        pairs: list[tuple[exp.Expression, exp.Expression]],
+        node: exp.Expression | None,
+        *,
+        copy_left: bool = False,
+        copy_right: bool = False,
+    ) -> _KeyedSides:
+        """Both sides with a column per key of ``pairs`` (``(left expression, right
+        expression)``), cast to their common type; see ``key_column`` for ``copy_*``."""
+        left_scalars = Scalars(self.view, left.fields)
+        right_scalars = Scalars(self.view, right.fields)
+        left_extra: dict[str, Expr] = {}
+        right_extra: dict[str, Expr] = {}
+        sides = _KeyedSides(left.stream, right.stream, [], [], {})
+        for a, b in pairs:
+            ea, eb = left_scalars(a), right_scalars(b)
+            ta = self.type_of(left.stream.schema, ea, a)
+            tb = self.type_of(right.stream.schema, eb, b)
+            common = unify(ta, tb)
+            if common is None:
+                raise self.error(f"cannot compare {ta} with {tb} in {sql_text(a.parent)}", a)
+            sides.left_keys.append(self.key_column(ea, ta, common, left_extra, copy=copy_left))
+            right_key = self.key_column(eb, tb, common, right_extra, copy=copy_right)
+            sides.right_keys.append(right_key)
+            if right_key not in right_extra:  # a column a join drops: the left's has it
+                sides.redirect[right_key] = sides.left_keys[-1]
+        sides.left = self.with_extra(left.stream, left_extra, node)
+        sides.right = self.with_extra(right.stream, right_extra, node)
+        return sides
 
     def key_column(
         self, expr: Expr, kind: str, common: str, extra: dict[str, Expr], *, copy: bool = False
