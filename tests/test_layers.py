@@ -19,7 +19,7 @@ ALLOWED: dict[str, set[str]] = {
     "core": {"core"},
     "circuit": {"core", "circuit"},
     "storage": {"core", "storage"},
-    "examples": {"core", "circuit", "examples"},
+    "examples": {"core", "circuit", "sql", "examples"},
     "engine": {"core", "circuit", "storage", "engine"},
     "orchestration": {"core", "circuit", "storage", "engine", "orchestration"},
     "sql": {"core", "circuit", "sql"},

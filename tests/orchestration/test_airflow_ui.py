@@ -18,7 +18,7 @@ from dbspark.devtools.airflow import LocalAirflow
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
-EXAMPLE_DAGS = ("dbspark_orders_by_region", "dbspark_reachability")
+EXAMPLE_DAGS = ("dbspark_orders_by_region", "dbspark_reachability", "dbspark_orders_sql")
 
 
 @pytest.fixture(scope="module")

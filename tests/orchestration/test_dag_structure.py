@@ -23,7 +23,11 @@ def example_dags():
 
 
 def test_the_example_dag_files_import_without_errors(example_dags):
-    assert set(example_dags) == {"dbspark_orders_by_region", "dbspark_reachability"}
+    assert set(example_dags) == {
+        "dbspark_orders_by_region",
+        "dbspark_reachability",
+        "dbspark_orders_sql",
+    }
 
 
 def _upstream(dag, task_id):
@@ -60,7 +64,9 @@ def test_orders_dag_follows_the_plan(example_dags):
     }
 
 
-@pytest.mark.parametrize("dag_id", ["dbspark_orders_by_region", "dbspark_reachability"])
+@pytest.mark.parametrize(
+    "dag_id", ["dbspark_orders_by_region", "dbspark_reachability", "dbspark_orders_sql"]
+)
 def test_the_graph_view_can_draw_every_example_dag(example_dags, dag_id):
     """What the api-server's ``/ui/structure/structure_data`` computes, on the DAG as the
     scheduler stores it: groups collapsed to nodes must not form a cycle, or the Graph

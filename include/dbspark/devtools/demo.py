@@ -1,8 +1,9 @@
 """``python -m dbspark.devtools.demo``: the example DAGs, run by Airflow, explained.
 
 For each example DAG in ``dags/`` (orders by region; graph reachability, recursive,
-with edge deletions) this lands sample upsert batches for several daily intervals in
-the landing directory, then has Airflow run the DAG once per interval
+with edge deletions; the orders again with views written in SQL) this lands sample
+upsert batches for several daily intervals in the landing directory, then has Airflow
+run the DAG once per interval
 (``dag.test``: the real task runner, task instances and metadata database, in this
 process, without a scheduler). After each epoch it prints the input, every view as
 published (the Parquet snapshot), its change feed, and for the loop how many
@@ -49,7 +50,11 @@ DEFAULT_EPOCHS = 5
 START = datetime(2026, 1, 1, tzinfo=UTC)
 STEP = timedelta(days=1)
 #: The example DAGs (their ids in ``dags/``) and the demo scenario each one replays.
-EXAMPLES = {"dbspark_orders_by_region": "orders", "dbspark_reachability": "reachability"}
+EXAMPLES = {
+    "dbspark_orders_by_region": "orders",
+    "dbspark_reachability": "reachability",
+    "dbspark_orders_sql": "orders",
+}
 
 
 def configure(home: Path, dags_folder: Path) -> dict[str, str]:

@@ -1,7 +1,8 @@
 """The named circuits of the conformance suite, written as a user would write them.
 
 Each function builds one circuit; ``NAMED_CIRCUITS`` maps the conformance
-names to them. Read them as examples of the builder API.
+names to them. Read them as examples of the builder API. ``orders_sql`` (not a
+conformance circuit) shows views written in SQL over sources declared here.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from collections.abc import Callable
 from dbspark.circuit.aggregations import count, max_, sum_
 from dbspark.circuit.builder import Circuit
 from dbspark.circuit.expressions import col
+from dbspark.sql import add_views
 
 
 def reachability(node_type: str = "string", name: str = "reachability") -> Circuit:
@@ -115,6 +117,50 @@ def orders() -> Circuit:
     c.view("customers_current", customers_current)
     c.view("orders_current", orders_current)
     c.view("region_totals", region_totals)
+    return c
+
+
+#: The orders example's questions, and more, as a user would write them in SQL.
+ORDERS_SQL = """
+CREATE VIEW region_revenue AS
+  SELECT c.region, COUNT(o.order_id) AS orders, COALESCE(SUM(o.amount), 0) AS revenue
+  FROM customers c LEFT JOIN orders o ON o.cust_id = c.cust_id
+  GROUP BY c.region;
+CREATE VIEW idle_customers AS
+  SELECT c.cust_id, c.region FROM customers c
+  WHERE NOT EXISTS (SELECT 1 FROM orders o WHERE o.cust_id = c.cust_id);
+CREATE VIEW order_stats AS
+  SELECT COUNT(*) AS orders, SUM(amount) AS total, COUNT(DISTINCT cust_id) AS buyers
+  FROM orders;
+"""
+
+
+def orders_sql() -> Circuit:
+    """The ``orders`` sources, with views defined in SQL (``ORDERS_SQL``): revenue per
+    region including regions without orders, customers who never ordered, and totals
+    that hold a row even when there are no orders."""
+    c = Circuit("orders_sql")
+    c.upsert_source(
+        "customers",
+        {"cust_id": "bigint", "region": "string", "ts": "bigint", "deleted": "boolean"},
+        key="cust_id",
+        watermark="ts",
+        tombstone="deleted",
+    )
+    c.upsert_source(
+        "orders",
+        {
+            "order_id": "bigint",
+            "cust_id": "bigint",
+            "amount": "bigint",
+            "ts": "bigint",
+            "deleted_at": "bigint",
+        },
+        key="order_id",
+        watermark="ts",
+        tombstone="deleted_at",
+    )
+    add_views(c, ORDERS_SQL)
     return c
 
 
