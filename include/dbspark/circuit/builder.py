@@ -41,7 +41,7 @@ from dbspark.circuit.expressions import (
     wrap,
 )
 from dbspark.core.columns import TOMBSTONE, is_reserved
-from dbspark.core.types import BIGINT, BOOLEAN, DOUBLE, STRING, Schema, is_array
+from dbspark.core.types import BIGINT, BOOLEAN, STRING, Schema, is_array, python_value_fits
 
 SOURCE_OPS = frozenset({"zset_source", "upsert_source"})
 #: A collection fixed when the circuit is built: its rows arrive at epoch 0, once.
@@ -222,7 +222,8 @@ class Circuit:
             if not isinstance(weight, int) or isinstance(weight, bool):
                 raise CircuitError(f"{where}: weight {weight!r} of {values!r} is not an integer")
             for value, (name, kind) in zip(values, typed.fields, strict=True):
-                if value is not None and not _fits(value, kind):
+                # Scalars only: SQL's default rows need no array values.
+                if value is not None and (is_array(kind) or not python_value_fits(value, kind)):
                     raise CircuitError(f"{where}: column {name!r} is {kind}, got {value!r}")
             if weight:
                 checked.append((values, weight))
@@ -819,19 +820,6 @@ def _source_schema(schema: Mapping[str, str], what: str) -> Schema:
         return Schema.of(schema, what=what)
     except (TypeError, ValueError) as exc:
         raise CircuitError(str(exc)) from None
-
-
-def _fits(value: Any, kind: str) -> bool:
-    """Whether a Python constant is a value of column type ``kind`` (scalars only)."""
-    if kind == BIGINT:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if kind == BOOLEAN:
-        return isinstance(value, bool)
-    if kind == STRING:
-        return isinstance(value, str)
-    if kind == DOUBLE:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    return False
 
 
 def _as_names(value: str | Sequence[str] | None) -> tuple[str, ...]:

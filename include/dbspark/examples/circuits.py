@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from dbspark.circuit.aggregations import count, max_, sum_
-from dbspark.circuit.builder import Circuit
+from dbspark.circuit.builder import Circuit, Stream
 from dbspark.circuit.expressions import col
 from dbspark.sql import add_views
 
@@ -83,9 +83,8 @@ def join() -> Circuit:
     return c
 
 
-def orders() -> Circuit:
-    """Live customers and orders from upserts, and order totals per region."""
-    c = Circuit("orders")
+def _orders_sources(c: Circuit) -> tuple[Stream, Stream]:
+    """The live rows of the ``customers`` and ``orders`` upsert sources."""
     customers = c.upsert_source(
         "customers",
         {"cust_id": "bigint", "region": "string", "ts": "bigint", "deleted": "boolean"},
@@ -106,6 +105,13 @@ def orders() -> Circuit:
         watermark="ts",
         tombstone="deleted_at",
     )
+    return customers, order_rows
+
+
+def orders() -> Circuit:
+    """Live customers and orders from upserts, and order totals per region."""
+    c = Circuit("orders")
+    customers, order_rows = _orders_sources(c)
     customers_current = customers.select("cust_id", "region")
     orders_current = order_rows.select("order_id", "cust_id", "amount")
     region_totals = orders_current.join(customers_current, on="cust_id").aggregate(
@@ -140,26 +146,7 @@ def orders_sql() -> Circuit:
     region including regions without orders, customers who never ordered, and totals
     that hold a row even when there are no orders."""
     c = Circuit("orders_sql")
-    c.upsert_source(
-        "customers",
-        {"cust_id": "bigint", "region": "string", "ts": "bigint", "deleted": "boolean"},
-        key="cust_id",
-        watermark="ts",
-        tombstone="deleted",
-    )
-    c.upsert_source(
-        "orders",
-        {
-            "order_id": "bigint",
-            "cust_id": "bigint",
-            "amount": "bigint",
-            "ts": "bigint",
-            "deleted_at": "bigint",
-        },
-        key="order_id",
-        watermark="ts",
-        tombstone="deleted_at",
-    )
+    _orders_sources(c)
     add_views(c, ORDERS_SQL)
     return c
 

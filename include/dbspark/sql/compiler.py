@@ -192,10 +192,11 @@ class _Compiler:
 
     def _view_statement(self, statement: exp.Expression) -> tuple[str, exp.Expression]:
         if not (isinstance(statement, exp.Create) and str(statement.kind).upper() == "VIEW"):
+            line, column = position(statement)
             raise SqlError(
                 f"only CREATE VIEW statements are accepted, got {sql_text(statement)}",
-                line=position(statement)[0],
-                column=position(statement)[1],
+                line=line,
+                column=column,
             )
         target = statement.this
         name = target.name if isinstance(target, exp.Table) else target.this.name
@@ -314,6 +315,7 @@ class _Compiler:
         """Both sides under the left's names, each column cast to the common type."""
         left_columns: dict[str, Expr] = {}
         right_columns: dict[str, Expr] = {}
+        same = True  # the right side already has the left's names and types
         for name, other in zip(left.names, right.names, strict=True):
             a, b = left.stream.schema.type_of(name), right.stream.schema.type_of(other)
             common = unify(a, b)
@@ -321,10 +323,7 @@ class _Compiler:
                 raise self.error(f"column {name!r} is {a} on one side and {b} on the other", node)
             left_columns[name] = col(name) if a == common else col(name).cast(common)
             right_columns[name] = col(other) if b == common else col(other).cast(common)
-        same = all(
-            (n == o and left.stream.schema.type_of(n) == right.stream.schema.type_of(o))
-            for n, o in zip(left.names, right.names, strict=True)
-        )
+            same = same and name == other and a == b
         if same:
             return left.stream, right.stream
         return (
@@ -443,15 +442,15 @@ class _Compiler:
         for part in conjuncts(where.this) if where is not None else []:
             if _has_subquery(part):
                 raise self.error("a subquery inside a WHERE subquery is not supported", part)
-            where_ = side(part)
-            if where_ in ("inner", "none"):
+            if side(part) in ("inner", "none"):
                 local.append(part)
-            elif isinstance(part, exp.EQ) and {side(part.this), side(part.expression)} == {
-                "inner",
-                "outer",
-            }:
-                a, b = part.this, part.expression
-                pairs.append((a, b) if side(a) == "outer" else (b, a))
+                continue
+            a, b = part.this, part.expression
+            ends = (side(a), side(b)) if isinstance(part, exp.EQ) else None
+            if ends == ("outer", "inner"):
+                pairs.append((a, b))
+            elif ends == ("inner", "outer"):
+                pairs.append((b, a))
             else:
                 raise self.error(
                     "a correlated subquery may compare outer columns only by equality "
@@ -628,7 +627,8 @@ class _Compiler:
                 # ON conditions of an outer join filter the side it pads, before the join.
                 padded_side = {"LEFT": {index}, "RIGHT": done}.get(side, set())
                 for term in rest:
-                    if not readers(term) or not readers(term) <= padded_side:
+                    read = readers(term)
+                    if not read or not read <= padded_side:
                         raise self.error(
                             f"{side} OUTER JOIN ... ON may hold only equalities between the "
                             "sides and conditions on the side it pads with NULLs",

@@ -71,6 +71,7 @@ _ARITHMETIC: dict[type, Callable[[Expr, Expr], Expr]] = {
     exp.Div: lambda a, b: a / b,
     exp.Mod: lambda a, b: a % b,
 }
+_BINARY = {**_COMPARISONS, **_ARITHMETIC}
 _ONE_ARGUMENT = {exp.Upper: "upper", exp.Lower: "lower", exp.Length: "length", exp.Abs: "abs"}
 
 #: A replacement tried at every node before the default translation (the aggregate
@@ -143,9 +144,9 @@ class Scalars:
             return self(node.this) & self(node.expression)
         if isinstance(node, exp.Or):
             return self(node.this) | self(node.expression)
-        for kind, build in (*_COMPARISONS.items(), *_ARITHMETIC.items()):
-            if type(node) is kind:
-                return build(self(node.this), self(node.expression))
+        binary = _BINARY.get(type(node))
+        if binary is not None:
+            return binary(self(node.this), self(node.expression))
         if isinstance(node, exp.Is):
             if not isinstance(node.expression, exp.Null):
                 raise self.error(f"IS {sql_text(node.expression)} is not supported", node)
@@ -173,9 +174,9 @@ class Scalars:
             return if_else(self(node.this), self(node.args["true"]), self._else(node))
         if isinstance(node, exp.Coalesce):
             return call("coalesce", self(node.this), *[self(e) for e in node.expressions])
-        for kind, function in _ONE_ARGUMENT.items():
-            if type(node) is kind:
-                return call(function, self(node.this))
+        function = _ONE_ARGUMENT.get(type(node))
+        if function is not None:
+            return call(function, self(node.this))
         if isinstance(node, (exp.Cast, exp.TryCast)):
             return self._cast(node)
         self._refuse(node)
