@@ -28,13 +28,7 @@ SQL_VECTOR_DIR = VECTOR_DIR.parent / "sql"
 SQL_VECTORS = sorted(SQL_VECTOR_DIR.glob("*.json"))
 if not SQL_VECTORS:
     raise RuntimeError(f"no SQL conformance vectors in {SQL_VECTOR_DIR}")
-#: SQL vectors that need what dbspark.sql does not compile yet (issue 14), with the
-#: construct its refusal names. A test checks each is refused so; when one compiles,
-#: that test fails and the vector joins the replayed ones.
-SQL_NOT_YET = {
-    "sql_ledger_types": "unknown column type 'DATE'",
-}
-REPLAYED = VECTORS + [p for p in SQL_VECTORS if p.stem not in SQL_NOT_YET]
+REPLAYED = VECTORS + SQL_VECTORS
 
 
 def replay_vector(spark: Any, warehouse: Path, path: Path, local_rows: int | None = None) -> Any:

@@ -177,7 +177,7 @@ def test_reserved_column_name_is_rejected() -> None:
 
 
 @pytest.mark.parametrize(
-    "schema", [{"__w": "bigint"}, {"a": "decimal"}, {}], ids=["reserved", "unknown-type", "empty"]
+    "schema", [{"__w": "bigint"}, {"a": "money"}, {}], ids=["reserved", "unknown-type", "empty"]
 )
 def test_bad_source_schema_is_a_circuit_error(schema: dict[str, str]) -> None:
     fails(lambda: Circuit("t").zset_source("s", schema), "source 's'")

@@ -170,8 +170,10 @@ def test_cast_types() -> None:
     assert type_of(col("s").cast("long")) == "bigint"
     assert type_of(col("i").cast("STRING")) == "string"
     assert type_of(col("i").cast("bool")) == "boolean"
+    assert type_of(col("i").cast("decimal")) == "decimal(10,0)"  # Spark's default
+    assert type_of(col("s").cast("Date")) == "date"
     with pytest.raises(TypeError, match="unknown column type"):
-        col("i").cast("decimal")
+        col("i").cast("money")
 
 
 def test_cast_to_an_array_is_rejected_when_building() -> None:

@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 from test_conformance_cli import run_cli
-from vectors import REPLAYED, SQL_NOT_YET, SQL_VECTORS, VECTOR_DIR, VECTORS
+from vectors import REPLAYED, SQL_VECTORS, VECTOR_DIR, VECTORS
 
 from dbspark.conformance import compare, get_engine, parse_vector, run_epochs, zset_to_rows
-from dbspark.conformance.vector import Vector, VectorError
+from dbspark.conformance.vector import Vector
 from dbspark.engine.api import Engine
 
 Produced = list[dict[str, list[list[Any]]]]
@@ -30,17 +30,6 @@ Produced = list[dict[str, list[list[Any]]]]
 def test_the_public_vectors_are_there() -> None:
     assert len(VECTORS) >= 6, f"too few conformance vectors in {VECTOR_DIR}"
     assert len(SQL_VECTORS) >= 4, "too few SQL conformance vectors"
-
-
-@pytest.mark.parametrize(
-    "path", [p for p in SQL_VECTORS if p.stem in SQL_NOT_YET], ids=lambda p: p.stem
-)
-def test_sql_vectors_not_compiled_yet_are_refused_by_name(path: Path) -> None:
-    """The SQL vectors outside what dbspark.sql compiles are refused before anything
-    runs, naming the construct (and, for SQL, the view and place)."""
-    with pytest.raises(VectorError) as refused:
-        parse_vector(path.read_text(encoding="utf-8"))
-    assert SQL_NOT_YET[path.stem] in str(refused.value)
 
 
 def through_engine(engine: Engine, vector: Vector) -> Produced:

@@ -11,9 +11,11 @@ not terminate on a cycle), so DuckDB, which takes ``UNION``, answers that one.
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 import random
 from collections import Counter
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +47,9 @@ SOURCES = {
             ["status", "STRING"],
             ["ts", "BIGINT"],
             ["deleted_at", "BIGINT"],
+            ["placed", "DATE"],
+            ["placed_at", "TIMESTAMP"],
+            ["cost", "DECIMAL(10,2)"],
         ],
         "key": ["order_id"],
         "watermark": ["ts"],
@@ -136,7 +141,27 @@ VIEWS = {
     "distinct_total": """
         SELECT COUNT(DISTINCT status) AS statuses, SUM(amount) AS s FROM orders
         WHERE amount < 70""",
+    "typed_sums": """
+        SELECT status, SUM(cost) AS spent, AVG(cost) AS mean_cost, MIN(placed) AS first_day,
+               MAX(placed_at) AS last_at, COUNT(*) AS n
+        FROM orders GROUP BY status""",
+    "typed_rows": """
+        SELECT order_id, cost * (1 - 0.05) AS discounted, cost + amount AS plus_amount,
+               cost * price AS times_price, CAST(cost AS BIGINT) AS whole, -cost AS owed,
+               CAST(placed AS STRING) AS day_text, CAST(placed_at AS DATE) AS at_day,
+               CAST(placed_at AS STRING) AS at_text, COALESCE(cost, 0) AS cost_or_zero
+        FROM orders
+        WHERE placed >= DATE '2026-01-03' AND placed < DATE '2026-01-01' + INTERVAL '1' MONTH
+          AND placed_at <= '2026-01-20 12:00:00' AND cost BETWEEN 0.5 AND 40""",
+    "typed_join": """
+        SELECT c.region, SUM(o.cost) AS spent, MAX(o.placed) AS last_day
+        FROM orders o JOIN customers c ON o.cust_id = c.cust_id
+        WHERE o.placed_at > TIMESTAMP '2026-01-05 00:00:00' GROUP BY c.region""",
+    "typed_global": """
+        SELECT SUM(cost) AS s, AVG(cost) AS a, MIN(placed_at) AS m FROM orders""",
 }
+#: Views whose columns' types must be the ones Spark SQL gives them, column by column.
+TYPED_VIEWS = ["typed_sums", "typed_rows", "typed_join", "typed_global"]
 RECURSIVE = """
     WITH RECURSIVE r(node) AS (
       SELECT src FROM edges WHERE src = 1
@@ -166,9 +191,13 @@ def history(seed: int, epochs: int = 4) -> list[dict[str, list[Any]]]:
         orders = []
         for order in rng.sample(range(1, 30), rng.randint(0, 12)):
             if epoch and rng.random() < 0.2:
-                orders.append((order, None, None, None, None, ts, ts))
+                orders.append((order, None, None, None, None, ts, ts, None, None, None))
             else:
                 price = round(rng.uniform(1, 60), 2)
+                day = rng.randint(1, 31)
+                moment = dt.datetime(2026, 1, day, rng.randint(0, 23), tzinfo=dt.UTC)
+                moment += dt.timedelta(microseconds=rng.choice([0, 0, 250000, 1]))
+                cost = None if rng.random() < 0.1 else Decimal(rng.randint(-500, 5000)).scaleb(-2)
                 orders.append(
                     (
                         order,
@@ -178,6 +207,9 @@ def history(seed: int, epochs: int = 4) -> list[dict[str, list[Any]]]:
                         rng.choice(STATUSES),
                         ts,
                         None,
+                        None if rng.random() < 0.1 else dt.date(2026, 1, day),
+                        moment,
+                        cost,
                     )
                 )
         changes = []
@@ -235,7 +267,20 @@ def bag(rows: Any) -> Counter:
 def _comparable(value: Any) -> Any:
     if isinstance(value, float) and not math.isnan(value):
         return round(value, 9)
+    if isinstance(value, dt.datetime):  # Spark's rows hold naive local times
+        return value.astimezone(dt.UTC)
     return value
+
+
+def check_types(spark: Any, tables: CurrentTables, circuit: Any, views: list[str]) -> None:
+    """Each typed view's column types are the ones Spark SQL gives its query."""
+    from dbspark.engine.spark.compile import spark_type
+
+    spark_answer(spark, tables, "SELECT 1")  # registers the sources
+    for name in views:
+        theirs = [f.dataType for f in spark.sql(VIEWS[name]).schema.fields]
+        ours = [spark_type(t) for t in circuit.stream(name).schema.types]
+        assert ours == theirs, f"view {name}: {ours} against Spark's {theirs}"
 
 
 def maintained(zset: Any) -> Counter:
@@ -256,6 +301,7 @@ def test_reference_engine_matches_spark_sql(spark: Any, seed: int) -> None:
     circuit = compile_circuit("sql_differential", SOURCES, script())
     engine = ReferenceEngine(circuit)
     tables = CurrentTables()
+    check_types(spark, tables, circuit, TYPED_VIEWS)
     for epoch, batch in enumerate(history(seed)):
         result = engine.step(batch)
         tables.apply(batch)
@@ -281,6 +327,8 @@ SPARK_TIER_VIEWS = [
     "regions_without_orders",
     "distinct_counts",
     "distinct_total",
+    "typed_rows",
+    "typed_global",
 ]
 
 

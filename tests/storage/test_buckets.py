@@ -2,11 +2,14 @@
 
 A bucketed batch written by one tier is read by the other, so the bucket a key lands in
 must be the same number whoever computes it. Random rows of every column type (NULLs,
-NaN, -0.0, non-ASCII text, arrays with NULL elements) are hashed by Spark and by NumPy.
+NaN, -0.0, non-ASCII text, arrays with NULL elements, dates, instants, narrow and wide
+decimals) are hashed by Spark and by NumPy.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+from decimal import Decimal
 from typing import Any
 
 import pyarrow as pa
@@ -24,8 +27,18 @@ ROW = st.tuples(
     st.one_of(st.none(), st.booleans()),
     st.one_of(st.none(), st.lists(st.one_of(st.none(), st.integers(-50, 50)), max_size=4)),
     st.one_of(st.none(), st.integers(-(2**31), 2**31 - 1)),
+    st.one_of(st.none(), st.dates()),
+    st.one_of(
+        st.none(),
+        st.datetimes(dt.datetime(1900, 1, 1), dt.datetime(2200, 1, 1), timezones=st.just(dt.UTC)),
+    ),
+    st.one_of(st.none(), st.decimals(-(10**8), 10**8, places=2)),
+    st.one_of(st.none(), st.decimals(-(10**25), 10**25, places=5)),
 )
-SCHEMA = "a bigint, s string, d double, b boolean, xs array<bigint>, i int"
+SCHEMA = (
+    "a bigint, s string, d double, b boolean, xs array<bigint>, i int, day date, "
+    "at timestamp, m decimal(10,2), w decimal(30,5)"
+)
 ARROW = {
     "a": pa.int64(),
     "s": pa.string(),
@@ -33,8 +46,26 @@ ARROW = {
     "b": pa.bool_(),
     "xs": pa.list_(pa.int64()),
     "i": pa.int32(),
+    "day": pa.date32(),
+    "at": pa.timestamp("us", tz="UTC"),
+    "m": pa.decimal128(10, 2),
+    "w": pa.decimal128(30, 5),
 }
-KEYS = [["a"], ["s"], ["d"], ["b"], ["xs"], ["i"], ["a", "s"], ["s", "d", "b", "i"]]
+KEYS = [
+    ["a"],
+    ["s"],
+    ["d"],
+    ["b"],
+    ["xs"],
+    ["i"],
+    ["a", "s"],
+    ["s", "d", "b", "i"],
+    ["day"],
+    ["at"],
+    ["m"],
+    ["w"],
+    ["day", "m", "w", "at"],
+]
 
 
 @settings(
@@ -45,7 +76,11 @@ KEYS = [["a"], ["s"], ["d"], ["b"], ["xs"], ["i"], ["a", "s"], ["s", "d", "b", "
 )
 @given(st.lists(ROW, min_size=1, max_size=120))
 def test_hash_and_buckets_are_sparks(spark: Any, rows: list[tuple]) -> None:
-    rows = [*rows, (0, "", -0.0, False, [], 0), (1, "ß", float("nan"), True, [None, 3], -1)]
+    rows = [
+        *rows,
+        (0, "", -0.0, False, [], 0, dt.date(1970, 1, 1), None, Decimal("0.00"), Decimal(0)),
+        (1, "ß", float("nan"), True, [None, 3], -1, None, None, Decimal("-1.28"), Decimal(-128)),
+    ]
     frame = spark.createDataFrame(rows, SCHEMA)
     columns = [F.xxhash64(*keys).alias(f"h{n}") for n, keys in enumerate(KEYS)]
     columns += [bucket_expr(keys, 16).alias(f"b{n}") for n, keys in enumerate(KEYS)]

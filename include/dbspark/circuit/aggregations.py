@@ -11,8 +11,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from dbspark.circuit.expressions import Expr, infer_type, wrap
-from dbspark.core.types import BIGINT, DOUBLE, NUMERIC_TYPES, Schema, normalize_type
+from dbspark.circuit.expressions import (
+    Expr,
+    decimal_avg_type,
+    decimal_sum_type,
+    infer_type,
+    wrap,
+)
+from dbspark.core.types import BIGINT, DOUBLE, Schema, is_decimal, is_numeric, normalize_type
 
 
 @dataclass(frozen=True, eq=False)
@@ -28,10 +34,12 @@ class Aggregation:
         input_type = infer_type(self.expr, schema, where)
         if self.kind == "count":
             return BIGINT
-        if self.kind in ("sum", "avg") and input_type not in NUMERIC_TYPES:
+        if self.kind in ("sum", "avg") and not is_numeric(input_type):
             raise TypeError(f"{where}: {self.kind} needs a number, got {input_type}")
         if self.kind == "avg":
-            return DOUBLE
+            return decimal_avg_type(input_type) if is_decimal(input_type) else DOUBLE
+        if self.kind == "sum" and is_decimal(input_type):
+            return decimal_sum_type(input_type)
         if self.kind == "udf":
             assert self.declared_type is not None
             return self.declared_type

@@ -15,21 +15,31 @@ identity and cannot be used as booleans.
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 from dbspark.core.types import (
     BIGINT,
+    BIGINT_AS_DECIMAL,
     BOOLEAN,
+    DATE,
     DOUBLE,
-    NUMERIC_TYPES,
+    MAX_DECIMAL_PRECISION,
     STRING,
+    TIMESTAMP,
     Schema,
     array_of,
+    decimal_of,
+    decimal_parts,
     element_type,
     is_array,
+    is_decimal,
+    is_numeric,
+    is_temporal,
 )
 
 ARITHMETIC = ("+", "-", "*", "/", "%")
@@ -207,10 +217,32 @@ def col(name: str) -> Column:
 
 
 def lit(value: Any) -> Literal:
-    """A constant: int (BIGINT), float (DOUBLE), str (STRING), bool (BOOLEAN) or None (NULL)."""
-    if value is not None and not isinstance(value, (bool, int, float, str)):
+    """A constant: int (BIGINT), float (DOUBLE), str (STRING), bool (BOOLEAN), ``date``
+    (DATE), a timezone-aware ``datetime`` (TIMESTAMP, held in UTC), ``Decimal`` (DECIMAL
+    with the literal's own digits, as Spark types ``12.50``) or None (NULL)."""
+    if isinstance(value, dt.datetime):
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise TypeError(f"a TIMESTAMP literal needs a timezone-aware datetime, got {value!r}")
+        return Literal(value.astimezone(dt.UTC))
+    if isinstance(value, Decimal):
+        decimal_literal_type(value)  # refuses NaN, infinities and more than 38 digits
+        return Literal(value)
+    if value is not None and not isinstance(value, (bool, int, float, str, dt.date)):
         raise TypeError(f"unsupported literal {value!r}")
     return Literal(value)
+
+
+def decimal_literal_type(value: Decimal) -> str:
+    """Spark's type for a decimal literal: as many digits as it is written with."""
+    if not value.is_finite():
+        raise TypeError(f"a DECIMAL literal must be finite, got {value}")
+    _, digits, exponent = value.as_tuple()
+    assert isinstance(exponent, int)
+    scale = max(-exponent, 0)
+    precision = max(len(digits) + max(exponent, 0), scale, 1)
+    if precision > MAX_DECIMAL_PRECISION:
+        raise TypeError(f"the DECIMAL literal {value} has more than 38 digits")
+    return decimal_of(precision, scale)
 
 
 def wrap(value: Any) -> Expr:
@@ -316,14 +348,16 @@ def infer_type(expr: Expr, schema: Schema, where: str) -> str:
         if isinstance(node, Literal):
             return _literal_type(node.value)
         if isinstance(node, Cast):
-            visit(node.operand)
+            source = visit(node.operand)
             if is_array(node.to):
                 raise fail(f"cannot cast to {node.to}; casts are between scalar types")
+            if not can_cast(source, node.to):
+                raise fail(f"cannot cast {source} to {node.to}")
             return node.to
         if isinstance(node, UnaryOp):
             inner = visit(node.operand)
             if node.op == "neg":
-                if inner not in NUMERIC_TYPES:
+                if not is_numeric(inner):
                     raise fail(f"cannot negate a {inner}")
                 return inner
             if node.op == "not":
@@ -332,6 +366,12 @@ def infer_type(expr: Expr, schema: Schema, where: str) -> str:
             return BOOLEAN
         if isinstance(node, BinaryOp):
             left, right = visit(node.left), visit(node.right)
+            try:
+                decimal = decimal_arithmetic(node, left, right)
+            except TypeError as error:
+                raise fail(str(error)) from None
+            if decimal is not None:
+                return decimal[2]
             return _binary_type(node.op, left, right, fail)
         if isinstance(node, Call):
             return _call_type(node, [visit(a) for a in node.args], fail)
@@ -352,7 +392,30 @@ def _literal_type(value: Any) -> str:
         return BIGINT
     if isinstance(value, float):
         return DOUBLE
+    if isinstance(value, dt.datetime):
+        return TIMESTAMP
+    if isinstance(value, dt.date):
+        return DATE
+    if isinstance(value, Decimal):
+        return decimal_literal_type(value)
     return STRING
+
+
+def literal_type(value: Any) -> str:
+    """The type of a Python literal (``null`` for None)."""
+    return _literal_type(value)
+
+
+def can_cast(source: str, target: str) -> bool:
+    """Casts between scalar types that dbspark defines (Spark's, less the numeric <-> date
+    and time conversions, which Spark's ANSI mode refuses or defines by the epoch)."""
+    if source in (NULL_TYPE, target, STRING) or target == STRING:
+        return True
+    if is_array(source) or is_array(target):
+        return False
+    if is_temporal(target):
+        return is_temporal(source)
+    return not is_temporal(source)
 
 
 def _expect_boolean(type_name: str, fail: Any) -> None:
@@ -361,14 +424,92 @@ def _expect_boolean(type_name: str, fail: Any) -> None:
 
 
 def unify(a: str, b: str) -> str | None:
-    """The common type of two operands, or None if they do not mix."""
+    """The common type of two operands, or None if they do not mix: a DOUBLE absorbs every
+    number, a BIGINT meets a DECIMAL as DECIMAL(20,0), two decimals widen to hold both
+    (Spark's wider decimal type), and a DATE meets a TIMESTAMP as its midnight UTC."""
     if a == NULL_TYPE:
         return b
     if b == NULL_TYPE or a == b:
         return a
-    if a in NUMERIC_TYPES and b in NUMERIC_TYPES:
-        return DOUBLE
+    if is_numeric(a) and is_numeric(b):
+        if DOUBLE in (a, b):
+            return DOUBLE
+        return wider_decimal(as_decimal(a), as_decimal(b))
+    if is_temporal(a) and is_temporal(b):
+        return TIMESTAMP
     return None
+
+
+def as_decimal(type_name: str, literal: Any = None) -> str:
+    """The decimal an integer operand becomes next to a decimal: a BIGINT literal gets its
+    own digits (as Spark types ``1`` in ``1 - discount``), a BIGINT column 20 digits."""
+    if is_decimal(type_name):
+        return type_name
+    if type_name == BIGINT and isinstance(literal, int) and not isinstance(literal, bool):
+        return decimal_literal_type(Decimal(literal))
+    if type_name in (BIGINT, NULL_TYPE):
+        return BIGINT_AS_DECIMAL
+    raise TypeError(f"{type_name} is not an exact number")
+
+
+def wider_decimal(a: str, b: str) -> str:
+    (p1, s1), (p2, s2) = decimal_parts(a), decimal_parts(b)
+    scale = max(s1, s2)
+    whole = max(p1 - s1, p2 - s2)
+    return decimal_of(min(whole + scale, MAX_DECIMAL_PRECISION), min(scale, MAX_DECIMAL_PRECISION))
+
+
+def _bounded_decimal(precision: int, scale: int) -> str:
+    """Spark's ``adjustPrecisionScale``: past 38 digits keep the whole part and give up
+    fraction digits, down to 6 (or fewer if the exact result had fewer)."""
+    if precision <= MAX_DECIMAL_PRECISION:
+        return decimal_of(precision, scale)
+    whole = precision - scale
+    kept_scale = max(MAX_DECIMAL_PRECISION - whole, min(scale, 6))
+    return decimal_of(MAX_DECIMAL_PRECISION, kept_scale)
+
+
+def decimal_arithmetic(node: BinaryOp, left: str, right: str) -> tuple[str, str, str] | None:
+    """For ``+ - *`` between exact numbers of which one is a DECIMAL: each operand's decimal
+    type and the result's, by Spark's rules; None when no decimal is involved (or a DOUBLE
+    is, which makes it DOUBLE arithmetic). ``/`` and ``%`` of decimals are refused."""
+    if node.op not in ARITHMETIC:
+        return None
+    if not (is_decimal(left) or is_decimal(right)) or DOUBLE in (left, right):
+        return None
+    if node.op in ("/", "%"):
+        raise TypeError(
+            f"{node.op} of DECIMAL values is not supported yet; cast an operand to DOUBLE"
+        )
+    if not (is_numeric(left) or left == NULL_TYPE) or not (is_numeric(right) or right == NULL_TYPE):
+        raise TypeError(f"cannot apply {node.op} to {left} and {right}")
+    a = as_decimal(left, _literal_value(node.left))
+    b = as_decimal(right, _literal_value(node.right))
+    (p1, s1), (p2, s2) = decimal_parts(a), decimal_parts(b)
+    if node.op == "*":
+        result = _bounded_decimal(p1 + p2 + 1, s1 + s2)
+    else:
+        scale = max(s1, s2)
+        result = _bounded_decimal(max(p1 - s1, p2 - s2) + scale + 1, scale)
+    return a, b, result
+
+
+def _literal_value(node: Expr) -> Any:
+    return node.value if isinstance(node, Literal) else None
+
+
+def decimal_sum_type(type_name: str) -> str:
+    """Spark's type of ``SUM`` over a decimal: ten more digits."""
+    precision, scale = decimal_parts(type_name)
+    return decimal_of(min(precision + 10, MAX_DECIMAL_PRECISION), scale)
+
+
+def decimal_avg_type(type_name: str) -> str:
+    """Spark's type of ``AVG`` over a decimal: four more digits, all after the point."""
+    precision, scale = decimal_parts(type_name)
+    return decimal_of(
+        min(precision + 4, MAX_DECIMAL_PRECISION), min(scale + 4, MAX_DECIMAL_PRECISION)
+    )
 
 
 def _binary_type(op: str, left: str, right: str, fail: Any) -> str:
@@ -383,7 +524,7 @@ def _binary_type(op: str, left: str, right: str, fail: Any) -> str:
         return BOOLEAN
     if op == "+" and common == STRING:
         raise fail("use concat() to join strings")
-    if common not in NUMERIC_TYPES and common != NULL_TYPE:
+    if not is_numeric(common) and common != NULL_TYPE:
         raise fail(f"cannot apply {op} to {common}")
     if op == "/":
         return DOUBLE
@@ -417,7 +558,7 @@ def _call_type(node: Call, args: list[str], fail: Any) -> str:
     if name == "concat":
         return STRING
     if name == "abs":
-        if args[0] not in NUMERIC_TYPES:
+        if not is_numeric(args[0]):
             raise fail("abs needs a number")
         return args[0]
     if name == "array":
@@ -426,6 +567,8 @@ def _call_type(node: Call, args: list[str], fail: Any) -> str:
             unified = unify(result, a)
             if unified is None or is_array(a):
                 raise fail(f"array elements mix {result} and {a}")
+            if not _array_element_ok(unified):
+                raise fail(f"arrays of {unified} are not supported")
             result = unified
         return array_of(BIGINT if result == NULL_TYPE else result)
     if name == "sequence":
@@ -453,6 +596,10 @@ def _call_type(node: Call, args: list[str], fail: Any) -> str:
             raise fail(str(error)) from None
         return BOOLEAN
     raise fail(f"unknown function {name}")
+
+
+def _array_element_ok(type_name: str) -> bool:
+    return type_name in (BIGINT, DOUBLE, STRING, BOOLEAN, NULL_TYPE)
 
 
 def output_type(type_name: str) -> str:

@@ -5,22 +5,38 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from collections.abc import Callable, Mapping, Sequence
+from decimal import Decimal
 from typing import Any
 
 from dbspark.circuit.builder import Circuit
 from dbspark.conformance.vector import VectorError
+from dbspark.core.types import at_scale, element_type, is_array, is_decimal
 from dbspark.core.zset import ZSet
 from dbspark.engine.api import Engine, InputError
 
 JsonRows = list[list[Any]]
 
 
-def to_json_value(value: Any) -> Any:
-    """A column value as JSON data (arrays become lists)."""
+def to_json_value(value: Any, type_name: str | None = None) -> Any:
+    """A column value as JSON data: arrays become lists; a DATE, TIMESTAMP or DECIMAL a
+    string (``YYYY-MM-DD``, ISO 8601 in UTC ending in ``Z``, the decimal's digits at the
+    scale of ``type_name`` when it is given)."""
     if isinstance(value, (tuple, list)):
-        return [to_json_value(v) for v in value]
+        inner = element_type(type_name) if type_name and is_array(type_name) else None
+        return [to_json_value(v, inner) for v in value]
+    if isinstance(value, Decimal):
+        if type_name is not None and is_decimal(type_name):
+            value = at_scale(value, type_name)
+        return format(value, "f")
+    if isinstance(value, dt.datetime):
+        moment = value.astimezone(dt.UTC)
+        fraction = f".{moment.microsecond:06d}" if moment.microsecond else ""
+        return moment.strftime("%Y-%m-%dT%H:%M:%S") + fraction + "Z"
+    if isinstance(value, dt.date):
+        return value.isoformat()
     return value
 
 
@@ -29,9 +45,14 @@ def row_sort_key(row: Any) -> str:
     return json.dumps(row)
 
 
-def zset_to_rows(zset: ZSet) -> JsonRows:
-    """``[[row, weight], ...]``: consolidated (no zero weights), sorted by the row's JSON text."""
-    rows = [[to_json_value(row), weight] for row, weight in zset.items() if weight != 0]
+def zset_to_rows(zset: ZSet, types: Sequence[str] | None = None) -> JsonRows:
+    """``[[row, weight], ...]``: consolidated (no zero weights), sorted by the row's JSON text;
+    ``types`` (the columns' types) writes each decimal at its column's scale."""
+    rows = [
+        [[to_json_value(v, types[i] if types else None) for i, v in enumerate(row)], weight]
+        for row, weight in zset.items()
+        if weight != 0
+    ]
     rows.sort(key=lambda item: row_sort_key(item[0]))
     return rows
 
@@ -59,7 +80,12 @@ def run_epochs(
         missing = [name for name in circuit.views if name not in result.views]
         if missing:
             raise RuntimeError(f"epoch {index}: the engine returned no contents for {missing}")
-        outputs.append({name: zset_to_rows(result.views[name]) for name in circuit.views})
+        outputs.append(
+            {
+                name: zset_to_rows(result.views[name], circuit.stream(name).schema.types)
+                for name in circuit.views
+            }
+        )
     return outputs
 
 

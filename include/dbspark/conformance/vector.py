@@ -13,13 +13,29 @@ BOOLEAN, numbers to DOUBLE, ``null`` to NULL, arrays to ARRAY columns.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 from dbspark.circuit.builder import Circuit, CircuitError
-from dbspark.core.types import BIGINT, BOOLEAN, DOUBLE, STRING, Schema, element_type, is_array
+from dbspark.core.types import (
+    BIGINT,
+    BOOLEAN,
+    DATE,
+    DOUBLE,
+    STRING,
+    TIMESTAMP,
+    Schema,
+    at_scale,
+    decimal_fits,
+    element_type,
+    is_array,
+    is_decimal,
+)
 from dbspark.examples.circuits import NAMED_CIRCUITS
 from dbspark.sql import compile_circuit
 
@@ -250,7 +266,41 @@ def convert_value(value: Any, type_name: str, where: str) -> Any:
     elif is_array(type_name) and isinstance(value, list):
         inner = element_type(type_name)
         return tuple(convert_value(v, inner, f"{where} element") for v in value)
+    elif type_name in (DATE, TIMESTAMP) or is_decimal(type_name):
+        return _from_text(value, type_name, where)
     raise VectorError(f"{where} is {type_name.upper()}, got {_show(value)} ({_kind(value)})")
+
+
+_DATE_TEXT = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
+_TIMESTAMP_TEXT = re.compile(
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,6})?Z"
+)
+_DECIMAL_TEXT = re.compile(r"[+-]?[0-9]+(\.[0-9]+)?")
+_TEXT_FORMS = {
+    DATE: "a string YYYY-MM-DD",
+    TIMESTAMP: "a string YYYY-MM-DDTHH:MM:SS[.ffffff]Z",
+}
+
+
+def _from_text(value: Any, type_name: str, where: str) -> Any:
+    """DATE, TIMESTAMP and DECIMAL values are JSON strings in one strict form each."""
+    form = _TEXT_FORMS.get(type_name, 'a string of digits such as "12.50"')
+    if isinstance(value, str):
+        try:
+            if type_name == DATE and _DATE_TEXT.fullmatch(value):
+                return dt.date.fromisoformat(value)
+            if type_name == TIMESTAMP and _TIMESTAMP_TEXT.fullmatch(value):
+                return dt.datetime.fromisoformat(value)
+        except ValueError as error:
+            raise VectorError(f"{where} is {type_name.upper()}, but {value!r}: {error}") from None
+        if is_decimal(type_name) and _DECIMAL_TEXT.fullmatch(value):
+            number = Decimal(value)
+            if not decimal_fits(number, type_name):
+                raise VectorError(f"{where} is {type_name.upper()}, but {value} does not fit it")
+            return at_scale(number, type_name)
+    raise VectorError(
+        f"{where} is {type_name.upper()}, given as {form}; got {_show(value)} ({_kind(value)})"
+    )
 
 
 def _kind(value: Any) -> str:

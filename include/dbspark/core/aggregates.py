@@ -18,9 +18,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from decimal import ROUND_HALF_UP, Context, Decimal, localcontext
 from typing import Any
 
+from dbspark.core.types import decimal_parts, is_decimal
+
 Group = Sequence[tuple[Any, int]]
+
+#: Sums of decimals are exact (Python's default context would round at 28 digits).
+_EXACT = Context(prec=160, rounding=ROUND_HALF_UP)
 
 
 @dataclass(frozen=True)
@@ -51,7 +57,8 @@ def _sum(group: Group) -> Any:
     present = _non_null(group)
     if not present:
         return None
-    return sum(v * w for v, w in present)
+    with localcontext(_EXACT):
+        return sum(v * w for v, w in present)
 
 
 def _min(group: Group) -> Any:
@@ -64,12 +71,23 @@ def _max(group: Group) -> Any:
     return max(present) if present else None
 
 
-def _avg(group: Group) -> Any:
-    present = _non_null(group)
-    count = sum(w for _, w in present)
-    if count == 0:
-        return None
-    return sum(v * w for v, w in present) / count
+def _average(result_type: str) -> Callable[[Group], Any]:
+    """The mean; over decimals exact, then rounded half away from zero to the scale of
+    ``result_type`` (Spark's AVG of a DECIMAL(p, s) keeps s + 4 digits)."""
+    scale = Decimal(1).scaleb(-decimal_parts(result_type)[1]) if is_decimal(result_type) else None
+
+    def evaluate(group: Group) -> Any:
+        present = _non_null(group)
+        count = sum(w for _, w in present)
+        if count == 0:
+            return None
+        with localcontext(_EXACT):
+            total = sum(v * w for v, w in present)
+            if scale is None:
+                return total / count
+            return (Decimal(total) / count).quantize(scale, context=_EXACT)
+
+    return evaluate
 
 
 def count_rows() -> Aggregate:
@@ -94,8 +112,8 @@ def max_value() -> Aggregate:
     return Aggregate("max", _max)
 
 
-def avg_value() -> Aggregate:
-    return Aggregate("avg", _avg, "double")
+def avg_value(result_type: str = "double") -> Aggregate:
+    return Aggregate("avg", _average(result_type), result_type)
 
 
 def user_defined(fn: Callable[[list[Any]], Any], result_type: str, name: str = "udf") -> Aggregate:

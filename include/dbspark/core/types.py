@@ -4,12 +4,32 @@ dbspark speaks a deliberately small set of SQL types, each with one Python and
 one Spark representation, so that a circuit means the same thing on every
 engine. Reserved column names start with ``__`` (weights, times, flags); users
 may not declare them.
+
+=================  ===========================  ==========================
+type               Python value                 Spark / Arrow
+=================  ===========================  ==========================
+``bigint``         ``int``                      LongType / int64
+``double``         ``float``                    DoubleType / float64
+``string``         ``str``                      StringType / string
+``boolean``        ``bool``                     BooleanType / bool
+``date``           ``datetime.date``            DateType / date32
+``timestamp``      ``datetime.datetime`` (UTC)  TimestampType / timestamp[us, UTC]
+``decimal(p,s)``   ``decimal.Decimal``          DecimalType(p, s) / decimal128(p, s)
+``array<t>``       ``tuple``                    ArrayType / list
+=================  ===========================  ==========================
+
+A TIMESTAMP is an instant: its Python value is timezone-aware, in UTC (a naive
+``datetime`` is refused, since it names no instant). A DECIMAL has 1 to 38 digits
+of precision ``p``, ``s`` of them after the point, as in Spark.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from decimal import ROUND_HALF_UP, Context, Decimal
 
 from dbspark.core.columns import is_reserved
 
@@ -17,8 +37,16 @@ BIGINT = "bigint"
 DOUBLE = "double"
 STRING = "string"
 BOOLEAN = "boolean"
-SCALAR_TYPES = (BIGINT, DOUBLE, STRING, BOOLEAN)
-NUMERIC_TYPES = (BIGINT, DOUBLE)
+DATE = "date"
+TIMESTAMP = "timestamp"
+SCALAR_TYPES = (BIGINT, DOUBLE, STRING, BOOLEAN, DATE, TIMESTAMP)  # and every decimal(p,s)
+NUMERIC_TYPES = (BIGINT, DOUBLE)  # and every decimal(p,s): see is_numeric
+MAX_DECIMAL_PRECISION = 38
+#: Spark's ``DECIMAL`` with no precision, and the decimal a BIGINT widens to.
+DEFAULT_DECIMAL = "decimal(10,0)"
+BIGINT_AS_DECIMAL = "decimal(20,0)"
+
+_DECIMAL = re.compile(r"(?:decimal|numeric|dec)\s*(?:\(\s*(\d+)\s*(?:,\s*(\d+)\s*)?\))?")
 
 _ALIASES = {
     "bigint": BIGINT,
@@ -32,6 +60,8 @@ _ALIASES = {
     "varchar": STRING,
     "boolean": BOOLEAN,
     "bool": BOOLEAN,
+    "date": DATE,
+    "timestamp": TIMESTAMP,
 }
 
 
@@ -49,14 +79,96 @@ def is_array(type_name: str) -> bool:
     return type_name.startswith("array<") and type_name.endswith(">")
 
 
+def decimal_of(precision: int, scale: int) -> str:
+    """The canonical name of ``DECIMAL(precision, scale)``, checked as Spark checks it."""
+    if not 1 <= precision <= MAX_DECIMAL_PRECISION:
+        raise TypeError(f"DECIMAL precision must be 1..{MAX_DECIMAL_PRECISION}, got {precision}")
+    if not 0 <= scale <= precision:
+        raise TypeError(f"DECIMAL scale must be 0..precision ({precision}), got {scale}")
+    return f"decimal({precision},{scale})"
+
+
+def is_decimal(type_name: str) -> bool:
+    return type_name.startswith("decimal(")
+
+
+def decimal_parts(type_name: str) -> tuple[int, int]:
+    """``(precision, scale)`` of a canonical decimal type name."""
+    if not is_decimal(type_name):
+        raise TypeError(f"{type_name} is not a decimal type")
+    precision, scale = type_name[len("decimal(") : -1].split(",")
+    return int(precision), int(scale)
+
+
+def is_numeric(type_name: str) -> bool:
+    return type_name in NUMERIC_TYPES or is_decimal(type_name)
+
+
+def is_temporal(type_name: str) -> bool:
+    return type_name in (DATE, TIMESTAMP)
+
+
+def is_scalar(type_name: str) -> bool:
+    return type_name in SCALAR_TYPES or is_decimal(type_name)
+
+
 def normalize_type(type_name: str) -> str:
-    """Map a user's spelling of a type (``"long"``, ``"STRING"``) to the canonical name."""
+    """Map a user's spelling of a type (``"long"``, ``"STRING"``, ``"DECIMAL(10, 2)"``) to
+    the canonical name."""
     lowered = str(type_name).strip().lower()
     if lowered in _ALIASES:
         return _ALIASES[lowered]
     if is_array(lowered):
         return array_of(normalize_type(element_type(lowered)))
-    raise TypeError(f"unknown column type {type_name!r}; use one of {', '.join(SCALAR_TYPES)}")
+    decimal = _DECIMAL.fullmatch(lowered)
+    if decimal:
+        if decimal.group(1) is None:
+            return DEFAULT_DECIMAL
+        return decimal_of(int(decimal.group(1)), int(decimal.group(2) or 0))
+    raise TypeError(
+        f"unknown column type {type_name!r}; use one of {', '.join(SCALAR_TYPES)}, "
+        "DECIMAL(p,s) or ARRAY<type>"
+    )
+
+
+#: Enough digits for any decimal dbspark holds (Python's default context keeps 28).
+EXACT = Context(prec=160, rounding=ROUND_HALF_UP)
+
+
+def at_scale(value: Decimal | int, type_name: str) -> Decimal:
+    """``value`` at the scale of the decimal type ``type_name``, rounded half away from
+    zero (Spark's ``ROUND_HALF_UP``); whether it fits is ``decimal_fits``'s question."""
+    _, scale = decimal_parts(type_name)
+    return Decimal(value).quantize(Decimal(1).scaleb(-scale), context=EXACT)
+
+
+def decimal_fits(value: Decimal, type_name: str) -> bool:
+    """Is ``value`` a finite decimal with at most ``s`` digits after the point and at most
+    ``p - s`` before it?"""
+    precision, scale = decimal_parts(type_name)
+    if not value.is_finite():
+        return False
+    exponent = value.as_tuple().exponent
+    assert isinstance(exponent, int)
+    if -exponent > scale and value != value.quantize(Decimal(1).scaleb(-scale), context=EXACT):
+        return False
+    return value.adjusted() < precision - scale or value == 0
+
+
+def decimal_widens(digits: tuple[int, int] | None, type_name: str) -> bool:
+    """Does every number with ``digits`` (precision, scale) fit ``type_name`` exactly?"""
+    if digits is None:
+        return False
+    precision, scale = decimal_parts(type_name)
+    return digits[1] <= scale and digits[0] - digits[1] <= precision - scale
+
+
+def is_utc_instant(value: object) -> bool:
+    return (
+        isinstance(value, dt.datetime)
+        and value.tzinfo is not None
+        and value.utcoffset() == dt.timedelta(0)
+    )
 
 
 def python_value_fits(value: object, type_name: str) -> bool:
@@ -71,6 +183,14 @@ def python_value_fits(value: object, type_name: str) -> bool:
         return isinstance(value, str)
     if type_name == BOOLEAN:
         return isinstance(value, bool)
+    if type_name == DATE:
+        return isinstance(value, dt.date) and not isinstance(value, dt.datetime)
+    if type_name == TIMESTAMP:
+        return is_utc_instant(value)
+    if is_decimal(type_name):
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = Decimal(value)
+        return isinstance(value, Decimal) and decimal_fits(value, type_name)
     if is_array(type_name):
         inner = element_type(type_name)
         return isinstance(value, (list, tuple)) and all(python_value_fits(v, inner) for v in value)

@@ -55,10 +55,15 @@ linear, the same function turns a state delta into the live delta.
 * A BIGINT or integral value in a DOUBLE column is accepted and stored as a
   float; NaNs are stored as one canonical NaN object so that equal rows are
   equal in Python too.
+* A DECIMAL value is stored at its column's scale (``10.5`` in a DECIMAL(10,2)
+  is ``10.50``); one with more fraction digits than the scale, or too many
+  digits before the point, is bad input, not rounded. A TIMESTAMP must be a
+  timezone-aware ``datetime`` and is stored in UTC; a naive one names no instant.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -70,7 +75,13 @@ from dbspark.core.columns import TOMBSTONE, is_reserved
 from dbspark.core.errors import InputError
 from dbspark.core.timestamps import Time
 from dbspark.core.trace import Trace
-from dbspark.core.types import SCALAR_TYPES
+from dbspark.core.types import (
+    SCALAR_TYPES,
+    at_scale,
+    is_decimal,
+    is_scalar,
+    python_value_fits,
+)
 from dbspark.core.zset import ZSet
 
 _BIGINT_MIN = -(2**63)
@@ -197,8 +208,11 @@ class UpsertSpec:
         if duplicates:
             yield f"duplicate columns {duplicates}"
         for name, kind in zip(self.columns, self.types, strict=False):
-            if kind not in SCALAR_TYPES:
-                yield f"column {name!r} has unknown type {kind!r} (expected one of {SCALAR_TYPES})"
+            if not is_scalar(kind):
+                yield (
+                    f"column {name!r} has unknown type {kind!r} "
+                    f"(expected one of {SCALAR_TYPES} or decimal(p,s))"
+                )
         for role, names in (("key", self.key), ("watermark", self.watermark)):
             if not names:
                 yield f"the {role} needs at least one column"
@@ -350,7 +364,13 @@ def _conform(kind: str, value: Any) -> Any:
             as_float = float(value)
             return _NAN if math.isnan(as_float) else as_float
         return _MISMATCH
-    return _MISMATCH
+    if not python_value_fits(value, kind):
+        return _MISMATCH
+    if is_decimal(kind):
+        return at_scale(value, kind)
+    if kind == "timestamp":
+        return value.astimezone(dt.UTC)
+    return value  # a date
 
 
 # --- rows and state rows ----------------------------------------------------

@@ -16,8 +16,10 @@ Java's and RE2's engines read the same way.
 
 from __future__ import annotations
 
+import datetime as dt
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from decimal import Decimal
 from typing import Any, Generic, TypeVar
 
 from dbspark.circuit.expressions import (
@@ -31,10 +33,23 @@ from dbspark.circuit.expressions import (
     Expr,
     Literal,
     UnaryOp,
+    decimal_arithmetic,
+    literal_type,
     unify,
 )
 from dbspark.circuit.expressions import Column as ColumnRef
-from dbspark.core.types import BIGINT, BOOLEAN, DOUBLE, STRING, Schema, array_of, is_array
+from dbspark.core.types import (
+    BIGINT,
+    BOOLEAN,
+    DATE,
+    DOUBLE,
+    STRING,
+    TIMESTAMP,
+    Schema,
+    array_of,
+    is_array,
+    is_decimal,
+)
 
 BIGINT_MIN = -(2**63)
 BIGINT_MAX = 2**63 - 1
@@ -47,6 +62,20 @@ PYTHON_FLOAT_SYNTAX = (
 )
 TRUE_WORDS = ("true", "t", "yes", "y", "1")
 FALSE_WORDS = ("false", "f", "no", "n", "0")
+#: What a cast from a (stripped) string to DECIMAL accepts (DATE and TIMESTAMP: see
+#: ``core/temporal.py``), so that every engine reads the same text as the same number.
+DECIMAL_SYNTAX = r"^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?$"
+
+
+def widens(kind: str, target: str) -> bool:
+    """Is ``kind`` -> ``target`` an implicit, exact widening that is a cast (an integer or
+    decimal to a wider decimal, a decimal to DOUBLE, a DATE to its midnight UTC)?"""
+    if kind == target:
+        return False
+    if is_decimal(target):
+        return kind == BIGINT or is_decimal(kind)
+    return (is_decimal(kind) and target == DOUBLE) or (kind, target) == (DATE, TIMESTAMP)
+
 
 C = TypeVar("C")
 
@@ -123,6 +152,15 @@ class ExpressionCompiler(ABC, Generic[C]):
             return self.compare(op, a, b), BOOLEAN
         if op not in ARITHMETIC:
             raise TypeError(f"unknown binary operator {op}")
+        decimal = decimal_arithmetic(expr, left_type, right_type)
+        if decimal is not None:
+            left_decimal, right_decimal, result = decimal
+            if NULL_TYPE in (left_type, right_type):
+                return self.null(result), result
+            a = self.coerce(left, left_type, left_decimal)
+            b = self.coerce(right, right_type, right_decimal)
+            operands = ((a, left_decimal), (b, right_decimal))
+            return self.decimal_arithmetic(op, operands, result), result
         result_type = DOUBLE if op == "/" else (BIGINT if common == NULL_TYPE else common)
         if common == NULL_TYPE:
             return self.null(result_type), result_type
@@ -220,6 +258,9 @@ class ExpressionCompiler(ABC, Generic[C]):
             return self.typed_constant(value, DOUBLE), DOUBLE
         if isinstance(value, str):
             return self.constant(value), STRING
+        if isinstance(value, (dt.date, Decimal)):
+            kind = literal_type(value)
+            return self.typed_constant(value, kind), kind
         raise TypeError(f"unsupported literal {value!r}")
 
     # --- what a target emits -----------------------------------------------------------
@@ -240,12 +281,16 @@ class ExpressionCompiler(ABC, Generic[C]):
 
     @abstractmethod
     def coerce(self, column: C, kind: str, target: str) -> C:
-        """NULL literals typed, BIGINT widened to DOUBLE, arrays to a wider element."""
+        """NULL literals typed, BIGINT widened to DOUBLE, arrays to a wider element, and
+        what ``widens`` names converted (``convert``)."""
 
     @abstractmethod
     def convert(self, column: C, kind: str, target: str) -> C:
         """A cast between two different scalar types, as the reference's ``cast_value``:
-        Python's syntax from strings, Python's repr to strings, NULL on failure."""
+        NULL on failure. BIGINT, DOUBLE and BOOLEAN read Python's syntax from strings and
+        a DOUBLE is written as Python's repr; DATE, TIMESTAMP and DECIMAL read the
+        ``*_SYNTAX`` forms and are written as Spark writes them; a DECIMAL rounds half away
+        from zero and is NULL when it does not fit."""
 
     @abstractmethod
     def negate(self, column: C) -> C: ...
@@ -268,6 +313,12 @@ class ExpressionCompiler(ABC, Generic[C]):
     @abstractmethod
     def arithmetic(self, op: str, a: C, b: C) -> C:
         """``+``, ``-`` or ``*`` of two values of one type."""
+
+    @abstractmethod
+    def decimal_arithmetic(self, op: str, operands: Sequence[tuple[C, str]], result: str) -> C:
+        """``+``, ``-`` or ``*`` of two decimals (each with its type), exact, then rounded
+        half away from zero to ``result``'s scale; an error when it does not fit
+        ``result`` (Spark's ANSI mode)."""
 
     @abstractmethod
     def divide(self, a: C, b: C) -> C:

@@ -8,10 +8,12 @@ from either compares equal to the reference's.
 
 from __future__ import annotations
 
+import datetime as dt
 import math
+from decimal import Decimal
 from typing import Any
 
-from dbspark.core.types import DOUBLE, element_type, is_array
+from dbspark.core.types import DOUBLE, TIMESTAMP, element_type, is_array, is_decimal
 
 _NAN = float("nan")
 
@@ -22,6 +24,8 @@ def to_column_value(value: Any, type_name: str) -> Any:
         return None
     if type_name == DOUBLE:
         return float(value)
+    if is_decimal(type_name) and not isinstance(value, Decimal):
+        return Decimal(value)
     if is_array(type_name):
         inner = element_type(type_name)
         return [to_column_value(v, inner) for v in value]
@@ -34,6 +38,9 @@ def from_column_value(value: Any, type_name: str) -> Any:
         return None
     if type_name == DOUBLE and math.isnan(value):
         return _NAN
+    if type_name == TIMESTAMP:
+        # Arrow gives an aware datetime; Spark's Row a naive one in the driver's local time.
+        return value.astimezone(dt.UTC)
     if is_array(type_name):
         inner = element_type(type_name)
         return tuple(from_column_value(v, inner) for v in value)

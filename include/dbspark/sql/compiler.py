@@ -413,9 +413,14 @@ class _Compiler:
             raise self.error(f"subquery in {sql_text(term)} is not supported here", term)
         while isinstance(query, exp.Subquery):
             query = query.this
-        if not isinstance(query, exp.Select) or any(
+        plain = isinstance(query, exp.Select) and not any(
             query.args.get(k) is not None for k in ("group", "having", "limit", "order", "with_")
+        )
+        if tested is not None and (
+            not plain or any(_aggregate_calls(item) for item in query.expressions)
         ):
+            return self.uncorrelated_in(outer, tested, query, term)
+        if not plain:
             raise self.error(
                 "a subquery in WHERE must be a plain SELECT ... FROM ... [WHERE ...]", query
             )
@@ -470,6 +475,22 @@ class _Compiler:
                 term,
             )
         return self.semi_or_anti(outer, inner, pairs, anti=negated, node=term)
+
+    def uncorrelated_in(
+        self, outer: _From, tested: exp.Expression, query: exp.Expression, term: exp.Expression
+    ) -> _From:
+        """``x IN (query)`` where the query is a whole query of its own (grouped, a set
+        operation, with a CTE): the query's one column, semi-joined on equality with x.
+        Such a query cannot read the outer row; one that tries names an unknown column."""
+        relation = self.query(query)
+        if len(relation.names) != 1:
+            raise self.error(
+                f"IN (subquery) needs a subquery of one column, not {len(relation.names)}", query
+            )
+        qualifier = f"__in_{next(self._serial)}"
+        inner = self.as_from(relation, qualifier, query)
+        column = exp.column(relation.names[0], table=qualifier)
+        return self.semi_or_anti(outer, inner, [(tested, column)], anti=False, node=term)
 
     def semi_or_anti(
         self,
@@ -553,12 +574,19 @@ class _Compiler:
                 )
         else:
             raise self.error(f"{sql_text(node)} is not supported in FROM", node)
-        qualifier = alias.lower() if alias else None
+        return self.as_from(relation, alias.lower() if alias else None, node)
+
+    def as_from(self, relation: Relation, qualifier: str | None, node: exp.Expression) -> _From:
+        """``relation`` as a FROM item: its columns under fresh internal names."""
         internal = {name: self.fresh(name) for name in relation.names}
         stream = self.build(
             lambda: relation.stream.select(**{internal[n]: col(n) for n in relation.names}), node
         )
-        return _From(stream, [Field(qualifier, n, internal[n]) for n in relation.names])
+        schema = relation.stream.schema
+        return _From(
+            stream,
+            [Field(qualifier, n, internal[n], schema.type_of(n)) for n in relation.names],
+        )
 
     def table(self, node: exp.Table) -> Relation:
         name = node.name.lower()
@@ -689,7 +717,7 @@ class _Compiler:
                 node,
             )
         fields = [
-            Field(f.qualifier, f.name, redirect.get(f.column, f.column))
+            Field(f.qualifier, f.name, redirect.get(f.column, f.column), f.type)
             for f in [*left.fields, *right.fields]
         ]
         return _From(stream, fields)
@@ -820,7 +848,7 @@ class _Compiler:
                 )
             return None
 
-        after = Scalars(self.view, [], hook)
+        after = Scalars(self.view, [], hook, grouped.schema)
         if having is not None:
             predicate = after(having.this)
             self.expect_boolean(grouped.schema, predicate, having.this)

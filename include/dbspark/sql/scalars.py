@@ -5,18 +5,49 @@ relation's internal column. Everything else maps to one circuit expression with
 Spark SQL's meaning: ``BETWEEN`` is two comparisons, ``IN (list)`` a chain of ``OR``
 (which keeps SQL's three-valued answer when the list holds NULL), ``CASE`` nested
 ``if_else``. A construct with no circuit expression is refused here, by name.
+
+Literals have Spark's types: ``12.50`` is a DECIMAL(4,2) (``1e3`` a DOUBLE), and
+``DATE '...'``/``TIMESTAMP '...'`` are read here, once, so a bad one is refused
+before anything runs. A string literal compared with a DATE or TIMESTAMP is read as
+one (Spark casts it), and a DATE or TIMESTAMP literal plus or minus an ``INTERVAL`` of
+days, months or years is computed here.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
 from functools import reduce
 
 from sqlglot import exp
 
-from dbspark.circuit.expressions import Expr, call, col, if_else, like, lit
-from dbspark.core.types import BIGINT, BOOLEAN, DOUBLE, STRING
+from dbspark.circuit.expressions import (
+    Expr,
+    ExpressionError,
+    Literal,
+    call,
+    col,
+    if_else,
+    infer_type,
+    like,
+    lit,
+)
+from dbspark.core.temporal import add_months, parse_date, parse_timestamp
+from dbspark.core.types import (
+    BIGINT,
+    BOOLEAN,
+    DATE,
+    DOUBLE,
+    STRING,
+    TIMESTAMP,
+    Schema,
+    at_scale,
+    decimal_fits,
+    is_decimal,
+    normalize_type,
+)
 from dbspark.sql.errors import SqlError, position, sql_text
 
 
@@ -27,6 +58,7 @@ class Field:
     qualifier: str | None
     name: str
     column: str
+    type: str
 
 
 #: Functions that give another answer on every run: a view over them has no fixed value.
@@ -55,7 +87,13 @@ _CAST_TYPES = {
     exp.DataType.Type.VARCHAR: STRING,
     exp.DataType.Type.TEXT: STRING,
     exp.DataType.Type.BOOLEAN: BOOLEAN,
+    exp.DataType.Type.DATE: DATE,
+    exp.DataType.Type.TIMESTAMP: TIMESTAMP,
+    exp.DataType.Type.TIMESTAMPTZ: TIMESTAMP,
+    exp.DataType.Type.TIMESTAMPLTZ: TIMESTAMP,
 }
+_INTERVAL_MONTHS = {"MONTH": 1, "MONTHS": 1, "YEAR": 12, "YEARS": 12}
+_INTERVAL_DAYS = {"DAY": 1, "DAYS": 1, "WEEK": 7, "WEEKS": 7}
 _COMPARISONS: dict[type, Callable[[Expr, Expr], Expr]] = {
     exp.EQ: lambda a, b: a == b,
     exp.NEQ: lambda a, b: a != b,
@@ -82,10 +120,25 @@ Hook = Callable[[exp.Expression], Expr | None]
 class Scalars:
     """Translates the scalar expressions of one query block over ``fields``."""
 
-    def __init__(self, view: str, fields: Sequence[Field], hook: Hook | None = None) -> None:
+    def __init__(
+        self,
+        view: str,
+        fields: Sequence[Field],
+        hook: Hook | None = None,
+        schema: Schema | None = None,
+    ) -> None:
         self.view = view
         self.fields = list(fields)
         self.hook = hook
+        # The types of the columns a translated expression reads (for literals that take
+        # their type from the other side of a comparison).
+        self.schema = schema or Schema(tuple((f.column, f.type) for f in self.fields))
+
+    def type_of(self, expr: Expr) -> str | None:
+        try:
+            return infer_type(expr, self.schema, self.view)
+        except ExpressionError:
+            return None
 
     def error(self, message: str, node: exp.Expression | None) -> SqlError:
         line, column = position(node)
@@ -144,6 +197,13 @@ class Scalars:
             return self(node.this) & self(node.expression)
         if isinstance(node, exp.Or):
             return self(node.this) | self(node.expression)
+        if isinstance(node, (exp.Add, exp.Sub)) and (
+            isinstance(node.this, exp.Interval) or isinstance(node.expression, exp.Interval)
+        ):
+            return self._shifted(node)
+        comparison = _COMPARISONS.get(type(node))
+        if comparison is not None:
+            return self.compare(comparison, self(node.this), self(node.expression), node)
         binary = _BINARY.get(type(node))
         if binary is not None:
             return binary(self(node.this), self(node.expression))
@@ -153,12 +213,17 @@ class Scalars:
             return self(node.this).is_null()
         if isinstance(node, exp.Between):
             value = self(node.this)
-            return (value >= self(node.args["low"])) & (value <= self(node.args["high"]))
+            low = self.compare(lambda a, b: a >= b, value, self(node.args["low"]), node)
+            high = self.compare(lambda a, b: a <= b, value, self(node.args["high"]), node)
+            return low & high
         if isinstance(node, exp.In):
             if node.args.get("query") is not None:
                 raise self.error("IN (subquery) is only supported as a condition in WHERE", node)
             value = self(node.this)
-            return reduce(lambda a, b: a | b, [value == self(item) for item in node.expressions])
+            return reduce(
+                lambda a, b: a | b,
+                [self.compare(lambda a, b: a == b, value, self(i), i) for i in node.expressions],
+            )
         if isinstance(node, exp.Like):
             pattern = node.expression
             if not (isinstance(pattern, exp.Literal) and pattern.is_string):
@@ -171,9 +236,11 @@ class Scalars:
         if isinstance(node, exp.Case):
             return self._case(node)
         if isinstance(node, exp.If):
-            return if_else(self(node.this), self(node.args["true"]), self._else(node))
+            then, other = self.branches([self(node.args["true"]), self._else(node)])
+            return if_else(self(node.this), then, other)
         if isinstance(node, exp.Coalesce):
-            return call("coalesce", self(node.this), *[self(e) for e in node.expressions])
+            values = [self(node.this), *[self(e) for e in node.expressions]]
+            return call("coalesce", *self.branches(values))
         function = _ONE_ARGUMENT.get(type(node))
         if function is not None:
             return call(function, self(node.this))
@@ -184,23 +251,115 @@ class Scalars:
 
     def _case(self, node: exp.Case) -> Expr:
         subject = node.this
-        result = self(node.args["default"]) if node.args.get("default") else lit(None)
-        for branch in reversed(node.args.get("ifs") or []):
+        ifs = node.args.get("ifs") or []
+        default = self(node.args["default"]) if node.args.get("default") else lit(None)
+        *values, result = self.branches([*(self(b.args["true"]) for b in ifs), default])
+        for branch, value in reversed(list(zip(ifs, values, strict=True))):
             condition = self(branch.this)
             if subject is not None:
                 condition = self(subject) == condition
-            result = if_else(condition, self(branch.args["true"]), result)
+            result = if_else(condition, value, result)
         return result
+
+    def branches(self, values: list[Expr]) -> list[Expr]:
+        """Values that meet in one type (COALESCE, CASE, IF): next to a DECIMAL, an integer
+        literal is Spark's INT (10 digits) or BIGINT (20), not only its own digits."""
+        if not any(is_decimal(self.type_of(v) or "") for v in values):
+            return values
+        return [_integer_as_decimal(v) for v in values]
 
     def _else(self, node: exp.If) -> Expr:
         other = node.args.get("false")
         return lit(None) if other is None else self(other)
 
+    def compare(
+        self, comparison: Callable[[Expr, Expr], Expr], a: Expr, b: Expr, node: exp.Expression
+    ) -> Expr:
+        """``comparison(a, b)``, a string literal read as the DATE or TIMESTAMP it meets."""
+        a = self._temporal_literal(a, self.type_of(b), node)
+        b = self._temporal_literal(b, self.type_of(a), node)
+        return comparison(a, b)
+
+    def _temporal_literal(self, expr: Expr, other: str | None, node: exp.Expression) -> Expr:
+        if not (isinstance(expr, Literal) and isinstance(expr.value, str)):
+            return expr
+        if other not in (DATE, TIMESTAMP):
+            return expr
+        return lit(self._read_literal(expr.value, other, node))
+
+    def _read_literal(self, text: str, target: str, node: exp.Expression) -> object:
+        """A string literal as a value of ``target`` (DATE, TIMESTAMP or DECIMAL), read
+        once here; a literal that does not read is refused (Spark's ANSI mode fails)."""
+        value: object = None
+        if target == DATE:
+            value = parse_date(text)
+        elif target == TIMESTAMP:
+            value = parse_timestamp(text)
+        else:
+            try:
+                number = Decimal(text.strip())
+            except InvalidOperation:
+                number = None
+            if number is not None and number.is_finite():
+                number = at_scale(number, target)
+                value = number if decimal_fits(number, target) else None
+        if value is None:
+            raise self.error(f"{text!r} is not a valid {target.upper()}", node)
+        return value
+
+    def _shifted(self, node: exp.Add | exp.Sub) -> Expr:
+        """A DATE or TIMESTAMP literal plus or minus an INTERVAL literal, computed now."""
+        interval, other = (
+            (node.this, node.expression)
+            if isinstance(node.this, exp.Interval)
+            else (node.expression, node.this)
+        )
+        if isinstance(node, exp.Sub) and interval is node.this:
+            raise self.error("an INTERVAL cannot be subtracted from", node)
+        base = self(other)
+        unit = str(interval.args.get("unit").name if interval.args.get("unit") else "").upper()
+        amount_node = interval.this
+        try:
+            amount = int(str(amount_node.this if amount_node is not None else ""))
+        except ValueError:
+            amount = None
+        if amount is None or (unit not in _INTERVAL_MONTHS and unit not in _INTERVAL_DAYS):
+            raise self.error(
+                f"{sql_text(interval)} is not supported: use INTERVAL 'n' DAY, MONTH or YEAR",
+                interval,
+            )
+        if not (isinstance(base, Literal) and isinstance(base.value, dt.date)):
+            raise self.error(
+                f"{sql_text(node)}: INTERVAL arithmetic is only supported on DATE and "
+                "TIMESTAMP literals",
+                node,
+            )
+        sign = -1 if isinstance(node, exp.Sub) else 1
+        value = base.value
+        if unit in _INTERVAL_MONTHS:
+            months = sign * amount * _INTERVAL_MONTHS[unit]
+            if isinstance(value, dt.datetime):
+                moved = add_months(value.date(), months)
+                return lit(dt.datetime.combine(moved, value.timetz()))
+            return lit(add_months(value, months))
+        return lit(value + dt.timedelta(days=sign * amount * _INTERVAL_DAYS[unit]))
+
     def _cast(self, node: exp.Cast) -> Expr:
-        target = node.to.this
-        if target not in _CAST_TYPES:
-            raise self.error(f"CAST to {node.to.sql(dialect='spark')} is not supported", node)
-        return self(node.this).cast(_CAST_TYPES[target])
+        to = node.to
+        if to.this == exp.DataType.Type.DECIMAL:
+            target = normalize_type(to.sql(dialect="spark"))
+        elif to.this in _CAST_TYPES:
+            target = _CAST_TYPES[to.this]
+        else:
+            raise self.error(f"CAST to {to.sql(dialect='spark')} is not supported", node)
+        operand = node.this
+        if (
+            isinstance(operand, exp.Literal)
+            and operand.is_string
+            and (target in (DATE, TIMESTAMP) or target.startswith("decimal("))
+        ):
+            return lit(self._read_literal(operand.this, target, node))  # DATE '2026-01-02'
+        return self(operand).cast(target)
 
     def _refuse(self, node: exp.Expression) -> None:
         if isinstance(node, exp.Window):
@@ -218,14 +377,26 @@ class Scalars:
         raise self.error(f"{type(node).__name__.upper()} ({sql_text(node)}) is not supported", node)
 
 
+def _integer_as_decimal(expr: Expr) -> Expr:
+    if not (isinstance(expr, Literal) and type(expr.value) is int):
+        return expr
+    digits = 10 if -(2**31) <= expr.value < 2**31 else 20
+    return expr.cast(f"decimal({digits},0)")
+
+
 def _literal(node: exp.Literal) -> object:
+    """Spark's literal types: digits are an integer, digits with a point a DECIMAL of
+    exactly those digits, and a number with an exponent a DOUBLE."""
     if node.is_string:
         return node.this
     text = node.this
     try:
         return int(text)
     except ValueError:
+        pass
+    if "e" in text.lower():
         return float(text)
+    return Decimal(text)
 
 
 def conjuncts(node: exp.Expression | None) -> list[exp.Expression]:

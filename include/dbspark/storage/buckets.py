@@ -10,6 +10,10 @@ vectorised with NumPy for the fixed-width types:
   is 1); DOUBLE hashes ``doubleToLongBits`` with -0.0 taken as 0.0 and every NaN as the
   canonical NaN; STRING hashes its UTF-8 bytes (standard XXH64, through ``xxhash``);
   an array folds its elements left to right.
+* DATE hashes its day number as an INT, TIMESTAMP its microseconds as a BIGINT; a
+  DECIMAL of up to 18 digits hashes its unscaled value as a BIGINT, a wider one the
+  big-endian two's-complement bytes of its unscaled value (Java's
+  ``BigInteger.toByteArray``).
 * Several columns chain: each column's hash is the seed of the next. A NULL (column or
   array element) leaves the running hash unchanged.
 
@@ -102,9 +106,39 @@ def _hash_column(column: pa.Array, seed: np.ndarray) -> np.ndarray:
         return hashed
     elif pa.types.is_list(kind) or pa.types.is_large_list(kind):
         return _hash_lists(column, seed)
+    elif pa.types.is_date32(kind):
+        days = pc.fill_null(column.cast(pa.int32()), 0).to_numpy(zero_copy_only=False)
+        hashed = _hash_int(days.astype(np.int64).view(np.uint64), seed)
+    elif pa.types.is_timestamp(kind):
+        micros = column.cast(pa.timestamp("us", tz=kind.tz)).cast(pa.int64())
+        values = pc.fill_null(micros, 0).to_numpy(zero_copy_only=False)
+        hashed = _hash_long(values.astype(np.int64).view(np.uint64), seed)
+    elif pa.types.is_decimal(kind):
+        return _hash_decimals(column, seed)
     else:
         raise TypeError(f"xxhash64 of a {kind} column is not supported")
     return np.where(valid, hashed, seed)
+
+
+_MAX_LONG_DIGITS = 18
+
+
+def _hash_decimals(column: pa.Array, seed: np.ndarray) -> np.ndarray:
+    hashed = seed.copy()
+    scale = column.type.scale
+    narrow = column.type.precision <= _MAX_LONG_DIGITS
+    for i, value in enumerate(column.to_pylist()):
+        if value is None:
+            continue
+        unscaled = int(value.scaleb(scale))
+        if narrow:
+            bits = np.array([unscaled], dtype=np.int64).view(np.uint64)
+            hashed[i] = _hash_long(bits, hashed[i : i + 1])[0]
+        else:
+            size = (unscaled.bit_length() if unscaled >= 0 else (~unscaled).bit_length()) // 8 + 1
+            data = unscaled.to_bytes(size, "big", signed=True)
+            hashed[i] = xxhash.xxh64_intdigest(data, int(seed[i]))
+    return hashed
 
 
 def _hash_lists(column: pa.Array, seed: np.ndarray) -> np.ndarray:

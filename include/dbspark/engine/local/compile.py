@@ -37,22 +37,29 @@ from dbspark.circuit.expressions import (
     like_regex,
     output_type,
 )
+from dbspark.core.temporal import DATE_SYNTAX, TIMESTAMP_SYNTAX
 from dbspark.core.types import (
     BIGINT,
     BOOLEAN,
+    DATE,
     DOUBLE,
     STRING,
+    TIMESTAMP,
     Schema,
     array_of,
+    decimal_parts,
     is_array,
+    is_decimal,
 )
 from dbspark.engine.expression_compiler import (
     BIGINT_MIN,
+    DECIMAL_SYNTAX,
     FALSE_WORDS,
     PYTHON_FLOAT_SYNTAX,
     PYTHON_INT_SYNTAX,
     TRUE_WORDS,
     ExpressionCompiler,
+    widens,
 )
 from dbspark.engine.local.frame import LocalColumn, duck_type, quote, sql_literal
 
@@ -133,6 +140,12 @@ class _Compiler(ExpressionCompiler[str]):
     def typed_constant(self, value: Any, kind: str) -> str:
         if kind == BIGINT:
             return f"CAST({value} AS BIGINT)"
+        if kind == DATE:
+            return f"CAST('{value.isoformat()}' AS DATE)"
+        if kind == TIMESTAMP:
+            return f"CAST('{value.isoformat()}' AS TIMESTAMPTZ)"
+        if is_decimal(kind):
+            return f"CAST('{value}' AS {duck_type(kind)})"
         return sql_literal(value)  # a float literal is already a DOUBLE
 
     def untyped_null(self) -> str:
@@ -150,6 +163,8 @@ class _Compiler(ExpressionCompiler[str]):
             return f"CAST({column} AS DOUBLE)"
         if is_array(kind) and is_array(target):
             return f"CAST({column} AS {duck_type(target)})"
+        if widens(kind, target):
+            return self.convert(column, kind, target)
         return column
 
     def convert(self, column: str, kind: str, target: str) -> str:
@@ -175,6 +190,13 @@ class _Compiler(ExpressionCompiler[str]):
 
     def arithmetic(self, op: str, a: str, b: str) -> str:
         return f"({a} {op} {b})"
+
+    def decimal_arithmetic(self, op: str, operands: Sequence[tuple[str, str]], result: str) -> str:
+        # DuckDB keeps a product of two narrow decimals narrow (and overflows): widen the
+        # operands to 38 digits, compute exactly, and let the cast round half away from
+        # zero (failing when the value does not fit).
+        a, b = (f"CAST({sql} AS DECIMAL(38,{decimal_parts(kind)[1]}))" for sql, kind in operands)
+        return f"CAST(({a} {op} {b}) AS {duck_type(result)})"
 
     def divide(self, a: str, b: str) -> str:
         return f"(CASE WHEN {b} = 0 THEN NULL ELSE CAST({a} AS DOUBLE) / CAST({b} AS DOUBLE) END)"
@@ -240,6 +262,14 @@ def _null(type_name: str) -> str:
 
 def _convert(sql: str, kind: str, target: str) -> str:
     """``ExpressionCompiler.convert``: between two different scalar types."""
+    if target in (DATE, TIMESTAMP) or is_decimal(target) or kind in (DATE, TIMESTAMP):
+        return _convert_new_types(sql, kind, target)
+    if is_decimal(kind):
+        if target == BIGINT:  # truncated, as Spark's cast; NULL past the BIGINT range
+            return f"TRY_CAST(trunc({sql}) AS BIGINT)"
+        if target == BOOLEAN:
+            return f"({sql} <> 0)"
+        return f"CAST({sql} AS {duck_type(target)})"  # DOUBLE, or the digits as STRING
     if target == STRING:
         if kind == BOOLEAN:
             return f"(CASE WHEN {sql} THEN 'true' WHEN NOT {sql} THEN 'false' END)"
@@ -277,6 +307,32 @@ def _convert(sql: str, kind: str, target: str) -> str:
         zero = "CAST(0 AS DOUBLE)" if kind == DOUBLE else "0"
         return f"({sql} <> {zero})"  # bool(x): NaN is true
     raise TypeError(f"cannot cast to {target}")
+
+
+def _convert_new_types(sql: str, kind: str, target: str) -> str:
+    """Casts to and from DATE, TIMESTAMP and DECIMAL."""
+    if target == STRING:
+        if kind == TIMESTAMP:  # Spark writes the fraction only when there is one
+            text = f"strftime({sql}, '%Y-%m-%d %H:%M:%S.%f')"
+            return f"rtrim(rtrim({text}, '0'), '.')"
+        return f"CAST({sql} AS VARCHAR)"
+    if kind == STRING:
+        text = _strip(sql)
+        syntax = {DATE: DATE_SYNTAX, TIMESTAMP: TIMESTAMP_SYNTAX}.get(target, DECIMAL_SYNTAX)
+        value = text
+        if target == DATE:  # the date part; Spark ignores what follows it
+            value = f"regexp_extract({text}, '^[0-9]+-[0-9]+-[0-9]+')"
+        return (
+            f"(CASE WHEN regexp_matches({text}, '{syntax}') "
+            f"THEN TRY_CAST({value} AS {duck_type(target)}) END)"
+        )
+    if is_decimal(target) and kind == DOUBLE:
+        # Spark reads a double as its shortest decimal form (Python's repr), then rounds.
+        as_text = _convert(sql, DOUBLE, STRING)
+        return f"(CASE WHEN isfinite({sql}) THEN TRY_CAST({as_text} AS {duck_type(target)}) END)"
+    if is_decimal(target) and kind == BOOLEAN:
+        return f"TRY_CAST(CAST({sql} AS INTEGER) AS {duck_type(target)})"
+    return f"TRY_CAST({sql} AS {duck_type(target)})"
 
 
 def _strip(sql: str) -> str:

@@ -7,7 +7,18 @@ from functools import reduce
 
 import pyarrow as pa
 
-from dbspark.core.types import BIGINT, BOOLEAN, DOUBLE, STRING, element_type, is_array
+from dbspark.core.types import (
+    BIGINT,
+    BOOLEAN,
+    DATE,
+    DOUBLE,
+    STRING,
+    TIMESTAMP,
+    decimal_parts,
+    element_type,
+    is_array,
+    is_decimal,
+)
 from dbspark.engine import user_aggregates
 from dbspark.engine.dialect import Dialect
 from dbspark.engine.local import frame as functions
@@ -20,6 +31,8 @@ def arrow_type(type_name: str) -> pa.DataType:
     name = type_name.strip().lower()
     if is_array(name):
         return pa.list_(arrow_type(element_type(name)))
+    if is_decimal(name):
+        return pa.decimal128(*decimal_parts(name))
     types = {
         BIGINT: pa.int64(),
         "long": pa.int64(),
@@ -28,6 +41,8 @@ def arrow_type(type_name: str) -> pa.DataType:
         DOUBLE: pa.float64(),
         STRING: pa.string(),
         BOOLEAN: pa.bool_(),
+        DATE: pa.date32(),
+        TIMESTAMP: pa.timestamp("us", tz="UTC"),
         "null": pa.int64(),
     }
     return types[name]

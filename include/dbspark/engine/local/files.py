@@ -28,12 +28,16 @@ from dbspark.core.columns import WEIGHT
 from dbspark.core.types import (
     BIGINT,
     BOOLEAN,
+    DATE,
     DOUBLE,
-    SCALAR_TYPES,
     STRING,
+    TIMESTAMP,
     Schema,
+    decimal_widens,
     element_type,
     is_array,
+    is_decimal,
+    is_scalar,
 )
 from dbspark.core.upsert import BadUpsertRow, UpsertError, UpsertSpec, upserts_to_updates
 from dbspark.core.zset import ZSet
@@ -142,7 +146,7 @@ def checked_table(schema: Schema, table: pa.Table) -> CheckedTable | None:
     checks it and words what is wrong."""
     if sorted(table.column_names) != sorted(schema.names):
         return None
-    if any(kind not in SCALAR_TYPES for kind in schema.types):
+    if not all(is_scalar(kind) for kind in schema.types):
         return None
     columns = []
     for name, kind in schema.fields:
@@ -254,11 +258,26 @@ def arrow_type_fits(dtype: pa.DataType, type_name: str) -> bool:
         return pa.types.is_string(dtype) or pa.types.is_large_string(dtype)
     if type_name == BOOLEAN:
         return pa.types.is_boolean(dtype)
+    if type_name == DATE:
+        return pa.types.is_date32(dtype)
+    if type_name == TIMESTAMP:  # an instant (Spark reads a timestamp without zone as NTZ)
+        return pa.types.is_timestamp(dtype) and dtype.tz is not None and dtype.unit != "ns"
+    if is_decimal(type_name):
+        return decimal_widens(_exact_digits(dtype), type_name)
     if is_array(type_name):
         return (pa.types.is_list(dtype) or pa.types.is_large_list(dtype)) and arrow_type_fits(
             dtype.value_type, element_type(type_name)
         )
     return False
+
+
+def _exact_digits(dtype: pa.DataType) -> tuple[int, int] | None:
+    """``(precision, scale)`` of an exact numeric type, as Spark widens integers."""
+    if pa.types.is_decimal(dtype):
+        return dtype.precision, dtype.scale
+    digits = {pa.int8(): 3, pa.int16(): 5, pa.int32(): 10, pa.int64(): 20}
+    digits.update({pa.uint8(): 5, pa.uint16(): 10, pa.uint32(): 20})
+    return (digits[dtype], 0) if dtype in digits else None
 
 
 _SPARK_NAMES = {

@@ -39,6 +39,10 @@ _TYPES = {
     "float": "DOUBLE",
     "string": "VARCHAR",
     "boolean": "BOOLEAN",
+    "date": "DATE",
+    # An instant: with the session's TimeZone at UTC (``LocalSession``) it reads and
+    # writes Arrow's timestamp[us, UTC], as Spark's TimestampType does.
+    "timestamp": "TIMESTAMPTZ",
     "null": "BIGINT",
 }
 
@@ -49,6 +53,8 @@ def duck_type(type_name: Any) -> str:
     name = name.strip().lower()
     if name.startswith("array<") and name.endswith(">"):
         return duck_type(name[len("array<") : -1]) + "[]"
+    if name.startswith("decimal("):
+        return name.upper()
     if name not in _TYPES:
         raise TypeError(f"no DuckDB type for {type_name!r}")
     return _TYPES[name]
@@ -338,6 +344,7 @@ class LocalSession:
         from dbspark.engine.local.compile import register
 
         self.connection = duckdb.connect(":memory:")
+        self.connection.execute("SET TimeZone = 'UTC'")
         register(self.connection)
         self._names = itertools.count()
         self._registered: set[str] = set()

@@ -6,14 +6,23 @@ arithmetic and comparisons, ``AND``/``OR`` are three-valued, a filter keeps a
 row only when its predicate is true, division and remainder by zero give
 NULL (Spark's ``try_divide``/``try_mod``), and ``%`` takes the sign of the
 dividend.
+
+Operands meet in their common type (``unify``) before they are compared or combined,
+as Spark casts them: a DECIMAL next to a DOUBLE becomes a float, a DATE next to a
+TIMESTAMP its midnight UTC. Decimal arithmetic is exact in Python's ``decimal`` with
+ample precision, then rounded half away from zero to the result's scale (Spark's
+``ROUND_HALF_UP``); a result that does not fit its type is an error, as in Spark's ANSI
+mode.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 import operator
 import re
 from collections.abc import Callable
+from decimal import ROUND_DOWN, ROUND_HALF_UP, Context, Decimal, InvalidOperation
 from typing import Any
 
 from dbspark.circuit.expressions import (
@@ -24,10 +33,25 @@ from dbspark.circuit.expressions import (
     Expr,
     Literal,
     UnaryOp,
+    decimal_arithmetic,
     infer_type,
     like_regex,
+    unify,
 )
-from dbspark.core.types import BIGINT, BOOLEAN, DOUBLE, STRING, Schema
+from dbspark.core.temporal import parse_date, parse_timestamp
+from dbspark.core.types import (
+    BIGINT,
+    BOOLEAN,
+    DATE,
+    DOUBLE,
+    STRING,
+    TIMESTAMP,
+    Schema,
+    decimal_fits,
+    decimal_parts,
+    is_decimal,
+)
+from dbspark.engine.expression_compiler import DECIMAL_SYNTAX
 
 RowFunction = Callable[[tuple], Any]
 
@@ -53,16 +77,54 @@ _COMPARE = {
 }
 
 
+#: Exact enough for any two 38-digit decimals; rounding happens only in ``to_decimal``.
+_EXACT = Context(prec=160, rounding=ROUND_HALF_UP)
+_UTC = dt.UTC
+
+
+class DecimalOverflow(ArithmeticError):
+    """A decimal result does not fit its type (Spark's ANSI mode raises the same)."""
+
+
 def compile_expr(expr: Expr, schema: Schema) -> RowFunction:
     """A function from a row of ``schema`` to the expression's value.
 
-    A value of a DOUBLE-typed expression is always a float, even when it came
-    from a BIGINT branch (as in Spark, where the branch is widened).
+    A value is held as its type says (``conform``): a DOUBLE-typed expression gives a
+    float even from a BIGINT branch (as in Spark, where the branch is widened), a
+    DECIMAL a ``Decimal`` at the type's scale.
     """
     fn = _compile_node(expr, schema)
-    if infer_type(expr, schema, "compile") == DOUBLE:
-        return lambda row: None if (v := fn(row)) is None else float(v)
+    kind = infer_type(expr, schema, "compile")
+    if kind in (DOUBLE, TIMESTAMP) or is_decimal(kind):
+        return lambda row: conform(fn(row), kind)
     return fn
+
+
+def conform(value: Any, type_name: str) -> Any:
+    """A value of a narrower type (an int, a decimal, a date) as ``type_name`` holds it."""
+    if value is None:
+        return None
+    if type_name == DOUBLE:
+        return float(value)
+    if type_name == TIMESTAMP and not isinstance(value, dt.datetime):
+        return dt.datetime(value.year, value.month, value.day, tzinfo=_UTC)
+    if is_decimal(type_name):
+        result = to_decimal(value, type_name)
+        if result is None:
+            raise DecimalOverflow(f"{value} does not fit {type_name.upper()}")
+        return result
+    return value
+
+
+def to_decimal(value: Any, type_name: str) -> Decimal | None:
+    """``value`` rounded half away from zero to the scale of ``type_name``; None when it
+    does not fit (or is not finite)."""
+    _, scale = decimal_parts(type_name)
+    number = Decimal(repr(value)) if isinstance(value, float) else Decimal(value)
+    if not number.is_finite():
+        return None
+    rounded = number.quantize(Decimal(1).scaleb(-scale), rounding=ROUND_HALF_UP, context=_EXACT)
+    return rounded if decimal_fits(rounded, type_name) else None
 
 
 def _compile_node(expr: Expr, schema: Schema) -> RowFunction:
@@ -76,15 +138,45 @@ def _compile_node(expr: Expr, schema: Schema) -> RowFunction:
         return _compile_unary(expr, compile_expr(expr.operand, schema))
     if isinstance(expr, BinaryOp):
         left, right = compile_expr(expr.left, schema), compile_expr(expr.right, schema)
+        left_type = infer_type(expr.left, schema, "compile")
+        right_type = infer_type(expr.right, schema, "compile")
+        if decimal_arithmetic(expr, left_type, right_type) is not None:
+            return _compile_decimal(expr.op, left, right)
+        common = unify(left_type, right_type)
+        if common is not None and common != left_type:
+            left = _conformed(left, common)
+        if common is not None and common != right_type:
+            right = _conformed(right, common)
         return _compile_binary(expr.op, left, right)
     if isinstance(expr, Cast):
         inner = compile_expr(expr.operand, schema)
-        target = expr.to
-        return lambda row: cast_value(inner(row), target)
+        target, source = expr.to, infer_type(expr.operand, schema, "compile")
+        return lambda row: cast_value(inner(row), target, source)
     if isinstance(expr, Call):
         args = [compile_expr(a, schema) for a in expr.args]
+        if expr.function in ("greatest", "least"):
+            common = infer_type(expr, schema, "compile")
+            args = [_conformed(a, common) for a in args]
         return _compile_call(expr.function, args)
     raise TypeError(f"cannot compile {expr!r}")
+
+
+def _conformed(fn: RowFunction, type_name: str) -> RowFunction:
+    return lambda row: conform(fn(row), type_name)
+
+
+_DECIMAL_OPS = {"+": _EXACT.add, "-": _EXACT.subtract, "*": _EXACT.multiply}
+
+
+def _compile_decimal(op: str, left: RowFunction, right: RowFunction) -> RowFunction:
+    # ``compile_expr`` rounds the exact result to the result type's scale.
+    apply = _DECIMAL_OPS[op]
+
+    def evaluate(row: tuple) -> Any:
+        a, b = left(row), right(row)
+        return None if a is None or b is None else apply(a, b)
+
+    return evaluate
 
 
 def compile_predicate(expr: Expr, schema: Schema) -> Callable[[tuple], bool]:
@@ -98,9 +190,17 @@ def compile_projection(columns: dict[str, Expr], schema: Schema) -> Callable[[tu
     return lambda row: tuple(fn(row) for fn in fns)
 
 
+def _negate(value: Any) -> Any:
+    return _EXACT.minus(value) if isinstance(value, Decimal) else -value
+
+
+def _absolute(value: Any) -> Any:
+    return _EXACT.abs(value) if isinstance(value, Decimal) else abs(value)
+
+
 def _compile_unary(expr: UnaryOp, inner: RowFunction) -> RowFunction:
     if expr.op == "neg":
-        return lambda row: None if (v := inner(row)) is None else -v
+        return lambda row: None if (v := inner(row)) is None else _negate(v)
     if expr.op == "not":
         return lambda row: None if (v := inner(row)) is None else not v
     if expr.op == "is_null":
@@ -199,7 +299,7 @@ def _compile_call(name: str, args: list[RowFunction]) -> RowFunction:
         cond, then, otherwise = args
         return lambda row: then(row) if cond(row) is True else otherwise(row)
     if name in ("lower", "upper", "length", "abs"):
-        unary = {"lower": str.lower, "upper": str.upper, "length": len, "abs": abs}[name]
+        unary = {"lower": str.lower, "upper": str.upper, "length": len, "abs": _absolute}[name]
         (arg,) = args
         return lambda row: None if (v := arg(row)) is None else unary(v)
     if name == "concat":
@@ -223,18 +323,35 @@ def _compile_call(name: str, args: list[RowFunction]) -> RowFunction:
     raise TypeError(f"unknown function {name}")
 
 
-def cast_value(value: Any, target: str) -> Any:
-    """Spark's (non-ANSI, NULL on failure) casts between the four scalar types."""
+def cast_value(value: Any, target: str, source: str | None = None) -> Any:
+    """Casts between the scalar types, NULL on failure (Spark's ``try_cast``). BIGINT,
+    DOUBLE and BOOLEAN read Python's syntax from strings; DATE, TIMESTAMP and DECIMAL
+    read ISO forms and are written as Spark writes them (``source``, the value's type,
+    gives a DECIMAL's scale when it is written as a string)."""
     if value is None:
         return None
     try:
         if target == STRING:
-            if isinstance(value, bool):
-                return "true" if value else "false"
-            return str(value)
+            return _to_string(value, source)
+        if is_decimal(target):
+            if isinstance(value, str):
+                text = value.strip()
+                return to_decimal(text, target) if re.match(DECIMAL_SYNTAX, text) else None
+            return to_decimal(int(value) if isinstance(value, bool) else value, target)
+        if target == DATE:
+            if isinstance(value, str):
+                return parse_date(value)
+            return value.date() if isinstance(value, dt.datetime) else value
+        if target == TIMESTAMP:
+            if isinstance(value, str):
+                return parse_timestamp(value)
+            return conform(value, TIMESTAMP)
         if target == BIGINT:
             if isinstance(value, str):
                 return int(value.strip())
+            if isinstance(value, Decimal):
+                whole = int(value.to_integral_value(rounding=ROUND_DOWN))
+                return whole if -(2**63) <= whole < 2**63 else None
             return int(value)
         if target == DOUBLE:
             return float(value)
@@ -247,6 +364,22 @@ def cast_value(value: Any, target: str) -> Any:
                     return False
                 return None
             return bool(value)
-    except (ValueError, OverflowError):
+    except (ValueError, OverflowError, InvalidOperation):
         return None
     raise TypeError(f"cannot cast to {target}")
+
+
+def _to_string(value: Any, source: str | None) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, Decimal):
+        if source is not None and is_decimal(source):
+            value = to_decimal(value, source)
+        return format(value, "f")
+    if isinstance(value, dt.datetime):
+        text = value.astimezone(_UTC).strftime("%Y-%m-%d %H:%M:%S")
+        fraction = f"{value.microsecond:06d}".rstrip("0")
+        return f"{text}.{fraction}" if fraction else text
+    if isinstance(value, dt.date):
+        return value.isoformat()
+    return str(value)

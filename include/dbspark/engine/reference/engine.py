@@ -495,7 +495,7 @@ def _aggregate_impl(
     if kind == "max":
         return value_of, agg_impl.max_value()
     if kind == "avg":
-        return value_of, agg_impl.avg_value()
+        return value_of, agg_impl.avg_value(aggregation.result_type(schema, "aggregate"))
     if kind == "udf":
         assert aggregation.function is not None and aggregation.declared_type is not None
         return value_of, agg_impl.user_defined(aggregation.function, aggregation.declared_type)

@@ -380,9 +380,10 @@ def _aggregation(
         "sum": aggregates.sum_values,
         "min": aggregates.min_value,
         "max": aggregates.max_value,
-        "avg": aggregates.avg_value,
     }
     if aggregation.kind == "udf":
         assert aggregation.function is not None and aggregation.declared_type is not None
         return value_of, aggregates.user_defined(aggregation.function, aggregation.declared_type)
+    if aggregation.kind == "avg":
+        return value_of, aggregates.avg_value(aggregation.result_type(schema, "aggregate"))
     return value_of, functions[aggregation.kind]()

@@ -44,12 +44,15 @@ from pyspark.sql.types import (
     ArrayType,
     BooleanType,
     DataType,
+    DateType,
+    DecimalType,
     DoubleType,
     IntegerType,
     LongType,
     StringType,
     StructField,
     StructType,
+    TimestampType,
 )
 
 from dbspark.circuit.expressions import (
@@ -58,22 +61,29 @@ from dbspark.circuit.expressions import (
     infer_type,
     output_type,
 )
+from dbspark.core.temporal import DATE_SYNTAX, TIMESTAMP_SYNTAX
 from dbspark.core.types import (
     BIGINT,
     BOOLEAN,
+    DATE,
     DOUBLE,
     STRING,
+    TIMESTAMP,
     Schema,
+    decimal_parts,
     element_type,
     is_array,
+    is_decimal,
 )
 from dbspark.engine.expression_compiler import (
     BIGINT_MIN,
+    DECIMAL_SYNTAX,
     FALSE_WORDS,
     PYTHON_FLOAT_SYNTAX,
     PYTHON_INT_SYNTAX,
     TRUE_WORDS,
     ExpressionCompiler,
+    widens,
 )
 
 #: Python's ``str.isspace`` characters as a Java regex class (Unicode White_Space plus the
@@ -98,6 +108,12 @@ def spark_type(type_name: str) -> DataType:
         return StringType()
     if name == BOOLEAN:
         return BooleanType()
+    if name == DATE:
+        return DateType()
+    if name == TIMESTAMP:
+        return TimestampType()
+    if is_decimal(name):
+        return DecimalType(*decimal_parts(name))
     if name == NULL_TYPE:
         return LongType()
     if is_array(name):
@@ -201,6 +217,14 @@ class _Compiler(ExpressionCompiler[Column]):
     def arithmetic(self, op: str, a: Column, b: Column) -> Column:
         return {"+": a + b, "-": a - b, "*": a * b}[op]
 
+    def decimal_arithmetic(
+        self, op: str, operands: Sequence[tuple[Column, str]], result: str
+    ) -> Column:
+        # The operands have the decimal types Spark would give them, so Spark's own
+        # arithmetic already has ``result``'s type; the cast only states it.
+        (a, _), (b, _) = operands
+        return self.arithmetic(op, a, b).cast(spark_type(result))
+
     def divide(self, a: Column, b: Column) -> Column:
         return F.try_divide(a.cast("double"), b.cast("double"))
 
@@ -269,6 +293,8 @@ def _coerce(column: Column, kind: str, target: str) -> Column:
         return column.cast("double")
     if is_array(kind) and is_array(target):
         return column.cast(spark_type(target))
+    if widens(kind, target):
+        return _convert(column, kind, target)
     return column
 
 
@@ -277,6 +303,12 @@ def _coerce(column: Column, kind: str, target: str) -> Column:
 
 def _convert(column: Column, kind: str, target: str) -> Column:
     """``ExpressionCompiler.convert``: between two different scalar types."""
+    if target in (DATE, TIMESTAMP) or is_decimal(target) or kind in (DATE, TIMESTAMP):
+        return _convert_new_types(column, kind, target)
+    if is_decimal(kind):
+        if target == BOOLEAN:
+            return column != F.lit(0)
+        return column.try_cast(spark_type(target))  # BIGINT truncates; DOUBLE; STRING
     if target == STRING:
         if kind == DOUBLE:
             return python_float_repr(column)
@@ -309,6 +341,24 @@ def _convert(column: Column, kind: str, target: str) -> Column:
             )
         return column != F.lit(0).cast(spark_type(kind))  # bool(x): NaN is true
     raise TypeError(f"cannot cast to {target}")
+
+
+def _convert_new_types(column: Column, kind: str, target: str) -> Column:
+    """Casts to and from DATE, TIMESTAMP and DECIMAL (Spark's own, behind the syntax that
+    every engine reads)."""
+    if target == STRING:
+        return column.cast("string")
+    if kind == STRING:
+        syntax = {DATE: DATE_SYNTAX, TIMESTAMP: TIMESTAMP_SYNTAX}.get(target, DECIMAL_SYNTAX)
+        return let(
+            python_strip(column),
+            lambda text: F.when(text.rlike(syntax), text.try_cast(spark_type(target))),
+        )
+    if is_decimal(target) and kind == DOUBLE:
+        # Read as its shortest decimal form (Python's repr), as the reference does.
+        finite = ~F.isnan(column) & (F.abs(column) != F.lit(float("inf")))
+        return F.when(finite, python_float_repr(column).try_cast(spark_type(target)))
+    return column.try_cast(spark_type(target))
 
 
 def python_strip(column: Column) -> Column:

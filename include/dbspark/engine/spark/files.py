@@ -53,7 +53,20 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from dbspark.core.columns import WEIGHT
-from dbspark.core.types import BIGINT, BOOLEAN, DOUBLE, STRING, Schema, element_type, is_array
+from dbspark.core.temporal import parse_date, parse_timestamp
+from dbspark.core.types import (
+    BIGINT,
+    BOOLEAN,
+    DATE,
+    DOUBLE,
+    STRING,
+    TIMESTAMP,
+    Schema,
+    decimal_widens,
+    element_type,
+    is_array,
+    is_decimal,
+)
 from dbspark.core.upsert import BadUpsertRow, UpsertConflict, UpsertSpec
 from dbspark.engine.api import InputError
 from dbspark.engine.file_batches import (
@@ -129,11 +142,28 @@ def spark_type_fits(dtype: T.DataType, type_name: str) -> bool:
         return isinstance(dtype, (T.StringType, T.VarcharType, T.CharType))
     if type_name == BOOLEAN:
         return isinstance(dtype, T.BooleanType)
+    if type_name == DATE:
+        return isinstance(dtype, T.DateType)
+    if type_name == TIMESTAMP:  # an instant: a Parquet timestamp adjusted to UTC
+        return isinstance(dtype, T.TimestampType)
+    if is_decimal(type_name):
+        return decimal_widens(_exact_digits(dtype), type_name)
     if is_array(type_name):
         return isinstance(dtype, T.ArrayType) and spark_type_fits(
             dtype.elementType, element_type(type_name)
         )
     return False
+
+
+def _exact_digits(dtype: T.DataType) -> tuple[int, int] | None:
+    """``(precision, scale)`` of an exact numeric type (integers as Spark widens them)."""
+    if isinstance(dtype, T.DecimalType):
+        return dtype.precision, dtype.scale
+    digits = {T.ByteType: 3, T.ShortType: 5, T.IntegerType: 10, T.LongType: 20}
+    for kind, precision in digits.items():
+        if isinstance(dtype, kind):
+            return precision, 0
+    return None
 
 
 def _check_types(
@@ -295,7 +325,13 @@ def _read_csv(
 
 
 def _json_type_pattern(type_name: str) -> str:
-    """A regex over ``schema_of_variant`` output for the JSON values a column accepts."""
+    """A regex over ``schema_of_variant`` output for the JSON values a column accepts
+    (a DATE, TIMESTAMP or DECIMAL is a string, as in the conformance vectors; a DECIMAL
+    may also be a JSON number)."""
+    if type_name in (DATE, TIMESTAMP):
+        return "STRING"
+    if is_decimal(type_name):
+        return r"(STRING|BIGINT|DECIMAL\(\d+,\d+\))"
     if type_name == BIGINT:
         return "BIGINT"
     if type_name == DOUBLE:
@@ -335,9 +371,16 @@ def _read_jsonl(
     for name, type_name in declared.items():
         pattern = f"^(VOID|{_json_type_pattern(type_name)})$"
         value = F.expr(f"to_json(variant_get(__v, '$.{name}'))")
+        wrong = kinds[name].isNotNull() & ~kinds[name].rlike(pattern)
+        if type_name in (DATE, TIMESTAMP) or is_decimal(type_name):
+            # A string that does not read as the type (or a number too wide) is bad input,
+            # not a NULL.
+            read = F.expr(
+                f"try_variant_get(__v, '$.{name}', '{spark_type(type_name).simpleString()}')"
+            )
+            wrong = wrong | ((kinds[name] != "VOID") & read.isNull())
         problem = problem.when(
-            kinds[name].isNotNull() & ~kinds[name].rlike(pattern),
-            F.concat(F.lit(f"column {name!r} is {type_name.upper()}, got "), value),
+            wrong, F.concat(F.lit(f"column {name!r} is {type_name.upper()}, got "), value)
         )
     if weighted:
         problem = problem.when(kinds[WEIGHT] == "VOID", F.lit(f"the weight {WEIGHT!r} is null"))
@@ -407,7 +450,15 @@ _TOKEN_OK = {
     DOUBLE: lambda s: _is_float(s),
     BOOLEAN: lambda s: s.strip().lower() in ("true", "false"),
     STRING: lambda s: True,
+    DATE: lambda s: parse_date(s) is not None,
+    TIMESTAMP: lambda s: parse_timestamp(s) is not None,
 }
+
+
+def _token_ok(kind: str, token: str) -> bool:
+    if is_decimal(kind):
+        return re.fullmatch(r"\s*[+-]?(\d+\.?\d*|\.\d+)\s*", token) is not None
+    return _TOKEN_OK.get(kind, lambda s: True)(token)
 
 
 def _is_float(text: str) -> bool:
@@ -428,7 +479,7 @@ def csv_column_detail(header: Sequence[str], declared: dict[str, str], record: s
         return f"{len(tokens)} fields, the header has {len(header)}"
     for name, token in zip(header, tokens, strict=True):
         kind = declared.get(name, STRING)
-        if token != "" and not _TOKEN_OK.get(kind, lambda s: True)(token):
+        if token != "" and not _token_ok(kind, token):
             return f"column {name!r} is {kind.upper()}, got {token!r}"
     return None
 

@@ -12,8 +12,10 @@ everything else stays in Spark.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from collections.abc import Iterable, Mapping, Sequence
+from decimal import Decimal
 from functools import reduce
 from typing import Any
 
@@ -21,7 +23,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from dbspark.core.columns import WEIGHT, WEIGHT_TYPE, time_fields
-from dbspark.core.types import DOUBLE, Schema, element_type, is_array
+from dbspark.core.types import DATE, DOUBLE, TIMESTAMP, Schema, element_type, is_array, is_decimal
 from dbspark.core.zset import ZSet
 from dbspark.engine.spark.compile import struct_type
 from dbspark.engine.values import from_column_value as from_spark_value
@@ -78,17 +80,24 @@ def collect_zsets(parts: Mapping[str, tuple[DataFrame, Schema]]) -> dict[str, ZS
         shipped.append(
             frame.select(
                 F.lit(name).alias("__name"),
-                F.to_json(F.struct(*fields), {"ignoreNullFields": "false"}).alias("__row"),
+                F.to_json(F.struct(*fields), _JSON_OPTIONS).alias("__row"),
                 F.col(WEIGHT).cast(WEIGHT_TYPE).alias(WEIGHT),
             )
         )
     pairs: dict[str, list[tuple[tuple, int]]] = {name: [] for name in parts}
     for record in reduce(DataFrame.unionByName, shipped).collect():
         schema = parts[record["__name"]][1]
-        values = json.loads(record["__row"])
+        # Decimals travel as JSON numbers: read them exactly.
+        values = json.loads(record["__row"], parse_float=Decimal)
         row = tuple(_from_json(values[f"c{i}"], t) for i, t in enumerate(schema.types))
         pairs[record["__name"]].append((row, int(record[WEIGHT])))
     return {name: ZSet(items) for name, items in pairs.items()}
+
+
+_JSON_OPTIONS = {
+    "ignoreNullFields": "false",
+    "timestampFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX",  # the default keeps milliseconds
+}
 
 
 def _from_json(value: Any, type_name: str) -> Any:
@@ -96,6 +105,12 @@ def _from_json(value: Any, type_name: str) -> Any:
         return None
     if type_name == DOUBLE:
         return from_spark_value(float(value), DOUBLE)
+    if type_name == DATE:
+        return dt.date.fromisoformat(value)
+    if type_name == TIMESTAMP:
+        return dt.datetime.fromisoformat(value).astimezone(dt.UTC)
+    if is_decimal(type_name):
+        return Decimal(value)
     if is_array(type_name):
         inner = element_type(type_name)
         return tuple(_from_json(v, inner) for v in value)

@@ -26,12 +26,12 @@ from typing import Any
 from pyspark.sql import DataFrame
 
 from dbspark.core.columns import WEIGHT
-from dbspark.core.types import SCALAR_TYPES, Schema
+from dbspark.core.types import Schema, is_scalar
 from dbspark.core.upsert import BadUpsertRow, UpsertConflict, UpsertSpec, updates_against
 from dbspark.core.zset import ZSet
 from dbspark.engine import kernels
 from dbspark.engine.spark.compile import struct_type
-from dbspark.engine.spark.frames import frame_to_zset, to_spark_value
+from dbspark.engine.spark.frames import frame_to_zset, from_spark_value, to_spark_value
 from dbspark.engine.spark.session import int_setting
 
 #: Batches of at most this many rows are decided on the driver (see the module text).
@@ -59,7 +59,7 @@ def state_delta(
     """The state delta (state columns and ``__w``) that ``batch`` causes, and whether it
     was decided on the driver; raises ``BadUpsertRow`` or ``UpsertConflict`` before
     anything is written."""
-    if driver_rows > 0 and all(t in SCALAR_TYPES for t in spec.types):
+    if driver_rows > 0 and all(is_scalar(t) for t in spec.types):
         rows = batch.select(*spec.columns).limit(driver_rows + 1).collect()
         if len(rows) <= driver_rows:
             return _on_driver(spec, state_schema, batch, rows, read_state, file), True
@@ -75,10 +75,18 @@ def _on_driver(
     file: str | None,
 ) -> DataFrame:
     spark = batch.sparkSession
+    # Spark's rows hold naive local times: take every value as the reference holds it.
+    row_types = [state_schema.type_of(c) for c in spec.columns]
+    rows = [tuple(from_spark_value(v, t) for v, t in zip(r, row_types, strict=True)) for r in rows]
+    positions = {c: i for i, c in enumerate(spec.columns)}
     key_types = [state_schema.type_of(k) for k in spec.key]
     # NULL keys are left to core's check, which names the row; they match no state.
     keys = sorted(
-        {tuple(r[k] for k in spec.key) for r in rows if all(r[k] is not None for k in spec.key)},
+        {
+            tuple(r[positions[k]] for k in spec.key)
+            for r in rows
+            if all(r[positions[k]] is not None for k in spec.key)
+        },
         key=repr,
     )
     # The stored rows of those keys, judged by the reference engine's own rule.
@@ -89,7 +97,7 @@ def _on_driver(
             struct_type(Schema(tuple(zip(spec.key, key_types, strict=True)))),
         )
         stored = frame_to_zset(read_state(key_frame), state_schema)
-    delta = updates_against(spec, [tuple(r) for r in rows], stored, file)
+    delta = updates_against(spec, rows, stored, file)
     types = state_schema.types
     return spark.createDataFrame(
         [

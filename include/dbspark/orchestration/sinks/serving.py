@@ -19,13 +19,27 @@ import os
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from dbspark.core.columns import WEIGHT
-from dbspark.core.types import BIGINT, BOOLEAN, DOUBLE, STRING, Schema, element_type, is_array
+from dbspark.core.types import (
+    BIGINT,
+    BOOLEAN,
+    DATE,
+    DOUBLE,
+    STRING,
+    TIMESTAMP,
+    Schema,
+    at_scale,
+    decimal_parts,
+    element_type,
+    is_array,
+    is_decimal,
+)
 from dbspark.orchestration.sinks.files import WeightedRow, read_snapshot
 
 if TYPE_CHECKING:
@@ -91,11 +105,38 @@ def _sql_type(type_name: str) -> sa.types.TypeEngine[Any]:
         return sa.Text()
     if type_name == BOOLEAN:
         return sa.Boolean(create_constraint=False)
+    if type_name == DATE:
+        return sa.Date()
+    if type_name == TIMESTAMP:
+        # PostgreSQL's timestamptz; SQLite keeps the UTC wall time (``_from_sql``).
+        return sa.DateTime(timezone=True)
+    if is_decimal(type_name):
+        # SQLite has no exact decimal (its NUMERIC keeps 15 digits): there the digits are
+        # stored as text at the column's scale, which also compares exactly.
+        numeric = sa.Numeric(*decimal_parts(type_name), asdecimal=True)
+        return numeric.with_variant(_DecimalText(decimal_parts(type_name)[1]), "sqlite")
     if is_array(type_name):
         # Arrays travel as canonical JSON text: comparable with "=" on every database
         # (PostgreSQL's json type has no equality), so rows still match exactly.
         return sa.Text()
     raise ServingError(f"no SQL type for dbspark column type {type_name!r}")
+
+
+class _DecimalText(sa.types.TypeDecorator[Decimal]):
+    impl = sa.Text
+    cache_ok = True
+
+    def __init__(self, scale: int) -> None:
+        super().__init__()
+        self.scale = scale
+
+    def process_bind_param(self, value: Any, dialect: Any) -> str | None:
+        if value is None:
+            return None
+        return format(at_scale(value, f"decimal(38,{self.scale})"), "f")
+
+    def process_result_value(self, value: Any, dialect: Any) -> Decimal | None:
+        return None if value is None else Decimal(value)
 
 
 def _to_sql(value: Any, type_name: str) -> Any:
@@ -105,6 +146,8 @@ def _to_sql(value: Any, type_name: str) -> Any:
         return json.dumps(_jsonable(value, element_type(type_name)), separators=(",", ":"))
     if type_name == DOUBLE:
         return float(value)
+    if type_name == TIMESTAMP:
+        return value.astimezone(UTC)
     return value
 
 
@@ -127,6 +170,10 @@ def _from_sql(value: Any, type_name: str) -> Any:
         return None
     if is_array(type_name):
         return _from_json(json.loads(value), element_type(type_name))
+    if type_name == TIMESTAMP:
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    if is_decimal(type_name):
+        return at_scale(value, type_name)
     return value
 
 
@@ -146,7 +193,15 @@ def _from_json(values: list[Any], type_name: str) -> tuple[Any, ...]:
 
 def _key(values: Sequence[Any]) -> tuple[Any, ...]:
     # NaN != NaN in Python, but a view holds one NaN per row value: match it by name.
-    return tuple(("nan",) if isinstance(v, float) and math.isnan(v) else v for v in values)
+    # SQLite gives an instant back without its zone (it stored the UTC wall time).
+    return tuple(
+        ("nan",)
+        if isinstance(v, float) and math.isnan(v)
+        else (v.replace(tzinfo=UTC) if v.tzinfo is None else v.astimezone(UTC))
+        if isinstance(v, datetime)
+        else v
+        for v in values
+    )
 
 
 @dataclass
