@@ -250,3 +250,119 @@ def test_for_warehouse_is_sqlite_with_wal_foreign_keys_and_busy_timeout(tmp_path
         assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
         assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() >= 1000
     cat.close()
+
+
+# --- what the Airflow UI page reads --------------------------------------------------------
+
+
+def test_epochs_carry_their_label_and_when_they_opened_and_committed(cat: Catalog) -> None:
+    cat.open_epoch("c", 0, "day 0")
+    cat.commit_epoch("c", 0)
+    cat.open_epoch("c", 1)  # no label: run by the engine alone
+    first, second = cat.epochs("c")
+    assert (first.epoch, first.state, first.label) == (0, "committed", "day 0")
+    assert first.committed_at is not None and first.committed_at >= first.opened_at
+    assert (second.epoch, second.state, second.label, second.committed_at) == (
+        1,
+        "open",
+        None,
+        None,
+    )
+    assert cat.epochs("other") == []
+
+
+def test_the_dag_runs_of_an_epoch_are_recorded_once_each(cat: Catalog) -> None:
+    cat.open_epoch("c", 0, "day 0")
+    cat.record_epoch_run("c", 0, "dbspark_c", "scheduled__1")
+    cat.record_epoch_run("c", 0, "dbspark_c", "scheduled__1")  # a retried open task
+    cat.record_epoch_run("c", 0, "dbspark_c", "manual__2")  # a second run finished it
+    runs = cat.epoch_runs("c")
+    assert [(r.epoch, r.dag_id, r.run_id) for r in runs] == [
+        (0, "dbspark_c", "scheduled__1"),
+        (0, "dbspark_c", "manual__2"),
+    ]
+
+
+def test_each_batch_names_the_commit_that_registered_it(cat: Catalog) -> None:
+    cat.commit("c", "ingest_x", (0,), [batch("n0.input", (0,), "i", 7), batch("n0", (0,), "d", 3)])
+    cat.commit("c", "publish", (0,), [batch("view.v", (0,), "v", 2)])
+    cat.commit("c", "ingest_x", (1,), [batch("n0.input", (1,), "j", 4)])
+    old = [b.id for b in cat.batches("c", "view.v")]
+    cat.commit("c", "compact:view.v", (1,), [batch("view.v", (1,), "m", 2)], supersede=old)
+    made_by = {b.path.rsplit("/", 1)[1]: b.created_by for b in cat.all_batches("c")}
+    assert None not in made_by.values() and made_by["i"] == made_by["d"] != made_by["v"]
+
+    outputs = [(o.stage, o.time, o.collection, o.batches, o.rows) for o in cat.stage_outputs("c")]
+    assert outputs == [
+        ("ingest_x", (0,), "n0", 1, 3),
+        ("ingest_x", (0,), "n0.input", 1, 7),
+        ("publish", (0,), "view.v", 1, 2),
+        ("ingest_x", (1,), "n0.input", 1, 4),
+        ("compact:view.v", (1,), "view.v", 1, 2),
+    ]
+
+
+def test_collection_sizes_split_live_and_superseded_batches(cat: Catalog) -> None:
+    cat.commit("c", "a", (0,), [batch("t", (0,), "a", 10), batch("u", (0,), "u", 1)])
+    cat.commit("c", "b", (1,), [batch("t", (1,), "b", 20)])
+    old = [b.id for b in cat.batches("c", "t")]
+    cat.commit("c", "compact:t", (1,), [batch("t", (1,), "m", 25)], supersede=old)
+    sizes = {s.collection: s for s in cat.collection_sizes("c")}
+    assert set(sizes) == {"t", "u"}
+    t = sizes["t"]
+    assert (t.live_batches, t.live_rows, t.live_bytes) == (1, 25, 2500)
+    assert (t.superseded_batches, t.superseded_rows, t.superseded_bytes) == (2, 30, 3000)
+    assert (sizes["u"].live_rows, sizes["u"].superseded_batches) == (1, 0)
+
+
+def test_all_frontiers_and_loop_iterations_of_a_circuit(cat: Catalog) -> None:
+    cat.set_frontier("c", "t", [(1, 0)])
+    cat.set_frontier("c", "u", [(2,)])
+    assert cat.frontiers("c") == {"t": [(1, 0)], "u": [(2,)]}
+    for prefix, sizes in (((0,), [3, 0]), ((1,), [1, 1, 0])):
+        for i, rows in enumerate(sizes):
+            it = LoopIteration("reach", prefix, i, delta_rows=rows, converged=rows == 0)
+            cat.commit("c", "loop:reach", (*prefix, i), [], loop_iteration=it)
+    history = [(i.prefix, i.iteration, i.delta_rows) for i in cat.all_loop_iterations("c")]
+    assert history == [((0,), 0, 3), ((0,), 1, 0), ((1,), 0, 1), ((1,), 1, 1), ((1,), 2, 0)]
+
+
+def test_a_catalog_from_before_created_by_gains_the_column(catalog_url: str) -> None:
+    """Catalogs written before batches named their commit are upgraded when opened: old
+    batches keep no commit, new ones get theirs."""
+    old = sa.MetaData()
+    sa.Table(
+        "batches",
+        old,
+        sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+        *(sa.Column(name, sa.String(500), nullable=False) for name in ("circuit", "collection")),
+        sa.Column("kind", sa.String(16), nullable=False),
+        sa.Column("time", sa.String(200), nullable=False),
+        sa.Column("epoch", sa.BigInteger, nullable=False),
+        sa.Column("path", sa.String(1000), nullable=False),
+        sa.Column("rows", sa.BigInteger, nullable=False),
+        sa.Column("bytes", sa.BigInteger, nullable=False),
+        sa.Column("buckets", sa.Integer, nullable=False),
+        sa.Column("superseded_by", sa.Integer, nullable=True),
+        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    )
+    row = {"circuit": "c", "collection": "t", "kind": "trace", "time": "[0]", "epoch": 0}
+    row |= {"path": "c/t/a", "rows": 1, "bytes": 1, "buckets": 0, "superseded_by": None}
+    engine = sa.create_engine(catalog_url)
+    with engine.begin() as conn:
+        old.create_all(conn)
+        batches = old.tables["batches"]
+        conn.execute(batches.insert().values(**row, created_at=sa.func.current_timestamp()))
+    engine.dispose()
+
+    catalog = Catalog(catalog_url)
+    try:
+        catalog.register_circuit("c", "fp")
+        catalog.commit("c", "s", (1,), [batch("t", (1,), "b", rows=4)])
+        assert [b.created_by is None for b in catalog.all_batches("c")] == [True, False]
+        assert [(o.stage, o.rows) for o in catalog.stage_outputs("c")] == [("s", 4)]
+        indexes = sa.inspect(catalog.engine).get_indexes("batches")
+        assert ("created_by",) in {tuple(ix["column_names"]) for ix in indexes}
+    finally:
+        catalog.close()
+    Catalog(catalog_url).close()  # opening an upgraded catalog again changes nothing

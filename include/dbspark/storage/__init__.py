@@ -1,7 +1,8 @@
 """The trace store: immutable Parquet batches in a warehouse directory + a SQL catalog.
 
-- ``catalog``: circuits, epochs, batches, stage runs (the commit protocol), frontiers
-  and loop iterations, over SQLAlchemy (SQLite by default, PostgreSQL when deployed).
+- ``catalog``: circuits, epochs (and the DAG runs that worked on them), batches, stage
+  runs (the commit protocol), frontiers and loop iterations, over SQLAlchemy (SQLite by
+  default, PostgreSQL when deployed).
 - ``warehouse``: where batches live and how Spark writes and reads them (hash buckets
   by key, so a read for a few keys opens only their buckets' files).
 - ``traces``: traces as log-structured batches: append, read by key, compact.
@@ -14,8 +15,12 @@ from dbspark.storage.catalog import (
     BatchRecord,
     Catalog,
     CatalogError,
+    CollectionSize,
+    EpochRecord,
+    EpochRun,
     GCReport,
     LoopIteration,
+    StageOutput,
     garbage_collect,
 )
 from dbspark.storage.traces import Compaction, TraceStore
@@ -25,9 +30,13 @@ __all__ = [
     "BatchRecord",
     "Catalog",
     "CatalogError",
+    "CollectionSize",
     "Compaction",
+    "EpochRecord",
+    "EpochRun",
     "GCReport",
     "LoopIteration",
+    "StageOutput",
     "TraceStore",
     "Warehouse",
     "garbage_collect",

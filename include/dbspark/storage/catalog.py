@@ -90,6 +90,19 @@ epoch_labels_table = sa.Table(
     sa.UniqueConstraint("circuit", "label", name="uq_epoch_labels_label"),
 )
 
+# Which orchestrator run worked on an epoch (an Airflow DAG run), so that people can go
+# from an epoch to its run and task logs. Several runs when one failed and another
+# (same interval) finished the epoch.
+epoch_runs_table = sa.Table(
+    "epoch_runs",
+    metadata,
+    sa.Column("circuit", sa.String(200), sa.ForeignKey("circuits.name"), primary_key=True),
+    sa.Column("epoch", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("dag_id", sa.String(250), primary_key=True),
+    sa.Column("run_id", sa.String(250), primary_key=True),
+    sa.Column("recorded_at", _Timestamp, nullable=False),
+)
+
 # A fingerprint of the input a unit committed (ingest units): a retry that brings a
 # different batch for a committed unit is refused instead of silently skipped.
 unit_inputs_table = sa.Table(
@@ -132,10 +145,15 @@ batches_table = sa.Table(
     # updates all cancel out supersedes its inputs with no new batch at all.
     sa.Column("superseded_by", _Id, sa.ForeignKey("stage_runs.id"), nullable=True),
     sa.Column("created_at", _Timestamp, nullable=False),
+    # The stage run (commit) that registered this batch: what an epoch's ingest, publish
+    # or compaction wrote, for people (the Airflow UI page). NULL in catalogs older than
+    # the column (added by _upgrade_schema).
+    sa.Column("created_by", _Id, sa.ForeignKey("stage_runs.id"), nullable=True),
     sa.CheckConstraint("kind IN ('delta', 'trace', 'view', 'changes')", name="ck_batches_kind"),
     sa.UniqueConstraint("path", name="uq_batches_path"),
     sa.Index("ix_batches_lookup", "circuit", "collection", "epoch"),
     sa.Index("ix_batches_superseded_by", "superseded_by"),
+    sa.Index("ix_batches_created_by", "created_by"),
 )
 
 frontiers_table = sa.Table(
@@ -190,6 +208,7 @@ class BatchRecord:
     id: int | None = None
     superseded_by: int | None = None
     created_at: datetime | None = None
+    created_by: int | None = None
 
     @property
     def epoch(self) -> int:
@@ -215,6 +234,56 @@ class LoopIteration:
     pending_depth: int | None = None
     reason: str = ""
     recorded_at: datetime | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class EpochRecord:
+    """One epoch of a circuit: its state, what it stands for, when it opened and committed."""
+
+    epoch: int
+    state: str
+    label: str | None
+    opened_at: datetime
+    committed_at: datetime | None
+
+
+@dataclass(frozen=True)
+class EpochRun:
+    """An orchestrator run (an Airflow DAG run) that worked on an epoch."""
+
+    epoch: int
+    dag_id: str
+    run_id: str
+    recorded_at: datetime
+
+
+@dataclass(frozen=True)
+class StageOutput:
+    """What one commit (a stage at a time) registered in one collection."""
+
+    stage: str
+    time: Time
+    collection: str
+    batches: int
+    rows: int
+    bytes: int
+
+    @property
+    def epoch(self) -> int:
+        return self.time[0]
+
+
+@dataclass(frozen=True)
+class CollectionSize:
+    """A collection's batches, live and superseded (kept until garbage collection)."""
+
+    collection: str
+    live_batches: int
+    live_rows: int
+    live_bytes: int
+    superseded_batches: int
+    superseded_rows: int
+    superseded_bytes: int
 
 
 # --- time encoding -----------------------------------------------------------------------
@@ -258,6 +327,7 @@ class Catalog:
             try:
                 with self._write() as conn:
                     metadata.create_all(conn)
+                    _upgrade_schema(conn)
                 return
             except sa.exc.DBAPIError:
                 if attempt == 2:
@@ -425,6 +495,52 @@ class Catalog:
             ).scalar_one_or_none()
         return -1 if value is None else int(value)
 
+    def epochs(self, circuit: str) -> list[EpochRecord]:
+        """Every epoch of ``circuit`` that was opened, oldest first, with its label."""
+        t, lt = epochs_table, epoch_labels_table
+        q = (
+            sa.select(t.c.epoch, t.c.state, lt.c.label, t.c.opened_at, t.c.committed_at)
+            .outerjoin(lt, (lt.c.circuit == t.c.circuit) & (lt.c.epoch == t.c.epoch))
+            .where(t.c.circuit == circuit)
+            .order_by(t.c.epoch)
+        )
+        with self.engine.connect() as conn:
+            return [
+                EpochRecord(int(r.epoch), r.state, r.label, r.opened_at, r.committed_at)
+                for r in conn.execute(q)
+            ]
+
+    def record_epoch_run(self, circuit: str, epoch: int, dag_id: str, run_id: str) -> None:
+        """Record that the DAG run ``run_id`` of ``dag_id`` worked on ``epoch`` (idempotent)."""
+        t = epoch_runs_table
+        recorded = sa.select(sa.func.count()).where(
+            t.c.circuit == circuit, t.c.epoch == epoch, t.c.dag_id == dag_id, t.c.run_id == run_id
+        )
+        try:
+            with self._write() as conn:
+                if conn.execute(recorded).scalar_one():
+                    return
+                conn.execute(
+                    t.insert().values(
+                        circuit=circuit,
+                        epoch=epoch,
+                        dag_id=dag_id,
+                        run_id=run_id,
+                        recorded_at=_now(),
+                    )
+                )
+        except sa.exc.IntegrityError:
+            pass  # the same run's retry recorded it concurrently
+
+    def epoch_runs(self, circuit: str) -> list[EpochRun]:
+        """The DAG runs recorded for ``circuit``'s epochs, by epoch, then as recorded."""
+        t = epoch_runs_table
+        q = sa.select(t).where(t.c.circuit == circuit).order_by(t.c.epoch, t.c.recorded_at)
+        with self.engine.connect() as conn:
+            return [
+                EpochRun(int(r.epoch), r.dag_id, r.run_id, r.recorded_at) for r in conn.execute(q)
+            ]
+
     # --- the commit protocol -------------------------------------------------------------
     def commit(
         self,
@@ -439,8 +555,8 @@ class Catalog:
     ) -> bool:
         """Commit one stage's work at ``time`` in one transaction.
 
-        Registers ``new_batches`` (files already written), marks the batches whose ids are
-        in ``supersede`` as replaced by this commit, records ``loop_iteration`` and
+        Registers ``new_batches`` (files already written) as created by this commit, marks
+        the batches whose ids are in ``supersede`` as replaced by it, records ``loop_iteration`` and
         ``frontiers`` (collection -> times) if given, the ``input_fingerprint`` of the
         batch an ingest unit consumed, and inserts the ``stage_runs`` row.
         Returns False, changing nothing, when this stage already committed at ``time``.
@@ -473,7 +589,9 @@ class Catalog:
                     )
                 ).inserted_primary_key[0]
                 for b in batches:
-                    conn.execute(batches_table.insert().values(**_batch_values(b, now)))
+                    conn.execute(
+                        batches_table.insert().values(**_batch_values(b, now), created_by=run_id)
+                    )
                 if supersede_ids:
                     bt = batches_table
                     done = conn.execute(
@@ -531,6 +649,33 @@ class Catalog:
             q = q.where(t.c.epoch == epoch)
         with self.engine.connect() as conn:
             return [(r.stage, decode_time(r.time)) for r in conn.execute(q)]
+
+    def stage_outputs(self, circuit: str) -> list[StageOutput]:
+        """Per commit (stage and time) and collection: the batches, rows and bytes it
+        registered, in commit order. Batches of catalogs older than ``created_by`` count
+        nowhere."""
+        rt, bt = stage_runs_table, batches_table
+        q = (
+            sa.select(
+                rt.c.stage,
+                rt.c.time,
+                bt.c.collection,
+                sa.func.count().label("batches"),
+                sa.func.sum(bt.c.rows).label("rows"),
+                sa.func.sum(bt.c.bytes).label("bytes"),
+            )
+            .join(bt, bt.c.created_by == rt.c.id)
+            .where(rt.c.circuit == circuit)
+            .group_by(rt.c.id, rt.c.stage, rt.c.time, bt.c.collection)
+            .order_by(rt.c.id, bt.c.collection)
+        )
+        with self.engine.connect() as conn:
+            return [
+                StageOutput(
+                    r.stage, decode_time(r.time), r.collection, r.batches, int(r.rows), int(r.bytes)
+                )
+                for r in conn.execute(q)
+            ]
 
     @staticmethod
     def _stage_run_id(conn: Connection, circuit: str, stage: str, time_text: str) -> int | None:
@@ -606,6 +751,35 @@ class Catalog:
         with self.engine.connect() as conn:
             return [_batch_record(r) for r in conn.execute(q)]
 
+    def collection_sizes(self, circuit: str) -> list[CollectionSize]:
+        """Every collection of ``circuit`` with the batches, rows and bytes it holds live
+        and superseded (what compaction replaced and garbage collection has not deleted)."""
+        t = batches_table
+        live = t.c.superseded_by.is_(None)
+
+        def total(column: Any, where: Any) -> Any:
+            return sa.func.coalesce(sa.func.sum(sa.case((where, column), else_=0)), 0)
+
+        q = (
+            sa.select(
+                t.c.collection,
+                total(1, live).label("live_batches"),
+                total(t.c.rows, live).label("live_rows"),
+                total(t.c.bytes, live).label("live_bytes"),
+                total(1, ~live).label("superseded_batches"),
+                total(t.c.rows, ~live).label("superseded_rows"),
+                total(t.c.bytes, ~live).label("superseded_bytes"),
+            )
+            .where(t.c.circuit == circuit)
+            .group_by(t.c.collection)
+            .order_by(t.c.collection)
+        )
+        with self.engine.connect() as conn:
+            return [
+                CollectionSize(r.collection, *(int(value) for value in r[1:]))
+                for r in conn.execute(q)
+            ]
+
     # --- frontiers -----------------------------------------------------------------------
     def set_frontier(
         self, circuit: str, collection: str, frontier: Iterable[Sequence[int]]
@@ -621,6 +795,16 @@ class Catalog:
                 sa.select(t.c.frontier).where(t.c.circuit == circuit, t.c.collection == collection)
             ).scalar_one_or_none()
         return None if text is None else [tuple(int(x) for x in e) for e in json.loads(text)]
+
+    def frontiers(self, circuit: str) -> dict[str, list[Time]]:
+        """Every stored frontier of ``circuit``, by collection."""
+        t = frontiers_table
+        q = sa.select(t.c.collection, t.c.frontier).where(t.c.circuit == circuit)
+        with self.engine.connect() as conn:
+            return {
+                r.collection: [tuple(int(x) for x in e) for e in json.loads(r.frontier)]
+                for r in conn.execute(q.order_by(t.c.collection))
+            }
 
     @staticmethod
     def _set_frontier(
@@ -660,19 +844,14 @@ class Catalog:
             .order_by(t.c.iteration)
         )
         with self.engine.connect() as conn:
-            return [
-                LoopIteration(
-                    loop=r.loop,
-                    prefix=decode_time(r.prefix),
-                    iteration=r.iteration,
-                    delta_rows=r.delta_rows,
-                    converged=bool(r.converged),
-                    pending_depth=r.pending_depth,
-                    reason=r.reason,
-                    recorded_at=r.recorded_at,
-                )
-                for r in conn.execute(q)
-            ]
+            return [_loop_iteration(r) for r in conn.execute(q)]
+
+    def all_loop_iterations(self, circuit: str) -> list[LoopIteration]:
+        """Every recorded iteration of every loop of ``circuit``, in the order recorded."""
+        t = loop_iterations_table
+        q = sa.select(t).where(t.c.circuit == circuit).order_by(t.c.id)
+        with self.engine.connect() as conn:
+            return [_loop_iteration(r) for r in conn.execute(q)]
 
     def loop_converged(self, circuit: str, loop: str, prefix: Sequence[int]) -> bool:
         t = loop_iterations_table
@@ -756,6 +935,20 @@ def _batch_record(r: Any) -> BatchRecord:
         buckets=r.buckets,
         superseded_by=r.superseded_by,
         created_at=r.created_at,
+        created_by=r.created_by,
+    )
+
+
+def _loop_iteration(r: Any) -> LoopIteration:
+    return LoopIteration(
+        loop=r.loop,
+        prefix=decode_time(r.prefix),
+        iteration=r.iteration,
+        delta_rows=r.delta_rows,
+        converged=bool(r.converged),
+        pending_depth=r.pending_depth,
+        reason=r.reason,
+        recorded_at=r.recorded_at,
     )
 
 
@@ -773,6 +966,18 @@ def _check_name(name: str, what: str) -> None:
             f"invalid {what} name {name!r}: use letters, digits, '_', '.' and '-' "
             "(it becomes a directory name in the warehouse)"
         )
+
+
+def _upgrade_schema(conn: Connection) -> None:
+    """Add what ``create_all`` does not to catalogs created before it existed: columns of
+    tables that were already there (new tables it creates itself)."""
+    columns = {c["name"] for c in sa.inspect(conn).get_columns("batches")}
+    if "created_by" not in columns:
+        id_type = _Id.compile(dialect=conn.dialect)
+        conn.exec_driver_sql(
+            f"ALTER TABLE batches ADD COLUMN created_by {id_type} REFERENCES stage_runs(id)"
+        )
+        conn.exec_driver_sql("CREATE INDEX ix_batches_created_by ON batches (created_by)")
 
 
 def _configure_sqlite(engine: Engine) -> None:

@@ -101,17 +101,42 @@ def _database_url(connection: Any | None) -> str | None:
     return airflow_connection_url(connection.conn_id).render_as_string(hide_password=False)
 
 
-def resolve(options: DeploymentOptions) -> Deployment:
-    """Resolve a task's deployment (see the module docstring for the order)."""
+@dataclass(frozen=True)
+class CatalogLocation:
+    """Where the catalog is: a database URL, or (None) SQLite in the warehouse."""
+
+    warehouse: Path
+    url: str | None
+
+    @property
+    def sqlite_file(self) -> Path | None:
+        """The default catalog's file (``Catalog.for_warehouse``), when no URL is set."""
+        return None if self.url else self.warehouse / "catalog.db"
+
+    def describe(self) -> str:
+        return _safe_url(self.url) if self.url else f"SQLite in the warehouse {self.warehouse}"
+
+
+def resolve_catalog(options: DeploymentOptions | None = None) -> CatalogLocation:
+    """The warehouse and catalog alone, resolved as :func:`resolve` does (for readers of
+    the catalog, such as the Airflow UI page, that need no Spark or serving database)."""
+    options = options or DeploymentOptions()
     home = Path(os.environ.get("AIRFLOW_HOME", Path.home() / "airflow"))
     warehouse = Path(
         options.warehouse or _config("warehouse") or home / "dbspark" / "warehouse"
     ).resolve()
-    outputs = Path(options.outputs or _config("outputs") or warehouse / "published").resolve()
-
-    # An explicitly named connection must exist; the default names are optional.
+    # An explicitly named connection must exist; the default name is optional.
     catalog_id = options.catalog_conn_id or _config("catalog_conn_id")
     catalog = _connection(catalog_id or DEFAULT_CATALOG_CONN_ID, required=bool(catalog_id))
+    return CatalogLocation(warehouse, _database_url(catalog))
+
+
+def resolve(options: DeploymentOptions) -> Deployment:
+    """Resolve a task's deployment (see the module docstring for the order)."""
+    catalog = resolve_catalog(options)
+    warehouse = catalog.warehouse
+    outputs = Path(options.outputs or _config("outputs") or warehouse / "published").resolve()
+
     spark_id = options.spark_conn_id or _config("spark_conn_id")
     spark = _connection(spark_id or DEFAULT_SPARK_CONN_ID, required=bool(spark_id))
     serving_id = options.serving_conn_id or _config("serving_conn_id")
@@ -133,7 +158,7 @@ def resolve(options: DeploymentOptions) -> Deployment:
     return Deployment(
         warehouse=warehouse,
         outputs=outputs,
-        catalog_url=_database_url(catalog),
+        catalog_url=catalog.url,
         spark_remote=remote,
         spark_submit_conn_id=submit,
         serving_url=_database_url(serving),

@@ -163,6 +163,9 @@ class EpochTasks:
             if run.committed:
                 raise _skip(f"epoch {run.epoch} {interval} is already committed: nothing to do")
             catalog.open_epoch(self.name, run.epoch, interval.label)
+            # The dbspark page of the Airflow UI links each epoch to the runs that worked on it.
+            ti = context["ti"]
+            catalog.record_epoch_run(self.name, run.epoch, ti.dag_id, ti.run_id)
         finally:
             catalog.close()
         log.info("circuit %s: epoch %s opened for %s", self.name, run.epoch, interval)
