@@ -3,7 +3,8 @@
 The repo's ``dags/`` are parsed by a real dag-processor and served by a real
 api-server (``devtools/airflow.py``); the test asks for what the Graph and Grid views
 load. An ``epoch`` task group holding both ``open`` and ``close`` once made the Graph
-view answer HTTP 500 ("A cyclic dependency occurred") for every dbspark DAG.
+view answer HTTP 500 ("A cyclic dependency occurred") for every dbspark DAG. The
+repo's ``plugins/`` add the dbspark page, which must answer only a logged-in user.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 from dbspark.devtools.airflow import LocalAirflow
@@ -28,6 +30,7 @@ def airflow(tmp_path_factory):
         "AIRFLOW__DBSPARK__WAREHOUSE": str(root / "warehouse"),
         "AIRFLOW__DBSPARK__LANDING": str(root / "landing"),
         "AIRFLOW__DBSPARK__OUTPUTS": str(root / "published"),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
         "PYSPARK_PYTHON": sys.executable,
         "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "600",
     }
@@ -63,3 +66,31 @@ def test_the_grid_view_of_every_example_dag_is_served(airflow, dag_id):
     structure = airflow.api.get(f"/ui/grid/structure/{dag_id}")
     ids = [node["id"] for node in structure]
     assert ids[0] == "open_epoch" and ids[-1] == "close_epoch"
+
+
+def test_the_dbspark_page_answers_a_logged_in_user_only(airflow):
+    from dbspark.engine.spark.executor import SparkEngine
+    from dbspark.examples.circuits import reachability
+
+    # One epoch in the deployment's catalog ([dbspark] warehouse), by the engine alone.
+    engine = SparkEngine(reachability(), airflow.extra_env["AIRFLOW__DBSPARK__WAREHOUSE"])
+    engine.step({"edges": [(("a", "b"), 1)], "roots": [(("a",), 1)]})
+    engine.catalog.close()
+
+    plugins = airflow.api.get("/api/v2/plugins")["plugins"]
+    (view,) = [v for p in plugins if p["name"] == "dbspark" for v in p["external_views"]]
+    assert (view["url_route"], view["destination"]) == ("dbspark", "nav")
+    listed = airflow.api.get("/dbspark/api/circuits")["circuits"]
+    assert [c["name"] for c in listed] == ["reachability"]
+    login = {"Authorization": f"Bearer {airflow.api.token()}"}
+    page = httpx.get(f"{airflow.url}/{view['href']}", headers=login)
+    assert page.status_code == 200 and "/dbspark/circuits/reachability" in page.text
+    # The UI's own session cookie logs in as well (the page is shown in the UI's frame).
+    shown = httpx.get(f"{airflow.url}/dbspark/", cookies={"_token": airflow.api.token()})
+    assert shown.status_code == 200
+
+    assert httpx.get(f"{airflow.url}/dbspark/api/circuits").status_code == 401
+    anonymous = httpx.get(f"{airflow.url}/dbspark/", headers={"Accept": "text/html"})
+    assert anonymous.status_code == 303
+    assert anonymous.headers["location"].startswith("/auth/login?next=")
+    assert httpx.post(f"{airflow.url}/dbspark/api/circuits", headers=login).status_code == 405
