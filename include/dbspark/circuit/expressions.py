@@ -225,14 +225,14 @@ def lit(value: Any) -> Literal:
             raise TypeError(f"a TIMESTAMP literal needs a timezone-aware datetime, got {value!r}")
         return Literal(value.astimezone(dt.UTC))
     if isinstance(value, Decimal):
-        decimal_literal_type(value)  # refuses NaN, infinities and more than 38 digits
+        decimalliteral_type(value)  # refuses NaN, infinities and more than 38 digits
         return Literal(value)
     if value is not None and not isinstance(value, (bool, int, float, str, dt.date)):
         raise TypeError(f"unsupported literal {value!r}")
     return Literal(value)
 
 
-def decimal_literal_type(value: Decimal) -> str:
+def decimalliteral_type(value: Decimal) -> str:
     """Spark's type for a decimal literal: as many digits as it is written with."""
     if not value.is_finite():
         raise TypeError(f"a DECIMAL literal must be finite, got {value}")
@@ -346,7 +346,7 @@ def infer_type(expr: Expr, schema: Schema, where: str) -> str:
                 raise fail(f"unknown column {node.name!r} (columns: {', '.join(schema.names)})")
             return schema.type_of(node.name)
         if isinstance(node, Literal):
-            return _literal_type(node.value)
+            return literal_type(node.value)
         if isinstance(node, Cast):
             source = visit(node.operand)
             if is_array(node.to):
@@ -383,7 +383,8 @@ def infer_type(expr: Expr, schema: Schema, where: str) -> str:
 NULL_TYPE = "null"
 
 
-def _literal_type(value: Any) -> str:
+def literal_type(value: Any) -> str:
+    """The type of a Python literal (``null`` for None)."""
     if value is None:
         return NULL_TYPE
     if isinstance(value, bool):
@@ -397,13 +398,8 @@ def _literal_type(value: Any) -> str:
     if isinstance(value, dt.date):
         return DATE
     if isinstance(value, Decimal):
-        return decimal_literal_type(value)
+        return decimalliteral_type(value)
     return STRING
-
-
-def literal_type(value: Any) -> str:
-    """The type of a Python literal (``null`` for None)."""
-    return _literal_type(value)
 
 
 def can_cast(source: str, target: str) -> bool:
@@ -446,7 +442,7 @@ def as_decimal(type_name: str, literal: Any = None) -> str:
     if is_decimal(type_name):
         return type_name
     if type_name == BIGINT and isinstance(literal, int) and not isinstance(literal, bool):
-        return decimal_literal_type(Decimal(literal))
+        return decimalliteral_type(Decimal(literal))
     if type_name in (BIGINT, NULL_TYPE):
         return BIGINT_AS_DECIMAL
     raise TypeError(f"{type_name} is not an exact number")

@@ -18,15 +18,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from decimal import ROUND_HALF_UP, Context, Decimal, localcontext
+from decimal import Decimal, localcontext
 from typing import Any
 
-from dbspark.core.types import decimal_parts, is_decimal
+from dbspark.core.types import EXACT, at_scale, is_decimal
 
 Group = Sequence[tuple[Any, int]]
-
-#: Sums of decimals are exact (Python's default context would round at 28 digits).
-_EXACT = Context(prec=160, rounding=ROUND_HALF_UP)
 
 
 @dataclass(frozen=True)
@@ -57,7 +54,7 @@ def _sum(group: Group) -> Any:
     present = _non_null(group)
     if not present:
         return None
-    with localcontext(_EXACT):
+    with localcontext(EXACT):  # exact: Python's default context rounds at 28 digits
         return sum(v * w for v, w in present)
 
 
@@ -74,18 +71,16 @@ def _max(group: Group) -> Any:
 def _average(result_type: str) -> Callable[[Group], Any]:
     """The mean; over decimals exact, then rounded half away from zero to the scale of
     ``result_type`` (Spark's AVG of a DECIMAL(p, s) keeps s + 4 digits)."""
-    scale = Decimal(1).scaleb(-decimal_parts(result_type)[1]) if is_decimal(result_type) else None
+    exact = is_decimal(result_type)
 
     def evaluate(group: Group) -> Any:
         present = _non_null(group)
         count = sum(w for _, w in present)
         if count == 0:
             return None
-        with localcontext(_EXACT):
+        with localcontext(EXACT):
             total = sum(v * w for v, w in present)
-            if scale is None:
-                return total / count
-            return (Decimal(total) / count).quantize(scale, context=_EXACT)
+            return at_scale(Decimal(total) / count, result_type) if exact else total / count
 
     return evaluate
 

@@ -29,7 +29,7 @@ import datetime as dt
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from decimal import ROUND_HALF_UP, Context, Decimal
+from decimal import ROUND_HALF_UP, Context, Decimal, InvalidOperation
 
 from dbspark.core.columns import is_reserved
 
@@ -140,6 +140,21 @@ def at_scale(value: Decimal | int, type_name: str) -> Decimal:
     zero (Spark's ``ROUND_HALF_UP``); whether it fits is ``decimal_fits``'s question."""
     _, scale = decimal_parts(type_name)
     return Decimal(value).quantize(Decimal(1).scaleb(-scale), context=EXACT)
+
+
+def rounded_decimal(value: object, type_name: str) -> Decimal | None:
+    """``value`` (a number, or text of one) as a value of the decimal type ``type_name``,
+    rounded half away from zero to its scale (a float as its shortest decimal form, which
+    is how Spark reads a double); None when it does not read, is not finite or does not
+    fit."""
+    try:
+        number = Decimal(repr(value)) if isinstance(value, float) else Decimal(value)  # type: ignore[arg-type]
+    except InvalidOperation:
+        return None
+    if not number.is_finite():
+        return None
+    rounded = at_scale(number, type_name)
+    return rounded if decimal_fits(rounded, type_name) else None
 
 
 def decimal_fits(value: Decimal, type_name: str) -> bool:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from functools import reduce
 
 from sqlglot import exp
@@ -43,10 +43,9 @@ from dbspark.core.types import (
     STRING,
     TIMESTAMP,
     Schema,
-    at_scale,
-    decimal_fits,
     is_decimal,
     normalize_type,
+    rounded_decimal,
 )
 from dbspark.sql.errors import SqlError, position, sql_text
 
@@ -290,19 +289,13 @@ class Scalars:
     def _read_literal(self, text: str, target: str, node: exp.Expression) -> object:
         """A string literal as a value of ``target`` (DATE, TIMESTAMP or DECIMAL), read
         once here; a literal that does not read is refused (Spark's ANSI mode fails)."""
-        value: object = None
+        value: object
         if target == DATE:
             value = parse_date(text)
         elif target == TIMESTAMP:
             value = parse_timestamp(text)
         else:
-            try:
-                number = Decimal(text.strip())
-            except InvalidOperation:
-                number = None
-            if number is not None and number.is_finite():
-                number = at_scale(number, target)
-                value = number if decimal_fits(number, target) else None
+            value = rounded_decimal(text.strip(), target)
         if value is None:
             raise self.error(f"{text!r} is not a valid {target.upper()}", node)
         return value
@@ -317,7 +310,7 @@ class Scalars:
         if isinstance(node, exp.Sub) and interval is node.this:
             raise self.error("an INTERVAL cannot be subtracted from", node)
         base = self(other)
-        unit = str(interval.args.get("unit").name if interval.args.get("unit") else "").upper()
+        unit = interval.text("unit").upper()
         amount_node = interval.this
         try:
             amount = int(str(amount_node.this if amount_node is not None else ""))

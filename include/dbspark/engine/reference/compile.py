@@ -22,7 +22,7 @@ import math
 import operator
 import re
 from collections.abc import Callable
-from decimal import ROUND_DOWN, ROUND_HALF_UP, Context, Decimal, InvalidOperation
+from decimal import ROUND_DOWN, Decimal, InvalidOperation
 from typing import Any
 
 from dbspark.circuit.expressions import (
@@ -44,12 +44,12 @@ from dbspark.core.types import (
     BOOLEAN,
     DATE,
     DOUBLE,
+    EXACT,
     STRING,
     TIMESTAMP,
     Schema,
-    decimal_fits,
-    decimal_parts,
     is_decimal,
+    rounded_decimal,
 )
 from dbspark.engine.expression_compiler import DECIMAL_SYNTAX
 
@@ -77,8 +77,6 @@ _COMPARE = {
 }
 
 
-#: Exact enough for any two 38-digit decimals; rounding happens only in ``to_decimal``.
-_EXACT = Context(prec=160, rounding=ROUND_HALF_UP)
 _UTC = dt.UTC
 
 
@@ -109,22 +107,11 @@ def conform(value: Any, type_name: str) -> Any:
     if type_name == TIMESTAMP and not isinstance(value, dt.datetime):
         return dt.datetime(value.year, value.month, value.day, tzinfo=_UTC)
     if is_decimal(type_name):
-        result = to_decimal(value, type_name)
+        result = rounded_decimal(value, type_name)
         if result is None:
             raise DecimalOverflow(f"{value} does not fit {type_name.upper()}")
         return result
     return value
-
-
-def to_decimal(value: Any, type_name: str) -> Decimal | None:
-    """``value`` rounded half away from zero to the scale of ``type_name``; None when it
-    does not fit (or is not finite)."""
-    _, scale = decimal_parts(type_name)
-    number = Decimal(repr(value)) if isinstance(value, float) else Decimal(value)
-    if not number.is_finite():
-        return None
-    rounded = number.quantize(Decimal(1).scaleb(-scale), rounding=ROUND_HALF_UP, context=_EXACT)
-    return rounded if decimal_fits(rounded, type_name) else None
 
 
 def _compile_node(expr: Expr, schema: Schema) -> RowFunction:
@@ -165,7 +152,7 @@ def _conformed(fn: RowFunction, type_name: str) -> RowFunction:
     return lambda row: conform(fn(row), type_name)
 
 
-_DECIMAL_OPS = {"+": _EXACT.add, "-": _EXACT.subtract, "*": _EXACT.multiply}
+_DECIMAL_OPS = {"+": EXACT.add, "-": EXACT.subtract, "*": EXACT.multiply}
 
 
 def _compile_decimal(op: str, left: RowFunction, right: RowFunction) -> RowFunction:
@@ -191,11 +178,11 @@ def compile_projection(columns: dict[str, Expr], schema: Schema) -> Callable[[tu
 
 
 def _negate(value: Any) -> Any:
-    return _EXACT.minus(value) if isinstance(value, Decimal) else -value
+    return EXACT.minus(value) if isinstance(value, Decimal) else -value
 
 
 def _absolute(value: Any) -> Any:
-    return _EXACT.abs(value) if isinstance(value, Decimal) else abs(value)
+    return EXACT.abs(value) if isinstance(value, Decimal) else abs(value)
 
 
 def _compile_unary(expr: UnaryOp, inner: RowFunction) -> RowFunction:
@@ -336,8 +323,8 @@ def cast_value(value: Any, target: str, source: str | None = None) -> Any:
         if is_decimal(target):
             if isinstance(value, str):
                 text = value.strip()
-                return to_decimal(text, target) if re.match(DECIMAL_SYNTAX, text) else None
-            return to_decimal(int(value) if isinstance(value, bool) else value, target)
+                return rounded_decimal(text, target) if re.match(DECIMAL_SYNTAX, text) else None
+            return rounded_decimal(int(value) if isinstance(value, bool) else value, target)
         if target == DATE:
             if isinstance(value, str):
                 return parse_date(value)
@@ -374,7 +361,7 @@ def _to_string(value: Any, source: str | None) -> str:
         return "true" if value else "false"
     if isinstance(value, Decimal):
         if source is not None and is_decimal(source):
-            value = to_decimal(value, source)
+            value = rounded_decimal(value, source)
         return format(value, "f")
     if isinstance(value, dt.datetime):
         text = value.astimezone(_UTC).strftime("%Y-%m-%d %H:%M:%S")

@@ -114,7 +114,7 @@ def _sql_type(type_name: str) -> sa.types.TypeEngine[Any]:
         # SQLite has no exact decimal (its NUMERIC keeps 15 digits): there the digits are
         # stored as text at the column's scale, which also compares exactly.
         numeric = sa.Numeric(*decimal_parts(type_name), asdecimal=True)
-        return numeric.with_variant(_DecimalText(decimal_parts(type_name)[1]), "sqlite")
+        return numeric.with_variant(_DecimalText(type_name), "sqlite")
     if is_array(type_name):
         # Arrays travel as canonical JSON text: comparable with "=" on every database
         # (PostgreSQL's json type has no equality), so rows still match exactly.
@@ -126,14 +126,14 @@ class _DecimalText(sa.types.TypeDecorator[Decimal]):
     impl = sa.Text
     cache_ok = True
 
-    def __init__(self, scale: int) -> None:
+    def __init__(self, type_name: str) -> None:
         super().__init__()
-        self.scale = scale
+        self.type_name = type_name
 
     def process_bind_param(self, value: Any, dialect: Any) -> str | None:
         if value is None:
             return None
-        return format(at_scale(value, f"decimal(38,{self.scale})"), "f")
+        return format(at_scale(value, self.type_name), "f")
 
     def process_result_value(self, value: Any, dialect: Any) -> Decimal | None:
         return None if value is None else Decimal(value)

@@ -22,7 +22,14 @@ from datetime import UTC, datetime
 from urllib.parse import quote
 
 from dbspark.orchestration.intervals import Interval
-from dbspark.storage.catalog import Catalog, EpochRecord, EpochRun, StageOutput, Time
+from dbspark.storage.catalog import (
+    Catalog,
+    CollectionSize,
+    EpochRecord,
+    EpochRun,
+    StageOutput,
+    Time,
+)
 
 #: Epochs shown per circuit unless asked otherwise (the newest ones).
 DEFAULT_EPOCHS = 50
@@ -135,16 +142,9 @@ class LoopStatus:
 
 
 @dataclass(frozen=True)
-class CollectionStatus:
-    collection: str
+class CollectionStatus(CollectionSize):
     #: What the collection holds, in words ("input log of source edges", ...).
     role: str
-    live_batches: int
-    live_rows: int
-    live_bytes: int
-    superseded_batches: int
-    superseded_rows: int
-    superseded_bytes: int
     #: Compaction: times at or below which the trace is advanced and merged (None: the
     #: collection is not compacted).
     frontier: list[Time] | None
@@ -245,15 +245,7 @@ def circuit_status(
     names = _node_names(outputs)
     collections = [
         CollectionStatus(
-            collection=s.collection,
-            role=_role(s.collection, names),
-            live_batches=s.live_batches,
-            live_rows=s.live_rows,
-            live_bytes=s.live_bytes,
-            superseded_batches=s.superseded_batches,
-            superseded_rows=s.superseded_rows,
-            superseded_bytes=s.superseded_bytes,
-            frontier=frontiers.get(s.collection),
+            **vars(s), role=_role(s.collection, names), frontier=frontiers.get(s.collection)
         )
         for s in sorted(sizes, key=lambda s: _collection_order(s.collection))
     ]
