@@ -235,3 +235,31 @@ def test_describe() -> None:
         "  stage 1 aggregate_1: aggregate",
         "  stage 2 distinct_2: distinct",
     ]
+
+
+def test_trace_keys_are_the_keys_the_engine_arranges_its_traces_by() -> None:
+    """explain names what ``trace_keys`` says; the Spark engine buckets and reads each
+    stateful operator's inputs by ``keys_by_port`` and an upsert state by its key."""
+    from dbspark.circuit.planner import trace_keys
+    from dbspark.engine.spark.evaluate import keys_by_port
+    from dbspark.examples.circuits import orders_sql
+    from dbspark.examples.tpch import tpch
+    from dbspark.sql import compile_circuit
+
+    total = compile_circuit(
+        "total", {"t": {"columns": [["a", "BIGINT"]]}}, "CREATE VIEW n AS SELECT SUM(a) FROM t;"
+    )
+    circuits = [make() for make in NAMED_CIRCUITS.values()] + [orders_sql(), tpch(), total]
+    kinds = set()
+    for c in circuits:
+        for node in c.nodes:
+            keys = trace_keys(c, node)
+            if node.op in ("join", "distinct", "aggregate"):
+                assert list(keys) == keys_by_port(c, node), (c.name, node)
+                kinds.add(node.op if node.op != "aggregate" or node.params["keys"] else "global")
+            elif node.op == "upsert_source":
+                assert keys == (tuple(node.params["key"]),)
+                kinds.add(node.op)
+            else:
+                assert keys == (), (c.name, node)
+    assert kinds == {"join", "distinct", "aggregate", "global", "upsert_source"}

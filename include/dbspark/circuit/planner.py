@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dbspark.circuit.builder import LINEAR_OPS, Circuit, Node
+from dbspark.circuit.builder import LINEAR_OPS, STATEFUL_OPS, Circuit, Node
 
 #: Linear operators that may be fused onto the stage of their (single) input.
 FUSABLE_OPS = LINEAR_OPS - {"plus", "minus", "delay"}
@@ -138,6 +138,25 @@ def plan(circuit: Circuit) -> Plan:
             nested=tuple(s.id for s in circuit.scopes if s.parent == scope.id),
         )
     return Plan(circuit, stages, loops, node_stage)
+
+
+def trace_keys(circuit: Circuit, node: Node) -> tuple[tuple[str, ...], ...]:
+    """The traces ``node`` keeps, each as the columns it is arranged by: one per input
+    of a stateful operator (a join's sides by their join keys, an aggregate's input by
+    its group, or by every column without one, a distinct's input by every column) and
+    an upsert source's state by its primary key; nothing for other operators.
+
+    An epoch reads and appends to a trace only for the keys its changes touch, so the
+    keys say what a change costs; ``explain`` shows them, and the engines arrange
+    (bucket and read) their traces by the same columns."""
+    if node.op == "join":
+        return (tuple(node.params["left_keys"]), tuple(node.params["right_keys"]))
+    if node.op in STATEFUL_OPS:
+        keys = tuple(node.params.get("keys", ()))
+        return (keys or tuple(circuit.node(node.inputs[0]).schema.names),)
+    if node.op == "upsert_source":
+        return (tuple(node.params["key"]),)
+    return ()
 
 
 def _fusion_host(circuit: Circuit, node: Node, readers: dict[int, list[int]]) -> int | None:
