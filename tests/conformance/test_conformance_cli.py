@@ -233,6 +233,10 @@ def test_malformed_json(tmp_path: Path) -> None:
             {"circuit": "orders", "epochs": [{"orders": [[1, 2, 3, 4, None]]}]},
             ["epoch 0", "'orders'", "must be an object keyed by column name"],
         ),
+        (
+            {"circuit": {"sources": {"e": {"columns": "src"}}, "sql": ""}, "epochs": []},
+            ["source 'e'", '"columns" must be a list of [name, type] pairs'],
+        ),
     ],
     ids=[
         "not-an-object",
@@ -247,6 +251,7 @@ def test_malformed_json(tmp_path: Path) -> None:
         "float-weight",
         "boolean-weight",
         "upsert-row-not-an-object",
+        "sql-source-without-columns",
     ],
 )
 def test_malformed_vector(tmp_path: Path, vector: Any, fragments: list[str]) -> None:

@@ -145,33 +145,10 @@ def _circuit(spec: Any) -> tuple[str, Circuit]:
             '"circuit" as an object needs "sources" (an object) and "sql" (a string)'
             + (f"; unknown keys: {unknown}" if unknown else "")
         )
-    for source, declared in spec["sources"].items():
-        _check_source_spec(source, declared)
     try:
         return SQL_CIRCUIT, compile_circuit(SQL_CIRCUIT, spec["sources"], spec["sql"])
     except CircuitError as error:
         raise VectorError(str(error)) from None
-
-
-def _check_source_spec(source: str, declared: Any) -> None:
-    here = f'"circuit" source {source!r}'
-    if not isinstance(declared, dict):
-        raise VectorError(f"{here}: must be an object, got {_kind(declared)}")
-    allowed = {"columns", "key", "watermark", "tombstone", "tombstone_value"}
-    unknown = sorted(set(declared) - allowed)
-    if unknown:
-        raise VectorError(f"{here}: unknown keys {unknown}")
-    columns = declared.get("columns")
-    if not isinstance(columns, list) or not all(
-        isinstance(c, list) and len(c) == 2 and all(isinstance(x, str) for x in c) for c in columns
-    ):
-        raise VectorError(f'{here}: "columns" must be a list of [name, type] pairs')
-    for listed in ("key", "watermark"):
-        value = declared.get(listed)
-        if value is not None and not (
-            isinstance(value, list) and all(isinstance(x, str) for x in value)
-        ):
-            raise VectorError(f'{here}: "{listed}" must be a list of column names')
 
 
 def _parse_epoch(

@@ -125,25 +125,63 @@ def add_views(circuit: Circuit, script: str) -> list[str]:
 
 
 def compile_circuit(name: str, sources: Mapping[str, Mapping[str, Any]], script: str) -> Circuit:
-    """A circuit called ``name`` with ``sources`` (the conformance format: ``columns``
-    as ``[name, type]`` pairs, and for an upsert source ``key``, ``watermark``,
-    ``tombstone`` and ``tombstone_value``) and the views of ``script``."""
+    """A circuit called ``name`` with ``sources`` (the conformance format, see
+    ``declare_sources``) and the views of ``script``."""
     circuit = Circuit(name)
+    declare_sources(circuit, sources)
+    add_views(circuit, script)
+    return circuit
+
+
+#: What a source declaration may hold (the conformance README, "Circuits defined in SQL").
+_SOURCE_FIELDS = ("columns", "key", "watermark", "tombstone", "tombstone_value")
+
+
+def declare_sources(circuit: Circuit, sources: Mapping[str, Any]) -> None:
+    """Declare ``sources`` on ``circuit``: per source ``columns`` as ``[name, type]``
+    pairs and, for an upsert source, ``key``, ``watermark``, ``tombstone`` and
+    ``tombstone_value``; without ``key``, a Z-set source. The declaration comes from a
+    JSON file or a vector, so its shape is checked here: a malformed one is a
+    ``CircuitError`` naming the source, not a ``KeyError`` from deep inside."""
+    if not isinstance(sources, Mapping):
+        raise CircuitError(f"sources must be an object of source declarations, got {sources!r}")
     for source, spec in sources.items():
-        columns = {column: kind for column, kind in spec["columns"]}
+        here = f"source {source!r}"
+        if not isinstance(spec, Mapping):
+            raise CircuitError(f"{here}: must be an object, got {spec!r}")
+        unknown = sorted(set(spec) - set(_SOURCE_FIELDS))
+        if unknown:
+            raise CircuitError(f"{here}: unknown keys {unknown} (known: {list(_SOURCE_FIELDS)})")
+        columns = spec.get("columns")
+        if not isinstance(columns, list) or not all(
+            isinstance(c, list) and len(c) == 2 and all(isinstance(x, str) for x in c)
+            for c in columns
+        ):
+            raise CircuitError(f'{here}: "columns" must be a list of [name, type] pairs')
+        for listed in ("key", "watermark"):
+            value = spec.get(listed)
+            if value is not None and not (
+                isinstance(value, list) and all(isinstance(x, str) for x in value)
+            ):
+                raise CircuitError(f'{here}: "{listed}" must be a list of column names')
+        for single in ("tombstone", "tombstone_value"):
+            if spec.get(single) is not None and not isinstance(spec[single], str):
+                raise CircuitError(f'{here}: "{single}" must be a string')
+        schema = {column: kind for column, kind in columns}
         if "key" in spec:
             circuit.upsert_source(
                 source,
-                columns,
+                schema,
                 key=spec["key"],
                 watermark=spec.get("watermark") or (),
                 tombstone=spec.get("tombstone"),
                 tombstone_value=spec.get("tombstone_value"),
             )
         else:
-            circuit.zset_source(source, columns)
-    add_views(circuit, script)
-    return circuit
+            for upsert_only in ("watermark", "tombstone", "tombstone_value"):
+                if spec.get(upsert_only) is not None:
+                    raise CircuitError(f'{here}: "{upsert_only}" needs a "key" (an upsert source)')
+            circuit.zset_source(source, schema)
 
 
 class _Compiler:

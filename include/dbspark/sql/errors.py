@@ -8,10 +8,14 @@ from dbspark.circuit.builder import CircuitError
 
 
 class SqlError(CircuitError):
-    """SQL that dbspark does not compile, found before anything runs.
+    """SQL, or a source declaration, that dbspark does not compile, found before anything
+    runs.
 
     ``view`` is the view being defined (None for the script as a whole), ``line`` and
-    ``column`` are 1-based positions in the script (None when the parser gave none).
+    ``column`` are 1-based positions in the script (None when the parser gave none),
+    ``file`` the file the script or the declaration was read from (None for text given
+    directly). A DAG's import error and the ``explain`` command show the message alone,
+    so it names all of them.
     """
 
     def __init__(
@@ -21,15 +25,22 @@ class SqlError(CircuitError):
         view: str | None = None,
         line: int | None = None,
         column: int | None = None,
+        file: str | None = None,
     ) -> None:
         self.view = view
         self.line = line
         self.column = column
+        self.file = file
         self.detail = message
-        where = f"view {view!r}" if view else "SQL script"
+        where = [f"view {view!r}"] if view else [] if file else ["SQL script"]
         if line is not None:
-            where += f", line {line}" + (f", column {column}" if column is not None else "")
-        super().__init__(f"{where}: {message}")
+            where.append(f"line {line}" + (f", column {column}" if column is not None else ""))
+        text = f"{', '.join(where)}: {message}" if where else message
+        super().__init__(f"{file}: {text}" if file else text)
+
+    def in_file(self, file: str) -> SqlError:
+        """The same error, said of ``file`` (the script was read from it)."""
+        return SqlError(self.detail, view=self.view, line=self.line, column=self.column, file=file)
 
 
 def position(node: exp.Expression | None) -> tuple[int | None, int | None]:

@@ -1,0 +1,5 @@
+"""Entry point: ``python -m dbspark.sql explain FILE.sql --sources SOURCES.json``."""
+
+from dbspark.sql.cli import main
+
+raise SystemExit(main())
