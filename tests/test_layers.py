@@ -21,7 +21,7 @@ ALLOWED: dict[str, set[str]] = {
     "storage": {"core", "storage"},
     "examples": {"core", "circuit", "sql", "examples"},
     "engine": {"core", "circuit", "storage", "engine"},
-    "orchestration": {"core", "circuit", "storage", "engine", "orchestration"},
+    "orchestration": {"core", "circuit", "storage", "engine", "sql", "orchestration"},
     "sql": {"core", "circuit", "sql"},
     "conformance": {"core", "circuit", "storage", "engine", "examples", "sql", "conformance"},
     "refresh": {"core", "circuit", "storage", "engine", "examples"},

@@ -27,13 +27,18 @@ hand covers the last complete interval.
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from dbspark.circuit.builder import Circuit
 from dbspark.orchestration.airflow.deployment import DeploymentOptions
 from dbspark.orchestration.airflow.tasks import EpochTasks
+from dbspark.orchestration.sources import LandingDirectory, SourceConnector
+from dbspark.sql import compile_files
 
 #: Mapped iteration tasks per loop when ``build_dag`` is not told otherwise.
 DEFAULT_ITERATION_TASKS = 16
@@ -131,6 +136,48 @@ def build_dag(
     with dag:
         _EpochGraph(runner, iteration_tasks).build()
     return dag
+
+
+def sql_dag(
+    sql: str | os.PathLike[str],
+    *,
+    sources: str | os.PathLike[str],
+    schedule: str | timedelta | Any,
+    start_date: datetime,
+    connectors: SourceConnector | Mapping[str, SourceConnector] | None = None,
+    name: str | None = None,
+    **options: Any,
+) -> Any:
+    """The DAG of the views in the script ``sql`` (``CREATE VIEW`` statements) over the
+    sources declared in the JSON file ``sources`` (as ``python -m dbspark.sql explain
+    --sources`` reads it: per source its ``columns`` and, for upserts, ``key``,
+    ``watermark`` and ``tombstone``), so a DAG file names two files and a schedule.
+
+    Relative paths are read next to the file that calls ``sql_dag`` (the DAG file), as
+    Airflow reads a templated ``.sql`` next to its DAG, whatever the process's working
+    directory. ``connectors`` says where batches come from: one connector for every
+    source, or one per source; by default every source lands in the landing directory
+    (``LandingDirectory()``). The circuit is called ``name`` (default: the script's file
+    name without ``.sql``); ``options`` are ``build_dag``'s (``dag_id``, ``warehouse``,
+    ``iteration_tasks``, ...). SQL that does not compile raises a ``SqlError`` naming
+    the file, the view, the construct and its line, which Airflow shows as this DAG
+    file's import error.
+    """
+    folder = _caller_folder()
+    circuit = compile_files(folder / sql, folder / sources, name)
+    if connectors is None:
+        connectors = LandingDirectory()
+    if isinstance(connectors, SourceConnector):
+        connectors = dict.fromkeys(circuit.sources, connectors)
+    return build_dag(
+        circuit, schedule=schedule, start_date=start_date, sources=connectors, **options
+    )
+
+
+def _caller_folder() -> Path:
+    """The folder of the file that called our caller (for ``sql_dag``: the DAG file)."""
+    caller = sys._getframe(2).f_globals.get("__file__")
+    return Path(caller).resolve().parent if caller else Path.cwd()
 
 
 def _aware(start_date: datetime) -> Any:
