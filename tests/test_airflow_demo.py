@@ -33,12 +33,18 @@ def test_the_main_command_runs_the_example_dags_through_airflow_and_verifies(tmp
     first = _demo(home, "--epochs", "2")
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     out = first.stdout
-    for dag_id in ("dbspark_orders_by_region", "dbspark_reachability", "dbspark_orders_sql"):
+    for dag_id in (
+        "dbspark_orders_by_region",
+        "dbspark_reachability",
+        "dbspark_orders_sql",
+        "dbspark_reachable_sql",
+    ):
         assert f"DAG {dag_id}" in out
-    assert out.count("DAG run manual__") == 6
-    assert out.count(": success") == 6
-    assert out.count("verified: every view equals the full refresh") == 6
+    assert out.count("DAG run manual__") == 8
+    assert out.count(": success") == 8
+    assert out.count("verified: every view equals the full refresh") == 8
     assert "loop reach: " in out and "stopped because converged" in out
+    assert "loop reachable_r: " in out  # the recursive CTE of dags/sql/reachable.sql
     assert "Spark full refresh over the warehouse's input log agrees" in out
     assert "all epochs verified" in out
     assert (home / "airflow.db").exists()
@@ -47,7 +53,7 @@ def test_the_main_command_runs_the_example_dags_through_airflow_and_verifies(tmp
         spans = db.execute(
             "SELECT julianday(end_date) - julianday(start_date) FROM dag_run"
         ).fetchall()
-    assert len(spans) == 6 and all(0 < days * 86400 < 600 for (days,) in spans), spans
+    assert len(spans) == 8 and all(0 < days * 86400 < 600 for (days,) in spans), spans
 
     # Again, one more epoch: the two committed epochs are not run again.
     again = _demo(home, "--epochs", "3", "--dag", "dbspark_orders_by_region")

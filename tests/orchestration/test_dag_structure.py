@@ -27,6 +27,7 @@ def test_the_example_dag_files_import_without_errors(example_dags):
         "dbspark_orders_by_region",
         "dbspark_reachability",
         "dbspark_orders_sql",
+        "dbspark_reachable_sql",
     }
 
 
@@ -65,7 +66,13 @@ def test_orders_dag_follows_the_plan(example_dags):
 
 
 @pytest.mark.parametrize(
-    "dag_id", ["dbspark_orders_by_region", "dbspark_reachability", "dbspark_orders_sql"]
+    "dag_id",
+    [
+        "dbspark_orders_by_region",
+        "dbspark_reachability",
+        "dbspark_orders_sql",
+        "dbspark_reachable_sql",
+    ],
 )
 def test_the_graph_view_can_draw_every_example_dag(example_dags, dag_id):
     """What the api-server's ``/ui/structure/structure_data`` computes, on the DAG as the

@@ -1,7 +1,8 @@
 """``python -m dbspark.devtools.demo``: the example DAGs, run by Airflow, explained.
 
 For each example DAG in ``dags/`` (orders by region; graph reachability, recursive,
-with edge deletions; the orders again with views written in SQL) this lands sample
+with edge deletions; the orders again with views written in SQL; the reachability again
+as a ``.sql`` file with a JSON source declaration) this lands sample
 upsert batches for several daily intervals in the landing directory, then has Airflow
 run the DAG once per interval
 (``dag.test``: the real task runner, task instances and metadata database, in this
@@ -54,6 +55,7 @@ EXAMPLES = {
     "dbspark_orders_by_region": "orders",
     "dbspark_reachability": "reachability",
     "dbspark_orders_sql": "orders",
+    "dbspark_reachable_sql": "reachability",
 }
 
 
