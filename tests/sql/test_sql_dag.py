@@ -96,6 +96,7 @@ def test_sql_dag_files_load_and_a_sql_error_is_that_dag_files_import_error(
     assert circuit.name == "fan_out" and list(circuit.views) == ["fan_out"]
     tasks = {t.task_id for t in bag.dags["sql_fan_out"].tasks}
     assert {"ingest.edges", "ingest.roots", "publish"} <= tasks  # one connector for both
+    assert "count; 1 trace by group (edges.src)" in bag.dags["sql_fan_out"].doc_md  # explain
     ((path, error),) = bag.import_errors.items()
     assert path.endswith("sql_ranked.py")
     message = error.strip().splitlines()[-1]  # what the UI shows last, under the traceback

@@ -38,7 +38,7 @@ from dbspark.circuit.builder import Circuit
 from dbspark.orchestration.airflow.deployment import DeploymentOptions
 from dbspark.orchestration.airflow.tasks import EpochTasks
 from dbspark.orchestration.sources import LandingDirectory, SourceConnector
-from dbspark.sql import compile_files
+from dbspark.sql import compile_files, explain
 
 #: Mapped iteration tasks per loop when ``build_dag`` is not told otherwise.
 DEFAULT_ITERATION_TASKS = 16
@@ -129,7 +129,7 @@ def build_dag(
         max_active_runs=1,
         default_args=default_args,
         tags=tags or ["dbspark"],
-        doc_md=_doc(circuit, runner.plan),
+        doc_md=_doc(circuit),
         **dag_kwargs,
     )
     _CIRCUITS[dag.dag_id] = circuit
@@ -330,12 +330,14 @@ class _EpochGraph:
             opened >> task_
 
 
-def _doc(circuit: Circuit, the_plan: Any) -> str:
+def _doc(circuit: Circuit) -> str:
+    """The DAG's docs in the UI: what a run does, and the plan as ``explain`` prints it
+    (stages, traces and their keys, loops), so the Docs tab says what a run costs."""
     sources = ", ".join(sorted(circuit.sources))
     views = ", ".join(sorted(circuit.views))
     return (
         f"### dbspark circuit `{circuit.name}`\n\n"
         f"Each run is one epoch: it ingests the run's data interval from {sources}, runs the "
         f"plan below incrementally on Spark and publishes {views}.\n\n"
-        f"```\n{the_plan.describe()}\n```\n"
+        f"```\n{explain(circuit)}\n```\n"
     )
