@@ -237,11 +237,12 @@ def test_describe() -> None:
     ]
 
 
-def test_trace_keys_are_the_keys_the_engine_arranges_its_traces_by() -> None:
-    """explain names what ``trace_keys`` says; the Spark engine buckets and reads each
-    stateful operator's inputs by ``keys_by_port`` and an upsert state by its key."""
+def test_trace_keys_arrange_each_stateful_input_by_its_keys() -> None:
+    """``trace_keys`` is the one rule both explain and the engines (which bucket, read
+    and keep resident their traces by it) use: a join's sides by their join keys, an
+    aggregate's input by its group or every column, a distinct's by every column, an
+    upsert state by its primary key, and nothing for linear operators."""
     from dbspark.circuit.planner import trace_keys
-    from dbspark.engine.spark.evaluate import keys_by_port
     from dbspark.examples.circuits import orders_sql
     from dbspark.examples.tpch import tpch
     from dbspark.sql import compile_circuit
@@ -254,9 +255,16 @@ def test_trace_keys_are_the_keys_the_engine_arranges_its_traces_by() -> None:
     for c in circuits:
         for node in c.nodes:
             keys = trace_keys(c, node)
-            if node.op in ("join", "distinct", "aggregate"):
-                assert list(keys) == keys_by_port(c, node), (c.name, node)
-                kinds.add(node.op if node.op != "aggregate" or node.params["keys"] else "global")
+            inputs = [c.node(i).schema.names for i in node.inputs]
+            if node.op == "join":
+                assert keys == (tuple(node.params["left_keys"]), tuple(node.params["right_keys"]))
+                kinds.add("join")
+            elif node.op == "aggregate":
+                assert keys == (tuple(node.params["keys"] or inputs[0]),), (c.name, node)
+                kinds.add("aggregate" if node.params["keys"] else "global")
+            elif node.op == "distinct":
+                assert keys == (tuple(inputs[0]),), (c.name, node)
+                kinds.add("distinct")
             elif node.op == "upsert_source":
                 assert keys == (tuple(node.params["key"]),)
                 kinds.add(node.op)

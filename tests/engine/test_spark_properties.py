@@ -79,8 +79,13 @@ def busy(history: list) -> bool:
 
 #: ``local_rows`` per tier setting: crossing puts an epoch of more than 2 input rows (and
 #: a source batch of more than 2) on Spark, and smaller ones on the local tier.
-TIERS = {"spark": 0, "local": 1_000_000, "crossing": 2}
-tiers = pytest.mark.parametrize("tier", list(TIERS))
+#: ``local`` and ``crossing`` keep their files resident across epochs (the engine's
+#: default); ``local-files`` is the local tier of a process that keeps nothing, as an
+#: Airflow task runs it, reading every trace from its files.
+TIERS = {"spark": 0, "local": 1_000_000, "crossing": 2, "local-files": 1_000_000}
+RESIDENT_BYTES = {"local-files": 0}
+tiers = pytest.mark.parametrize("tier", ["spark", "local", "crossing"])
+all_tiers = pytest.mark.parametrize("tier", list(TIERS))
 
 
 def compare_with_reference(
@@ -98,7 +103,12 @@ def compare_with_reference(
     try:
         reference = ReferenceEngine(factory())
         engine = SparkEngine(
-            factory(), warehouse, spark=spark, driver_rows=driver_rows, local_rows=TIERS[tier]
+            factory(),
+            warehouse,
+            spark=spark,
+            driver_rows=driver_rows,
+            local_rows=TIERS[tier],
+            resident_bytes=RESIDENT_BYTES.get(tier),
         )
         used: set[str] = set()
         sizes = []
@@ -119,8 +129,10 @@ def compare_with_reference(
             for name in expected:
                 assert got[name] == expected[name], f"view {name!r} at epoch {epoch}: {inputs}"
         # The units ran where the threshold says; a crossing history used both tiers.
-        if tier == "local":
+        if tier.startswith("local"):
             assert used <= {"local"}
+            if sum(sizes):  # what a resident engine wrote, it keeps; the other keeps nothing
+                assert (len(engine.local.resident) > 0) == (tier == "local")
         elif tier == "spark":
             assert used <= {"spark"}
         elif any(n <= TIERS[tier] for n in sizes) and any(n > TIERS[tier] for n in sizes):
@@ -132,14 +144,14 @@ def compare_with_reference(
         shutil.rmtree(warehouse, ignore_errors=True)
 
 
-@tiers
+@all_tiers
 @SPARK_PROPERTY
 @given(graph_history())
 def test_reachability_on_spark(spark: Any, tier: str, history: list) -> None:
     compare_with_reference(spark, NAMED_CIRCUITS["reachability"], history[:4], tier=tier)
 
 
-@tiers
+@all_tiers
 @pytest.mark.parametrize("driver_rows", [DRIVER_ROWS, 0], ids=["on-driver", "in-spark"])
 @SPARK_PROPERTY
 @given(

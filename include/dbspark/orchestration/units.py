@@ -153,7 +153,11 @@ def run_unit_file(path: Path, spark: Any) -> dict[str, Any]:
     shipped = pickle.loads(path.read_bytes())  # written by this project, trusted
     options = shipped["engine"]
     engine = SparkEngine(
-        shipped["circuit"], options["warehouse"], spark=spark, catalog_url=options["catalog_url"]
+        shipped["circuit"],
+        options["warehouse"],
+        spark=spark,
+        catalog_url=options["catalog_url"],
+        resident_bytes=0,  # one unit per process: nothing to keep across epochs
     )
     try:
         result = execute_unit(engine, shipped["unit"])

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -31,6 +32,7 @@ from dbspark.core.zset import ZSet
 from dbspark.engine.batches import fingerprint_text
 from dbspark.engine.local.dialect import arrow_type, semi_join
 from dbspark.engine.local.frame import LocalFrame, LocalSession, duck_type, quote
+from dbspark.engine.local.resident import KeyProbe, ResidentFile, ResidentFiles
 from dbspark.engine.values import from_column_value, to_column_value
 from dbspark.storage.buckets import bucket_ids, xxhash64
 from dbspark.storage.catalog import BatchRecord
@@ -58,6 +60,8 @@ _WRITTEN_KEPT = 64
 CACHED_READ_ROWS = 2_000_000
 #: At most this much decoded data is kept per epoch.
 CACHED_BYTES = 1 << 30
+#: Batch listings kept (a registered batch's files never change).
+_LISTINGS_KEPT = 10_000
 
 
 class ReadMeter:
@@ -146,10 +150,16 @@ class LocalTier:
         session: LocalSession | None = None,
         *,
         buckets: int = DEFAULT_BUCKETS,
+        resident_bytes: int = 0,
     ) -> None:
         self.warehouse = warehouse
         self.session = session or LocalSession()
         self.buckets = buckets
+        # With a budget, every file read or written stays decoded across epochs (see
+        # resident.py); without one, a process keeps only what one epoch reads twice.
+        self.resident = ResidentFiles(resident_bytes)
+        # A registered batch's files, by batch path: a batch never changes once written.
+        self._listings: OrderedDict[str, list[str]] = OrderedDict()
         # A unit reads back what it has just written (the delta it stored, the input it
         # arranged): those batches are served from memory instead of their files.
         self._written: dict[str, pa.Table] = {}
@@ -160,10 +170,12 @@ class LocalTier:
         self._seen: set[str] = set()
 
     def forget_files(self) -> None:
-        """Drop the decoded files (at an epoch's start: what one epoch keeps, it read)."""
+        """At an epoch's start and end: drop what one epoch kept (resident files stay,
+        their indexes now counted against the budget)."""
         self._files.clear()
         self._files_bytes = 0
         self._seen.clear()
+        self.resident.settle()
 
     # frames --------------------------------------------------------------------------
     def frame(self, rows: Iterable[Sequence[Any]], fields: Fields) -> LocalFrame:
@@ -200,26 +212,22 @@ class LocalTier:
             if table.schema.names == [n for n, _ in fields]:
                 return self.session.frame(_conform(table, fields))
         files: list[str] = []
+        bucket_counts: list[int] = []  # of each file's batch (0: not bucketed)
         for record in records:
-            folder = self.warehouse.abspath(record.path)
-            if not folder.is_dir():
-                raise FileNotFoundError(
-                    f"batch {record.id} of {record.circuit}/{record.collection} at "
-                    f"{list(record.time)} is registered but its directory {folder} is missing"
-                )
             wanted = None
             if keys is not None and record.buckets and keys.buckets is not None:
                 wanted = keys.buckets.get(record.buckets)
                 if wanted is None:  # keys gathered for another bucket count
                     wanted = set(_buckets_of(keys, record.buckets))
-            if record.buckets:
-                for bucket in _bucket_dirs(folder):
-                    if wanted is None or int(bucket.name.split("=", 1)[1]) in wanted:
-                        files.extend(parquet_files(bucket))
-            else:
-                files.extend(parquet_files(folder))
+            listed = self._files_of(record, wanted)
+            files.extend(listed)
+            bucket_counts.extend([record.buckets] * len(listed))
         if not files:
             return self.empty(fields)
+        if self.resident.enabled:
+            resident = self._resident_read(files, bucket_counts, fields, keys, key_cols)
+            if resident is not None:
+                return resident
         kept = None
         if sum(r.rows for r in records) <= CACHED_READ_ROWS and (
             self._read_before(files) or any(len(r.time) > 1 for r in records)
@@ -233,14 +241,89 @@ class LocalTier:
         frame = self.session.frame(kept) if kept is not None else self._scan(files, fields)
         if keys is None:
             return frame
+        return semi_join(frame, self._typed_keys(keys, fields, key_cols).distinct(), key_cols)
+
+    def _files_of(
+        self, record: BatchRecord, buckets: set[int] | frozenset[int] | None
+    ) -> list[str]:
+        """The files of ``record`` (of the given buckets only, when it is bucketed)."""
+        listing = self._listings.get(record.path)
+        if listing is None:
+            folder = self.warehouse.abspath(record.path)
+            if not folder.is_dir():
+                raise FileNotFoundError(
+                    f"batch {record.id} of {record.circuit}/{record.collection} at "
+                    f"{list(record.time)} is registered but its directory {folder} is missing"
+                )
+            if record.buckets:
+                listing = [f for bucket in _bucket_dirs(folder) for f in parquet_files(bucket)]
+            else:
+                listing = parquet_files(folder)
+            self._listings[record.path] = listing
+            if len(self._listings) > _LISTINGS_KEPT:
+                self._listings.popitem(last=False)
+        if not record.buckets or buckets is None:
+            return listing
+        return [f for f in listing if _bucket_of(f) in buckets]
+
+    def _resident_read(
+        self,
+        files: list[str],
+        bucket_counts: list[int],
+        fields: Fields,
+        keys: KeySet | None,
+        key_cols: list[str],
+    ) -> LocalFrame | None:
+        """The read answered from resident files (decoding those not yet kept), keys
+        found by each file's index; None when a file does not fit or lacks a column.
+        A bucket's file is searched only for the keys that hash to its bucket."""
+        names = [n for n, _ in fields]
+        loaded: list[ResidentFile] = []
+        for file in files:
+            kept = file in self.resident
+            resident = self.resident.load(file)
+            if resident is None or not set(names) <= set(resident.table.column_names):
+                return None
+            if not kept:
+                READS.note([file], resident.table.column_names)
+            loaded.append(resident)
+        if keys is None:
+            parts = [f.table for f in loaded]
+        else:
+            probes = _BucketProbes(keys.frame.toArrow(), [dict(fields)[k] for k in key_cols])
+            parts = [
+                f.rows_with(key_cols[0], probes.of(file, buckets))
+                for f, file, buckets in zip(loaded, files, bucket_counts, strict=True)
+            ]
+        frame = self.session.frame(
+            pa.concat_tables([_conform(part.select(names), fields) for part in parts])
+        )
+        if keys is None or len(key_cols) == 1:
+            return frame
+        # The index matched the first key column; the rest are checked on those rows.
+        return semi_join(frame, self._typed_keys(keys, fields, key_cols).distinct(), key_cols)
+
+    def _typed_keys(self, keys: KeySet, fields: Fields, key_cols: list[str]) -> LocalFrame:
         types = dict(fields)
-        key_frame = keys.frame.select(
+        return keys.frame.select(
             *[
                 keys.frame[c].cast(types[k]).alias(k)
                 for c, k in zip(keys.frame.columns, key_cols, strict=True)
             ]
         )
-        return semi_join(frame, key_frame.distinct(), key_cols)
+
+    def warm(self, traces: Iterable[tuple[BatchRecord, Sequence[str]]]) -> int:
+        """Decode the files of each batch into the resident store now, indexed by the
+        first of its key columns; returns the bytes resident after."""
+        for record, key_columns in traces:
+            for file in self._files_of(record, None):
+                resident = self.resident.load(file)
+                if resident is None:
+                    break
+                if key_columns:
+                    resident.index(key_columns[0])
+        self.resident.settle()
+        return self.resident.nbytes
 
     def _read_before(self, files: list[str]) -> bool:
         """Whether this epoch read any of ``files`` before (noting them as read now). A
@@ -334,6 +417,7 @@ class LocalTier:
                 if bucket_by:
                     table = _sorted(table, bucket_by)
                 pq.write_table(table, target / name)
+                self.resident.keep(str(target / name), table)
             else:
                 ids = bucket_ids([table.column(c) for c in bucket_by], self.buckets)
                 table = _sorted_by_bucket(table, ids, bucket_by)
@@ -345,7 +429,9 @@ class LocalTier:
                 for start, end in zip(starts, ends, strict=True):
                     folder = target / f"{BUCKET_COLUMN}={int(ids[start])}"
                     folder.mkdir()
-                    pq.write_table(table.slice(start, end - start), folder / name)
+                    part = table.slice(start, end - start)
+                    pq.write_table(part, folder / name)
+                    self.resident.keep(str(folder / name), part)
         except BaseException:
             shutil.rmtree(target, ignore_errors=True)
             raise
@@ -423,6 +509,35 @@ def _sorted(table: pa.Table, keys: Sequence[str]) -> pa.Table:
         return table.sort_by([(k, "ascending") for k in keys])
     except (pa.ArrowNotImplementedError, pa.ArrowInvalid):
         return table
+
+
+class _BucketProbes:
+    """A lookup's keys, split by the bucket they hash to (per bucket count), as probes
+    of their first column."""
+
+    def __init__(self, keys: pa.Table, types: Sequence[str]) -> None:
+        self.columns = [keys.column(i).cast(arrow_type(kind)) for i, kind in enumerate(types)]
+        self.all = KeyProbe(self.columns[0])
+        self._split: dict[int, dict[int, KeyProbe]] = {}
+
+    def of(self, file: str, buckets: int) -> KeyProbe:
+        if not buckets:
+            return self.all
+        split = self._split.get(buckets)
+        if split is None:
+            ids = bucket_ids(self.columns, buckets)
+            first = self.columns[0]
+            split = self._split[buckets] = {
+                int(b): KeyProbe(first.take(pa.array(np.flatnonzero(ids == b))))
+                for b in np.unique(ids)
+            }
+        return split.get(_bucket_of(file)) or KeyProbe(self.columns[0].slice(0, 0))
+
+
+def _bucket_of(file: str) -> int:
+    """The bucket of a file of a bucketed batch (its folder is ``__bucket=<n>``)."""
+    folder = os.path.basename(os.path.dirname(file))
+    return int(folder.split("=", 1)[1])
 
 
 def _buckets_of(keys: KeySet, buckets: int) -> set[int]:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql import DataFrame
 
 from dbspark.circuit.builder import STATEFUL_OPS, Circuit, Node
+from dbspark.circuit.planner import trace_keys
 from dbspark.core import timestamps
 from dbspark.core.columns import EPOCH, time_columns
 from dbspark.core.timestamps import Time
@@ -389,9 +390,5 @@ def renamed(
 
 
 def keys_by_port(circuit: Circuit, node: Node) -> list[tuple[str, ...]]:
-    if node.op == "join":
-        return [tuple(node.params["left_keys"]), tuple(node.params["right_keys"])]
-    if node.op == "aggregate":
-        keys = tuple(node.params["keys"])
-        return [keys or circuit.node(node.inputs[0]).schema.names]
-    return [circuit.node(node.inputs[0]).schema.names]
+    """The columns each input's trace is arranged by (the planner states the rule)."""
+    return list(trace_keys(circuit, node))

@@ -49,6 +49,7 @@ from dbspark.engine.api import (
     require_sources,
 )
 from dbspark.engine.batches import upsert_spec
+from dbspark.engine.local.resident import default_resident_bytes
 from dbspark.engine.local.tier import LocalTier
 from dbspark.engine.spark import collection_names as coll
 from dbspark.engine.spark.evaluate import Evaluation, OperatorEvaluation, evaluate
@@ -114,6 +115,7 @@ class SparkEngine(Ingest, OperatorEvaluation, Loops, Views, Maintenance):
         buckets: int = 16,
         driver_rows: int | None = None,
         local_rows: int | None = None,
+        resident_bytes: int | None = None,
     ) -> None:
         self.circuit = circuit
         #: On the Spark tier, upsert batches of up to this many rows are decided on the
@@ -124,6 +126,11 @@ class SparkEngine(Ingest, OperatorEvaluation, Loops, Views, Maintenance):
         #: in this process with no Spark job (0: never; None: ``DBSPARK_LOCAL_ROWS`` or
         #: 1,000,000). Larger ones run on Spark. See ARCHITECTURE.md, "Two tiers".
         self.local_rows = default_local_rows() if local_rows is None else local_rows
+        #: The local tier keeps the trace files it reads and writes decoded in memory, up
+        #: to this many bytes, for the epochs after (0: nothing kept across epochs, for a
+        #: process that runs one unit; None: ``DBSPARK_RESIDENT_BYTES`` or 4 GiB). See
+        #: ARCHITECTURE.md, "Resident arrangements".
+        self.resident_bytes = default_resident_bytes() if resident_bytes is None else resident_bytes
         self.plan: Plan = plan(circuit)
         self._spark = spark
         self.root = Path(warehouse)
@@ -161,7 +168,9 @@ class SparkEngine(Ingest, OperatorEvaluation, Loops, Views, Maintenance):
     @property
     def local(self) -> LocalTier:
         if self._local is None:
-            self._local = LocalTier(self.warehouse, buckets=self.buckets)
+            self._local = LocalTier(
+                self.warehouse, buckets=self.buckets, resident_bytes=self.resident_bytes
+            )
         return self._local
 
     def _spark_unit_tier(self) -> SparkTier:

@@ -1,20 +1,21 @@
-"""Maintenance after an epoch commits: traces advanced to the frontier and merged,
-and stream deltas no later epoch reads retired. None of it changes an answer.
+"""Maintenance of the stored traces: after an epoch commits, traces advanced to the
+frontier and merged, and stream deltas no later epoch reads retired; at a worker's
+start, traces loaded into memory. None of it changes an answer.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
-from dbspark.circuit.builder import STATEFUL_OPS, Node
+from dbspark.circuit.builder import Node
+from dbspark.circuit.planner import trace_keys
 from dbspark.core.columns import WEIGHT, time_columns
 from dbspark.core.timestamps import Time
 from dbspark.engine.dialect import dialect_of
 from dbspark.engine.kernels import consolidate
 from dbspark.engine.spark import collection_names as coll
-from dbspark.engine.spark.evaluate import keys_by_port
 from dbspark.storage.catalog import BatchRecord
 from dbspark.storage.traces import advance_columns
 
@@ -28,20 +29,9 @@ class Maintenance:
         """Advance every trace by the frontier ``(epoch, 0, ...)`` and merge batches
         (tiered, so old large batches are rewritten only as recent ones grow), then retire
         stream deltas no later epoch reads (``delay`` reads one epoch back)."""
-        for node in self.circuit.nodes:
-            depth = self.circuit.scope(node.scope).depth
+        for collection, node, depth, key_columns in self._traces():
             frontier = [(epoch, *([0] * (depth - 1)))]
-            if node.op in STATEFUL_OPS:
-                for port, input_id in enumerate(node.inputs):
-                    self._compact(
-                        coll.arranged(node.id, port),
-                        frontier,
-                        self.circuit.node(input_id),
-                        depth,
-                        list(keys_by_port(self.circuit, node)[port]),
-                    )
-            elif node.op == "upsert_source":
-                self._compact(coll.state(node.id), [(epoch,)], node, 1, list(node.params["key"]))
+            self._compact(collection, frontier, node, depth, key_columns)
         for name in self.circuit.views:
             node = self.circuit.node(self.circuit.views[name])
             self._compact(coll.view(name), [(epoch,)], node, 1, list(node.schema.names))
@@ -53,6 +43,32 @@ class Maintenance:
         ]
         if stale:
             self.catalog.commit(self.circuit.name, "retire-deltas", (epoch,), [], supersede=stale)
+
+    def _traces(self) -> Iterator[tuple[str, Node, int, list[str]]]:
+        """Every trace the circuit keeps: its collection, the node whose rows it holds,
+        its time depth and its key columns."""
+        for node in self.circuit.nodes:
+            keys = trace_keys(self.circuit, node)
+            if node.op == "upsert_source":
+                yield coll.state(node.id), node, 1, list(keys[0])
+                continue
+            depth = self.circuit.scope(node.scope).depth
+            for port, key_columns in enumerate(keys):
+                source = self.circuit.node(node.inputs[port])
+                yield coll.arranged(node.id, port), source, depth, list(key_columns)
+
+    def warm(self) -> int:
+        """Load the circuit's live traces, and their key indexes, into the local tier's
+        resident files (see ``resident_bytes``). A long-lived worker calls it at start so
+        that its first epoch looks keys up in memory as the ones after do. Returns the
+        bytes resident."""
+        if not self.local.resident.enabled:
+            return 0
+        keys = {collection: key_columns for collection, _, _, key_columns in self._traces()}
+        batches = self.catalog.operator_batches(self.circuit.name)
+        return self.local.warm(
+            [(r, keys[r.collection]) for r in batches if r.kind == "trace" and r.collection in keys]
+        )
 
     def _compact(
         self,

@@ -120,6 +120,7 @@ class EpochTasks:
                 deployment.warehouse,
                 spark=lambda: opened.enter_context(spark_for(deployment)),
                 catalog_url=deployment.catalog_url,
+                resident_bytes=0,  # a task is one unit's process: nothing to keep
             )
             try:
                 yield engine

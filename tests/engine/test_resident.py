@@ -1,0 +1,121 @@
+"""Resident files: a key's rows found by the index equal a filter of the whole file.
+
+The index is the fast path of every key lookup of a long-lived engine, so each case is
+checked against the plain answer (Arrow's ``is_in`` over the whole table): sorted and
+unsorted files, NULL keys on either side, duplicate values, every searchable type, and
+the types that fall back to a hash match. The store's budget and least-recently-used
+order are checked too, and the engine-level tests (``test_spark_properties.py``, the
+``local`` tier) run every operator through it against the reference engine.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from decimal import Decimal
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dbspark.engine.local.resident import (
+    KeyProbe,
+    ResidentFile,
+    ResidentFiles,
+    default_resident_bytes,
+)
+
+
+def expected_rows(table: pa.Table, column: str, wanted: pa.Array) -> pa.Table:
+    values = table.column(column)
+    return table.filter(pc.is_in(values, value_set=wanted.cast(values.type), skip_nulls=False))
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    values=st.lists(st.one_of(st.none(), st.integers(-20, 20)), max_size=60),
+    wanted=st.lists(st.one_of(st.none(), st.integers(-25, 25)), max_size=12),
+    presorted=st.booleans(),
+)
+def test_integer_index_finds_exactly_the_rows_of_a_filter(
+    values: list, wanted: list, presorted: bool
+) -> None:
+    if presorted:
+        values = sorted(v for v in values if v is not None) + [None] * values.count(None)
+    table = pa.table({"k": pa.array(values, pa.int64()), "row": pa.array(range(len(values)))})
+    probe = KeyProbe(pa.array(wanted, pa.int32()))  # another width: cast to the column's
+    got = ResidentFile(table).rows_with("k", probe)
+    assert got.to_pylist() == expected_rows(table, "k", pa.array(wanted, pa.int64())).to_pylist()
+
+
+@pytest.mark.parametrize(
+    ("kind", "values", "wanted"),
+    [
+        (pa.date32(), [dt.date(2026, 1, d) for d in (5, 1, 3, 3)], [dt.date(2026, 1, 3)]),
+        (
+            pa.timestamp("us", tz="UTC"),
+            [dt.datetime(2026, 1, 1, h, tzinfo=dt.UTC) for h in (0, 9, 4)],
+            [dt.datetime(2026, 1, 1, 9, tzinfo=dt.UTC), dt.datetime(2027, 1, 1, tzinfo=dt.UTC)],
+        ),
+        (pa.string(), ["b", None, "a", "b"], ["b", None]),
+        (pa.decimal128(10, 2), [Decimal("1.50"), Decimal("2.00")], [Decimal("2.00")]),
+        (pa.float64(), [1.5, float("nan"), -2.0], [float("nan"), 1.5]),
+    ],
+    ids=["date", "timestamp", "string", "decimal", "double"],
+)
+def test_every_key_type_is_found(kind: pa.DataType, values: list, wanted: list) -> None:
+    table = pa.table({"k": pa.array(values, kind), "row": pa.array(range(len(values)))})
+    got = ResidentFile(table).rows_with("k", KeyProbe(pa.array(wanted, kind)))
+    expected = expected_rows(table, "k", pa.array(wanted, kind))
+    assert got.column("row").to_pylist() == expected.column("row").to_pylist()  # NaN != NaN
+    assert got.num_rows > 0
+
+
+def test_a_file_of_many_chunks_is_searched_as_one() -> None:
+    chunks = [pa.table({"k": pa.array(np.arange(i * 100, (i + 1) * 100))}) for i in range(5)]
+    table = pa.concat_tables(chunks)
+    assert table.column("k").num_chunks == 5
+    resident = ResidentFile(table)
+    got = resident.rows_with("k", KeyProbe(pa.array([0, 199, 499, 500])))
+    assert got.column("k").to_pylist() == [0, 199, 499]
+
+
+def test_the_store_keeps_within_its_budget_least_recently_used_first(tmp_path: Path) -> None:
+    paths = []
+    for i in range(3):
+        path = tmp_path / f"f{i}.parquet"
+        pq.write_table(pa.table({"k": pa.array(np.arange(1000) + i * 1000)}), path)
+        paths.append(str(path))
+    one = ResidentFile(pq.read_table(paths[0])).nbytes
+    store = ResidentFiles(budget=2 * one + one // 2)
+    store.load(paths[0])
+    store.load(paths[1])
+    assert store.get(paths[0]) is not None  # now the most recently used
+    store.load(paths[2])
+    assert paths[0] in store and paths[2] in store and paths[1] not in store
+    assert store.nbytes <= store.budget
+    assert store.loads == 3
+
+
+def test_a_store_without_budget_keeps_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "f.parquet"
+    pq.write_table(pa.table({"k": [1, 2]}), path)
+    store = ResidentFiles(budget=0)
+    assert not store.enabled
+    assert store.keep(str(path), pq.read_table(path)) is None
+    assert len(store) == 0
+
+
+def test_the_budget_setting_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DBSPARK_RESIDENT_BYTES", "1024")
+    assert default_resident_bytes() == 1024
+    monkeypatch.setenv("DBSPARK_RESIDENT_BYTES", "lots")
+    with pytest.raises(ValueError, match="DBSPARK_RESIDENT_BYTES must be a whole number"):
+        default_resident_bytes()
+    monkeypatch.setenv("DBSPARK_RESIDENT_BYTES", "-1")
+    with pytest.raises(ValueError, match="0 or more"):
+        default_resident_bytes()
