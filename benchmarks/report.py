@@ -65,9 +65,11 @@ def summarize(results: Results) -> None:
         if not pairs:
             continue
         batches = {(m.size, m.epoch): m for m in results.of(workload, "warm_batch")}
+        cold = {(m.size, m.epoch): m for m in results.of(workload, "not_resident")}
         entry: dict[str, Any] = {"epochs": []}
         for inc, full in pairs:
             batch = batches.get((inc.size, inc.epoch))
+            not_resident = cold.get((inc.size, inc.epoch))
             entry["epochs"].append(
                 {
                     "size": inc.size,
@@ -80,6 +82,9 @@ def summarize(results: Results) -> None:
                     "warm_batch_s": round(batch.seconds, 3) if batch else None,
                     "B": _ratio(inc, batch),
                     "warm_batch_ok": batch.ok if batch else None,
+                    "not_resident_s": round(not_resident.seconds, 3) if not_resident else None,
+                    "B_not_resident": _ratio(not_resident, batch) if not_resident else None,
+                    "not_resident_ok": not_resident.ok if not_resident else None,
                     "read_bytes": inc.input_bytes,
                     "stored_bytes": inc.stored_bytes,
                     "read_over_stored": round(inc.input_bytes / inc.stored_bytes, 3)
@@ -95,6 +100,7 @@ def summarize(results: Results) -> None:
         head = [e for e in at_largest if e["delta"] == smallest_delta]
         entry["headline_R"] = head[0]["R"] if head else None
         entry["headline_B"] = head[0]["B"] if head else None
+        entry["headline_B_not_resident"] = head[0]["B_not_resident"] if head else None
         entry["headline"] = head[0] if head else None
         entry["target_R"] = TARGET_R[workload]
         entry["target_B"] = TARGET_B.get(workload)
@@ -170,6 +176,8 @@ def write(results: Results) -> Path:
             "R",
             "warm batch s",
             "B",
+            "not resident s",
+            "B not resident",
             "read/stored",
             "jobs",
             "same answer",
@@ -181,6 +189,7 @@ def write(results: Results) -> Path:
                 f"| {workload} {_describe(e['params'])} | {e['size']} | {e['delta']} | "
                 f"{e['epoch']} | {e['incremental_s']} | {e['full_refresh_s']} | {e['R']} | "
                 f"{_dash(e.get('warm_batch_s'))} | {_dash(e.get('B'))} | "
+                f"{_dash(e.get('not_resident_s'))} | {_dash(e.get('B_not_resident'))} | "
                 f"{e['read_over_stored']} | {e['jobs']} | {_yes(_all_ok(e))} |"
             )
     lines += [
@@ -192,6 +201,7 @@ def write(results: Results) -> Path:
             "R (smallest delta, largest size)",
             "target R",
             "B (same epoch)",
+            "B not resident",
             "target B",
             "alpha",
             "alpha full refresh",
@@ -206,7 +216,8 @@ def write(results: Results) -> Path:
             continue
         lines.append(
             f"| {workload} | {s.get('headline_R')} | {s['target_R']} | "
-            f"{_dash(s.get('headline_B'))} | {_dash(s.get('target_B'))} | {s.get('alpha')} "
+            f"{_dash(s.get('headline_B'))} | {_dash(s.get('headline_B_not_resident'))} | "
+            f"{_dash(s.get('target_B'))} | {s.get('alpha')} "
             f"(target {TARGET_ALPHA}) | {s.get('alpha_full_refresh')} | {s.get('fixed_s')} | "
             f"{s.get('growing_s_at_largest')} | {s.get('jobs_floor_s')} |"
         )
@@ -326,7 +337,11 @@ def _dash(value: Any) -> str:
 def _all_ok(epoch: dict[str, Any]) -> bool | None:
     """Whether every side of the epoch agreed with the maintained views (the full
     refresh's check is the incremental's ``ok``; the warm batch has its own)."""
-    if epoch["ok"] is False or epoch.get("warm_batch_ok") is False:
+    if (
+        epoch["ok"] is False
+        or epoch.get("warm_batch_ok") is False
+        or epoch.get("not_resident_ok") is False
+    ):
         return False
     return epoch["ok"]
 

@@ -17,6 +17,7 @@ user's warm Spark batch would compute them (see that module), checked the same w
 from __future__ import annotations
 
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -74,12 +75,18 @@ class Series:
             land(self.landing, source, epoch, table)
 
     def load(self) -> Measurement:
-        """Epoch 0, the base load (measured, but not part of any comparison)."""
+        """Epoch 0, the base load (measured, but not part of any comparison); then the
+        engine loads its traces into memory (``warm``, timed apart), as a long-lived
+        worker does when it starts."""
         read, rows = self._inputs(0)
         measurement = self._measurement("load", 0, rows, {})
         with self.bench.meter.measure(measurement):
             self.engine.run_epoch(0, read())
         measurement.stored_bytes = self._stored_bytes()
+        started = time.perf_counter()
+        resident = self.engine.warm()
+        measurement.params["warm_s"] = round(time.perf_counter() - started, 3)
+        measurement.params["resident_bytes"] = resident
         self.loaded = self.bench.results.add(measurement)
         return measurement
 
@@ -100,19 +107,26 @@ class Series:
         self.bench.results.skip(f"{self.workload} {what} (time budget)")
         return False
 
-    def compare(self, epoch: int, *, spark_only: bool = False, **params: Any) -> list[Measurement]:
+    def compare(
+        self,
+        epoch: int,
+        *,
+        spark_only: bool = False,
+        not_resident: bool = False,
+        **params: Any,
+    ) -> list[Measurement]:
         """Run ``epoch`` incrementally, then a full refresh of the same snapshot, then
         (with a warm batch) the views' queries over the current tables; every
         measurement carries whether its answers agreed with the maintained views. With
         ``spark_only``, the same epoch also runs on a copy of the warehouse with the local
-        tier off (``local_rows=0``), to count the Spark tier's jobs per unit."""
+        tier off (``local_rows=0``), to count the Spark tier's jobs per unit. With
+        ``not_resident``, it also runs on a copy by a new engine that keeps nothing in
+        memory (``resident_bytes=0``), as an Airflow task does: every trace read from its
+        files."""
         meter = self.bench.meter
         read, rows = self._inputs(epoch)
-        before = None
-        if spark_only:  # the state the epoch starts from, copied outside any timing
-            before = self.root / "spark-only" / "warehouse"
-            shutil.rmtree(before.parent, ignore_errors=True)
-            shutil.copytree(self.root / "warehouse", before)
+        before = self._copy("spark-only") if spark_only else None
+        cold = self._copy("not-resident") if not_resident else None
         incremental = self._measurement("incremental", epoch, rows, params)
         with meter.measure(incremental):
             report = self.engine.run_epoch(epoch, read())
@@ -134,7 +148,33 @@ class Series:
             measured.append(self._warm_batch(self.warm_batch, epoch, rows, params))
         if before is not None:
             measured.append(self._spark_only(before, epoch, rows, params))
+        if cold is not None:
+            measured.append(self._not_resident(cold, epoch, rows, params))
         return measured
+
+    def _copy(self, name: str) -> Path:
+        """A copy of the warehouse as it stands (the state the epoch starts from), made
+        outside any timing."""
+        copy = self.root / name / "warehouse"
+        shutil.rmtree(copy.parent, ignore_errors=True)
+        shutil.copytree(self.root / "warehouse", copy)
+        return copy
+
+    def _not_resident(
+        self, warehouse: Path, epoch: int, rows: int, params: dict[str, Any]
+    ) -> Measurement:
+        """The epoch again by a new engine with no resident files, from the copied state:
+        every trace slice is read from Parquet. Its views must equal the maintained ones."""
+        engine = SparkEngine(self.circuit, warehouse, spark=self.bench.spark, resident_bytes=0)
+        read, _ = self._inputs(epoch)
+        measurement = self._measurement("not_resident", epoch, rows, params)
+        with self.bench.meter.measure(measurement):
+            report = engine.run_epoch(epoch, read())
+        measurement.params["tiers"] = ",".join(sorted({u.tier for u in report.units if u.tier}))
+        differences = self._differing(engine.view_frame)
+        engine.catalog.close()
+        shutil.rmtree(warehouse.parent, ignore_errors=True)
+        return self._check(measurement, differences)
 
     def _spark_only(
         self, warehouse: Path, epoch: int, rows: int, params: dict[str, Any]

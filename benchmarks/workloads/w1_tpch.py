@@ -74,7 +74,13 @@ def run(
             series.land(epoch, tpch.change_tables(base, fraction, epoch, SEED))
             # The first epoch at the largest SF also runs with the local tier off.
             spark_only = spark_only_first and largest and epoch == 1
-            series.compare(epoch, fraction=fraction, fixed_delta=fixed_delta, spark_only=spark_only)
+            series.compare(
+                epoch,
+                fraction=fraction,
+                fixed_delta=fixed_delta,
+                spark_only=spark_only,
+                not_resident=largest,
+            )
             if loaded is not None and epoch == 1:
                 from benchmarks.workloads import w1_airflow
 

@@ -43,4 +43,10 @@ def run(
                 break
             series.land(epoch, {"edges": graph.change_batch(k)})
             spark_only = spark_only_first and epoch == 1 and nodes == sizes[0]
-            series.compare(epoch, k=k, alpha_point=k == k_alpha, spark_only=spark_only)
+            series.compare(
+                epoch,
+                k=k,
+                alpha_point=k == k_alpha,
+                spark_only=spark_only,
+                not_resident=nodes == sizes[-1] and epoch == 1,
+            )
