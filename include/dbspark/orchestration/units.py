@@ -1,7 +1,8 @@
 """One unit of an epoch's Spark work, run in the Airflow worker or by ``spark-submit``.
 
 A unit is what one Spark-using task does: ingest a source's batch, run a stage, run
-the loop's next pending iteration, publish and export the views, or close the epoch.
+the loop's next pending iteration, publish and export the views, close the epoch, or,
+when a run asks for them, rebuild views or verify them against a full refresh.
 ``execute_unit`` runs it on a ``SparkEngine``; the task calls it directly (local Spark
 or Spark Connect), or ships it to ``spark_jobs/run_unit.py`` with ``spark-submit``
 (a cluster), which calls the same function. No Airflow import here: a unit must run
@@ -110,7 +111,20 @@ class PublishUnit:
             serving = ServingTarget(self.serving_url, prefix=self.serving_prefix)
         exported = export_epoch(engine, self.epoch, root=self.outputs, serving=serving)
         log.info("epoch %s outputs:\n%s", self.epoch, exported.describe())
-        return {"epoch": self.epoch, "view_changes": report.rows_out}
+        # Per view, what its asset event tells consumers (orchestration/airflow/assets.py).
+        # The counts come from the change feed's marker, so a retry that finds the
+        # outputs complete reports what the first attempt wrote.
+        views = {}
+        for name, item in exported.views.items():
+            changes, snapshot = item.changes, item.snapshot
+            views[name] = {
+                "rows": changes.rows if changes else 0,
+                "inserted": changes.inserted if changes else 0,
+                "deleted": changes.deleted if changes else 0,
+                "changes": str(changes.path) if changes and changes.path else None,
+                "snapshot": str(snapshot.path) if snapshot and snapshot.path else None,
+            }
+        return {"epoch": self.epoch, "view_changes": report.rows_out, "views": views}
 
 
 @dataclass(frozen=True)
@@ -126,7 +140,51 @@ class CloseUnit:
         return {"epoch": self.epoch}
 
 
-Unit = IngestUnit | StageUnit | IterateUnit | PublishUnit | CloseUnit
+@dataclass(frozen=True)
+class RebuildUnit:
+    """Replace each of ``views`` with its full refresh over the raw input log, at the last
+    committed epoch (``SparkEngine.rebuild``; the engine's rule, as ``python -m
+    dbspark.refresh rebuild`` runs it)."""
+
+    epoch: int
+    views: tuple[str, ...]
+    kind: ClassVar[str] = "rebuild"
+
+    def run(self, engine: Any) -> dict[str, Any]:
+        at = engine.last_committed_epoch()
+        rows = {name: engine.rebuild(name) for name in self.views}  # the engine logs each
+        return {"epoch": at, "rows": rows}
+
+
+@dataclass(frozen=True)
+class VerifyUnit:
+    """Recompute every view from the raw input log and compare it with the maintained
+    view, at the last committed epoch (``SparkEngine.verify``). Returns per view the
+    number of differing rows (at most the engine's listing limit) and the first few."""
+
+    epoch: int
+    kind: ClassVar[str] = "verify"
+    shown: ClassVar[int] = 10
+
+    def run(self, engine: Any) -> dict[str, Any]:
+        at = engine.last_committed_epoch()
+        differences = engine.verify()
+        return {
+            "epoch": at,
+            "differing": {name: len(rows) for name, rows in differences.items() if rows},
+            "examples": {
+                name: [
+                    f"{row[:-1]} weight(full refresh - maintained) = {row[-1]}"
+                    for row in rows[: self.shown]
+                ]
+                for name, rows in differences.items()
+                if rows
+            },
+            "views": sorted(differences),
+        }
+
+
+Unit = IngestUnit | StageUnit | IterateUnit | PublishUnit | CloseUnit | RebuildUnit | VerifyUnit
 
 
 def execute_unit(engine: Any, unit: Unit) -> dict[str, Any]:

@@ -4,7 +4,11 @@ The graph mirrors the circuit's plan (``circuit/planner.py``)::
 
     open_epoch >> ingest.<source> ... >> <stage> ...                   (plan order)
                loop_<name>.iterate[0..k] >> loop_<name>.converged     (per top-level loop)
-    ... >> publish >> close_epoch
+    ... >> publish >> close_epoch >> rebuild >> verify
+
+``publish`` has each view's Asset as an outlet (``assets.py``). ``rebuild`` and
+``verify`` do something only when the run's params ask (a manual trigger's form); a
+scheduled run takes the defaults and they skip.
 
 Task groups stay acyclic when collapsed, as the Graph view draws them (Airflow sorts a
 group's children topologically and fails the whole view on a cycle): ``ingest`` only
@@ -36,7 +40,7 @@ from typing import Any
 
 from dbspark.circuit.builder import Circuit
 from dbspark.orchestration.airflow.deployment import DeploymentOptions
-from dbspark.orchestration.airflow.tasks import EpochTasks
+from dbspark.orchestration.airflow.tasks import REBUILD, VERIFY, EpochTasks
 from dbspark.orchestration.sources import LandingDirectory, SourceConnector
 from dbspark.sql import compile_files, explain
 
@@ -53,6 +57,41 @@ def circuit_of(dag_id: str) -> Circuit:
         return _CIRCUITS[dag_id]
     except KeyError:
         raise KeyError(f"no dbspark DAG {dag_id!r} was built in this process") from None
+
+
+def run_params(circuit: Circuit) -> dict[str, Any]:
+    """The params of every dbspark DAG, typed so the trigger form shows a checkbox and a
+    multi-select of the circuit's views (Airflow's form picks a multi-select for an
+    array with ``examples``). The defaults, which scheduled runs take, do neither.
+
+    ``rebuild`` also accepts null: the form sends null once every choice is removed.
+    The item ``enum`` makes Airflow refuse an unknown view when the run is created."""
+    from airflow.sdk import Param
+
+    views = sorted(circuit.views)
+    return {
+        VERIFY: Param(
+            False,
+            type="boolean",
+            title="Verify the views",
+            description=(
+                "After the epoch commits, recompute every view from the raw input log "
+                "(a full refresh on Spark) and fail the run, naming the views that differ."
+            ),
+        ),
+        REBUILD: Param(
+            [],
+            type=["array", "null"],
+            title="Rebuild views",
+            description=(
+                "After the epoch commits, replace these views with their full refresh over "
+                f"the raw input log (views of circuit {circuit.name}: {', '.join(views)})."
+            ),
+            items={"type": "string", "enum": views},
+            uniqueItems=True,
+            examples=views,
+        ),
+    }
 
 
 def _timetable(schedule: str | timedelta | Any, start_date: datetime) -> Any:
@@ -92,7 +131,9 @@ def build_dag(
     (``orchestration/sources/``). ``warehouse``, ``outputs`` and the connection ids
     default to ``airflow.cfg`` (``deployment.py``). Each top-level loop gets
     ``min(iteration_tasks, max_iterations)`` mapped iteration tasks; the last one
-    carries on inline if the loop needs more.
+    carries on inline if the loop needs more. Each view is an Asset that ``publish``
+    updates (``view_asset``); the DAG's params ``verify`` and ``rebuild``
+    (:func:`run_params`) come on top of any ``params`` given.
     """
     from airflow.sdk import DAG
 
@@ -115,6 +156,10 @@ def build_dag(
         start_date=start_date,
         iteration_tasks=iteration_tasks,
     )
+    params = dict(dag_kwargs.pop("params", None) or {})
+    taken = sorted({VERIFY, REBUILD} & set(params))
+    if taken:
+        raise ValueError(f"params {taken} are dbspark's own (see build_dag); rename yours")
     default_args = {
         "depends_on_past": True,
         "retries": retries,
@@ -130,6 +175,7 @@ def build_dag(
         default_args=default_args,
         tags=tags or ["dbspark"],
         doc_md=_doc(circuit),
+        params={**params, **run_params(circuit)},
         **dag_kwargs,
     )
     _CIRCUITS[dag.dag_id] = circuit
@@ -232,7 +278,8 @@ class _EpochGraph:
         published = self._publish()
         for upstream in self.every:
             upstream >> published
-        published >> closed
+        rebuilt, verified = self._maintenance()
+        published >> closed >> rebuilt >> verified
 
     def _epoch(self) -> tuple[Any, Any]:
         """``open_epoch`` and ``close_epoch``, the first and the last task."""
@@ -315,11 +362,31 @@ class _EpochGraph:
 
         runner = self.runner
 
-        @task(task_id="publish")
+        @task(task_id="publish", outlets=list(runner.assets.values()))
         def publish(**context: Any) -> dict[str, Any]:
             return runner.publish(context)
 
         return publish()
+
+    def _maintenance(self) -> tuple[Any, Any]:
+        """``rebuild`` then ``verify``, after the epoch committed, when the run's params
+        ask. They also run when ``close_epoch`` skipped (a manual run for a committed
+        epoch: the way to verify or rebuild without new data), and they never wait for
+        the previous run's (``depends_on_past=False``): a failed verification must not
+        block every later epoch."""
+        from airflow.sdk import task
+
+        runner = self.runner
+
+        @task(task_id="rebuild", trigger_rule="none_failed", depends_on_past=False)
+        def rebuild(**context: Any) -> dict[str, Any]:
+            return runner.rebuild(context)
+
+        @task(task_id="verify", trigger_rule="none_failed", depends_on_past=False)
+        def verify(**context: Any) -> dict[str, Any]:
+            return runner.verify(context)
+
+        return rebuild(), verify()
 
     def _after(self, reads: Any, task_: Any, opened: Any) -> None:
         """``task_`` waits for the producers of ``reads`` (or for ``open_epoch``)."""

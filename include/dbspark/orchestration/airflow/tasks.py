@@ -9,7 +9,10 @@ its retry overwrites. The tasks add the Airflow side:
 - the loop's mapped task: each instance runs the next pending iteration (the catalog
   numbers them, so map-index order and retries do not matter) and skips once the loop
   converged; the convergence check fails loudly when the bound was reached;
-- task logs that say what happened, in the words of the engine's reports.
+- task logs that say what happened, in the words of the engine's reports;
+- one asset event per view when ``publish`` succeeds (``assets.py``), none when it skips;
+- the run's params (``build_dag``'s ``verify`` and ``rebuild``): checked by the open
+  task before anything is written, acted on after the epoch commits.
 
 Tasks that only consult the catalog (open, skipped iterations, the convergence check)
 never start Spark.
@@ -27,6 +30,7 @@ from typing import Any
 
 from dbspark.circuit.builder import Circuit
 from dbspark.circuit.planner import LoopPlan, Plan, plan
+from dbspark.orchestration.airflow.assets import circuit_assets, event_extra
 from dbspark.orchestration.airflow.deployment import (
     Deployment,
     DeploymentOptions,
@@ -41,8 +45,10 @@ from dbspark.orchestration.units import (
     IngestUnit,
     IterateUnit,
     PublishUnit,
+    RebuildUnit,
     StageUnit,
     Unit,
+    VerifyUnit,
     execute_unit,
     result_path,
     write_unit_file,
@@ -80,6 +86,38 @@ def interval_of(context: Mapping[str, Any]) -> Interval:
     return Interval(start, end)
 
 
+#: The run params every dbspark DAG has (``build_dag``): their names.
+VERIFY = "verify"
+REBUILD = "rebuild"
+
+
+@dataclass(frozen=True)
+class Maintenance:
+    """What a run asked for besides its epoch: verify the views, rebuild some."""
+
+    verify: bool = False
+    rebuild: tuple[str, ...] = ()
+
+
+def maintenance_of(circuit: Circuit, dag_id: str, params: Mapping[str, Any]) -> Maintenance:
+    """The run's ``verify`` and ``rebuild`` params, checked against the circuit's views.
+
+    Airflow already refuses a value outside the param's schema when the run is created
+    (the trigger form, the API, ``dag.test``); this check is for a run whose conf was
+    accepted by an older version of the DAG (a view since removed), and it names the DAG
+    and its views, which Airflow's schema error does not."""
+    raw = params.get(REBUILD) or []
+    names = (raw,) if isinstance(raw, str) else tuple(raw)
+    unknown = [name for name in names if name not in circuit.views]
+    if unknown:
+        raise ValueError(
+            f"DAG {dag_id!r}: param {REBUILD!r} names {', '.join(map(repr, unknown))}, not a "
+            f"view of circuit {circuit.name!r} (its views: {', '.join(sorted(circuit.views))}); "
+            "nothing was written"
+        )
+    return Maintenance(verify=bool(params.get(VERIFY, False)), rebuild=tuple(dict.fromkeys(names)))
+
+
 @dataclass
 class EpochTasks:
     """The bodies of one circuit's tasks (``build_dag`` wires them into a DAG)."""
@@ -90,9 +128,12 @@ class EpochTasks:
     start_date: datetime
     iteration_tasks: int
     plan: Plan = field(init=False)
+    #: Each view's Airflow Asset, by view name: the outlets of ``publish``.
+    assets: dict[str, Any] = field(init=False)
 
     def __post_init__(self) -> None:
         self.plan = plan(self.circuit)
+        self.assets = circuit_assets(self.circuit)
 
     # ------------------------------------------------------------------ plumbing
     @property
@@ -151,9 +192,18 @@ class EpochTasks:
         return self.plan.loops[scope]
 
     # ------------------------------------------------------------------ tasks
+    def maintenance(self, context: Mapping[str, Any]) -> Maintenance:
+        """The run's ``verify`` and ``rebuild`` params; a bad one fails the task."""
+        try:
+            return maintenance_of(self.circuit, context["ti"].dag_id, context.get("params") or {})
+        except ValueError as err:
+            raise _fail(str(err)) from None
+
     def open_epoch(self, context: Mapping[str, Any]) -> int:
         from dbspark.engine.spark.executor import circuit_fingerprint
 
+        # Before the catalog is touched: a run asking to rebuild an unknown view writes nothing.
+        self.maintenance(context)
         deployment = self._deployment()
         interval = interval_of(context)
         log.info("deployment: %s", deployment.describe())
@@ -273,6 +323,9 @@ class EpochTasks:
         return {"epoch": run.epoch, "iterations": len(done), "reason": done[-1].reason}
 
     def publish(self, context: Mapping[str, Any]) -> dict[str, Any]:
+        """Publish and export the epoch's views, then give each view's asset event its
+        ``extra``. Airflow records the events when this task succeeds; a run whose epoch
+        is already committed skips here, and a skipped task emits no event."""
         deployment, run = self._current(context)
         unit = PublishUnit(
             run.epoch,
@@ -280,10 +333,72 @@ class EpochTasks:
             serving_url=deployment.serving_url,
             serving_prefix=deployment.serving_table_prefix,
         )
-        return self._execute(deployment, unit)
+        result = self._execute(deployment, unit)
+        events = context["outlet_events"]
+        for view, asset in self.assets.items():
+            extra = event_extra(self.name, view, run.epoch, run.interval, result["views"][view])
+            events[asset].extra = extra
+            log.info(
+                "asset %s: epoch %s, +%s/-%s in %s rows",
+                asset.uri,
+                run.epoch,
+                extra["rows_inserted"],
+                extra["rows_deleted"],
+                extra["rows_changed"],
+            )
+        return result
 
     def close_epoch(self, context: Mapping[str, Any]) -> int:
         deployment, run = self._current(context)
         self._execute(deployment, CloseUnit(run.epoch))
         log.info("circuit %s: epoch %s %s committed", self.name, run.epoch, run.interval)
         return run.epoch
+
+    # ------------------------------------------------------------------ after the epoch
+    def _last_committed(self, deployment: Deployment) -> int:
+        catalog = self._catalog(deployment)
+        try:
+            return catalog.last_committed_epoch(self.name)
+        finally:
+            catalog.close()
+
+    def rebuild(self, context: Mapping[str, Any]) -> dict[str, Any]:
+        """Rebuild the views the run's ``rebuild`` param names (skip when it names none),
+        from the raw input log at the last committed epoch: this run's, or the latest
+        when the run was for an epoch committed earlier."""
+        views = self.maintenance(context).rebuild
+        if not views:
+            raise _skip("no view to rebuild (the run's 'rebuild' param is empty)")
+        deployment = self._deployment()
+        epoch = self._last_committed(deployment)
+        log.info("circuit %s: rebuilding %s at epoch %s", self.name, ", ".join(views), epoch)
+        return self._execute(deployment, RebuildUnit(epoch, views))
+
+    def verify(self, context: Mapping[str, Any]) -> dict[str, Any]:
+        """With the run's ``verify`` param, recompute every view from the raw input log and
+        fail, naming the views that differ, unless each equals its maintained view."""
+        if not self.maintenance(context).verify:
+            raise _skip("no verification asked (the run's 'verify' param is false)")
+        deployment = self._deployment()
+        epoch = self._last_committed(deployment)
+        result = self._execute(deployment, VerifyUnit(epoch))
+        differing = result["differing"]
+        if differing:
+            listed = "\n".join(
+                f"  {view}: {count} rows differ, e.g.\n    "
+                + "\n    ".join(result["examples"][view])
+                for view, count in sorted(differing.items())
+            )
+            raise _fail(
+                f"DAG {context['ti'].dag_id!r}, circuit {self.name!r}, epoch {result['epoch']}: "
+                f"views {', '.join(sorted(differing))} differ from a full refresh over the "
+                f"input log:\n{listed}\nTrigger a run with rebuild={sorted(differing)} "
+                "to replace them with the full refresh."
+            )
+        log.info(
+            "circuit %s, epoch %s: every view (%s) equals its full refresh over the input log",
+            self.name,
+            result["epoch"],
+            ", ".join(result["views"]),
+        )
+        return result

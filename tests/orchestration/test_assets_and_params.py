@@ -1,0 +1,305 @@
+"""Views as Airflow Assets and the ``verify`` / ``rebuild`` params of every dbspark DAG.
+
+DAG runs are real (``dag.test()``: Airflow's task runner and metadata database, the
+catalog in a fresh warehouse), as in ``test_dag_runs.py``; asset events are read back
+from Airflow's metadata database, where the scheduler would read them. Only the
+verify/rebuild test needs Spark (a full refresh); the rest run on the local tier.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from dbspark.core.zset import ZSet
+from dbspark.examples.circuits import orders, word_count
+from dbspark.orchestration import LandingDirectory, build_dag, view_asset
+from dbspark.orchestration.airflow.dag import circuit_of
+from dbspark.orchestration.airflow.tasks import maintenance_of
+from dbspark.orchestration.intervals import Interval
+from dbspark.orchestration.sinks.files import CHANGES, output_dir, read_change_rows
+from dbspark.storage.catalog import Catalog
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+DAGS = Path(__file__).parent / "dags"
+START = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def day(n: int) -> Interval:
+    return Interval(START + timedelta(days=n), START + timedelta(days=n + 1))
+
+
+@pytest.fixture(scope="module")
+def test_dags(airflow_db):
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(str(DAGS))
+    assert bag.import_errors == {}
+    return bag.dags
+
+
+@pytest.fixture
+def place(tmp_path, monkeypatch):
+    """A fresh warehouse, landing directory and outputs, as airflow.cfg would give them."""
+    where = SimpleNamespace(
+        warehouse=tmp_path / "warehouse",
+        landing=LandingDirectory(tmp_path / "landing"),
+        outputs=tmp_path / "published",
+    )
+    monkeypatch.setenv("AIRFLOW__DBSPARK__WAREHOUSE", str(where.warehouse))
+    monkeypatch.setenv("AIRFLOW__DBSPARK__LANDING", str(tmp_path / "landing"))
+    monkeypatch.setenv("AIRFLOW__DBSPARK__OUTPUTS", str(where.outputs))
+    return where
+
+
+def run(dag, epoch: int, **conf):
+    """One DAG run for ``epoch``'s interval with ``conf`` as its params; returns its state
+    and its task instances' states."""
+    dag_run = dag.test(logical_date=day(epoch).end, run_conf=conf or None)
+    states = {
+        ti.task_id: str(getattr(ti.state, "value", ti.state)) for ti in dag_run.get_task_instances()
+    }
+    return str(getattr(dag_run.state, "value", dag_run.state)), states
+
+
+def asset_events(dag_id: str, after: int = 0) -> list[tuple[int, str, dict]]:
+    """(id, asset URI, extra) of the events a DAG's runs emitted after event ``after``,
+    oldest first (other test files run the same test DAGs in this metadata database)."""
+    from airflow import settings
+    from airflow.models.asset import AssetEvent, AssetModel
+    from sqlalchemy import select
+
+    query = (
+        select(AssetEvent.id, AssetModel.uri, AssetEvent.extra)
+        .join(AssetModel, AssetModel.id == AssetEvent.asset_id)
+        .where(AssetEvent.source_dag_id == dag_id, AssetEvent.id > after)
+        .order_by(AssetEvent.id)
+    )
+    with settings.Session() as session:
+        return [(id_, uri, dict(extra)) for id_, uri, extra in session.execute(query)]
+
+
+def last_event(dag_id: str) -> int:
+    return max((id_ for id_, _, _ in asset_events(dag_id)), default=0)
+
+
+def load_downstream_example():
+    path = REPO / "dags" / "region_totals_report.py"
+    spec = importlib.util.spec_from_file_location("region_totals_report_example", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# ============================================================================ structure (no run)
+def test_every_dag_has_typed_params_and_publishes_its_views_as_assets():
+    from airflow.serialization.serialized_objects import DagSerialization
+
+    landing = LandingDirectory("/tmp/landing")
+    dag = build_dag(
+        word_count,
+        dag_id="params_word_count",
+        schedule="@daily",
+        start_date=START,
+        sources={"words": landing},
+        params={"note": "kept"},
+    )
+    # What the trigger form reads: the DAG as the scheduler stores it.
+    stored = DagSerialization.deserialize_dag(DagSerialization.serialize_dag(dag))
+    verify = stored.params.get_param("verify")
+    assert verify.value is False and verify.schema["type"] == "boolean"
+    assert "full refresh" in verify.description
+    rebuild = stored.params.get_param("rebuild")
+    assert rebuild.value == []
+    assert rebuild.schema["type"] == ["array", "null"]  # the form sends null when cleared
+    assert rebuild.schema["items"] == {"type": "string", "enum": ["counts", "distinct_words"]}
+    assert rebuild.schema["examples"] == ["counts", "distinct_words"]  # a multi-select
+    assert stored.params["note"] == "kept"
+    # A scheduled run takes the defaults: neither verify nor rebuild.
+    assert maintenance_of(circuit_of("params_word_count"), dag.dag_id, dict(dag.params)) == (
+        maintenance_of(word_count(), dag.dag_id, {})
+    )
+    assert not maintenance_of(word_count(), dag.dag_id, {"rebuild": None}).rebuild
+
+    publish = dag.get_task("publish")
+    assert publish.outlets == [
+        view_asset(word_count, "counts"),
+        view_asset("word_count", "distinct_words"),
+    ]
+    assert [a.uri for a in publish.outlets] == [
+        "dbspark://word_count/counts",
+        "dbspark://word_count/distinct_words",
+    ]
+    for task_id, upstream in (("rebuild", "close_epoch"), ("verify", "rebuild")):
+        task = dag.get_task(task_id)
+        assert task.upstream_task_ids == {upstream}
+        assert task.trigger_rule == "none_failed" and task.depends_on_past is False
+
+    with pytest.raises(ValueError, match=r"params \['verify'\] are dbspark's own"):
+        build_dag(
+            word_count,
+            schedule="@daily",
+            start_date=START,
+            sources={"words": landing},
+            params={"verify": 1},
+        )
+    with pytest.raises(ValueError, match=r"circuit 'orders' has no view 'totals'.*region_totals"):
+        view_asset(orders, "totals")
+
+
+def test_an_unknown_view_to_rebuild_fails_naming_it_before_anything_is_written(test_dags, place):
+    from airflow.sdk.definitions.param import ParamValidationError
+
+    dag = test_dags["test_word_count"]
+    # Airflow refuses it when the run is created (trigger form, API, dag.test) ...
+    with pytest.raises(ParamValidationError, match="'nope' is not one of"):
+        dag.test(logical_date=day(0).end, run_conf={"rebuild": ["nope"]})
+    # ... and the open task names the DAG and the views for a conf Airflow let through
+    # (one accepted by an older version of the DAG).
+    with pytest.raises(ValueError) as refused:
+        maintenance_of(
+            circuit_of("test_word_count"), "test_word_count", {"rebuild": ["counts", "nope"]}
+        )
+    assert str(refused.value) == (
+        "DAG 'test_word_count': param 'rebuild' names 'nope', not a view of circuit "
+        "'word_count' (its views: counts, distinct_words); nothing was written"
+    )
+    assert not place.warehouse.exists()
+
+
+# ============================================================================ asset events
+def test_publish_emits_one_event_per_view_with_the_epochs_change(test_dags, place):
+    dag = test_dags["test_orders"]
+    circuit = circuit_of("test_orders")
+    customers = ["cust_id", "region", "ts", "deleted"]
+    order_columns = ["order_id", "cust_id", "amount", "ts", "deleted_at"]
+    place.landing.land(
+        "customers", day(0), [(1, "EU", 1, False), (2, "US", 1, False)], customers, "parquet"
+    )
+    place.landing.land(
+        "orders", day(0), [(10, 1, 5, 1, None), (11, 2, 7, 1, None)], order_columns, "parquet"
+    )
+    place.landing.land("customers", day(1), [(2, "EU", 2, False)], customers, "parquet")  # US -> EU
+
+    for epoch in (0, 1):
+        mark = last_event(dag.dag_id)
+        state, tasks = run(dag, epoch)
+        assert state == "success", tasks
+        # A scheduled run's defaults: no rebuild, no verification.
+        assert tasks["rebuild"] == tasks["verify"] == "skipped"
+        events = {uri: extra for _, uri, extra in asset_events(dag.dag_id, mark)}
+        assert set(events) == {f"dbspark://orders/{v}" for v in circuit.views}
+        for uri, extra in events.items():
+            view = uri.rsplit("/", 1)[1]
+            schema = circuit.node(circuit.views[view]).schema
+            feed = output_dir(place.outputs, "orders", view, CHANGES, epoch)
+            change = ZSet(read_change_rows(feed, schema))
+            assert extra == {
+                "circuit": "orders",
+                "view": view,
+                "epoch": epoch,
+                "data_interval_start": day(epoch).start.isoformat(),
+                "data_interval_end": day(epoch).end.isoformat(),
+                "rows_changed": len(change),
+                "rows_inserted": sum(w for _, w in change.items() if w > 0),
+                "rows_deleted": -sum(w for _, w in change.items() if w < 0),
+                "snapshot": str(feed.parent.parent / "snapshot" / f"epoch={epoch}"),
+                "changes": str(feed),
+            }
+    totals = events["dbspark://orders/region_totals"]
+    # Epoch 1 moved customer 2 and its order from US to EU: EU's row replaced, US's gone.
+    assert (totals["rows_inserted"], totals["rows_deleted"]) == (1, 2)
+
+    # A run for a committed epoch skips publish: no second event for epoch 1.
+    mark = last_event(dag.dag_id)
+    state, tasks = run(dag, 1)
+    assert state == "success" and tasks["publish"] == "skipped"
+    assert asset_events(dag.dag_id, mark) == []
+
+    # The example downstream DAG reads what the event points at.
+    example = load_downstream_example()
+    text = example.describe_change(totals)
+    assert text.splitlines()[0] == (
+        f"epoch 1 [{day(1).start.isoformat()}, {day(1).end.isoformat()}): "
+        "+1/-2 rows of region_totals"
+    )
+    assert "-1 {'region': 'US'" in text and "+1 {'region': 'EU'" in text
+
+
+def test_the_example_downstream_dag_is_scheduled_on_the_published_view():
+    """As the scheduler stores it: an asset-triggered timetable on the view's asset,
+    which the producing DAG's publish task updates."""
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.serialization.definitions.assets import SerializedAsset
+    from airflow.serialization.serialized_objects import DagSerialization
+    from airflow.timetables.simple import AssetTriggeredTimetable
+
+    bag = DagBag(str(REPO / "dags"))
+    assert bag.import_errors == {}
+    stored = DagSerialization.deserialize_dag(
+        DagSerialization.serialize_dag(bag.dags["region_totals_report"])
+    )
+    assert isinstance(stored.timetable, AssetTriggeredTimetable)
+    condition = stored.timetable.asset_condition
+    assert isinstance(condition, SerializedAsset)
+    assert (condition.name, condition.uri) == ("dbspark://orders/region_totals",) * 2
+    asset = view_asset(orders, "region_totals")
+    assert asset in bag.dags["dbspark_orders_by_region"].get_task("publish").outlets
+
+
+# ============================================================================ verify / rebuild
+def test_verify_passes_on_correct_views_fails_naming_a_damaged_one_and_rebuild_repairs_it(
+    test_dags, place, spark, capfd
+):
+    from dbspark.engine.spark.executor import SparkEngine
+
+    dag = test_dags["test_word_count"]
+    place.landing.land("words", day(0), [("a", 1), ("b", 1), ("a", 1)], ["word", "__w"], "parquet")
+    state, tasks = run(dag, 0, verify=True)
+    assert state == "success", tasks
+    assert tasks["verify"] == "success" and tasks["rebuild"] == "skipped"
+
+    # Damage the published view behind the engine's back (as the engine's own verify test
+    # does): one bogus committed row in the view's storage.
+    engine = SparkEngine(circuit_of("test_word_count"), place.warehouse, spark=spark)
+    bogus = spark.createDataFrame(
+        [("zebra", 1, 1, 0)], "word string, n bigint, __w bigint, __epoch bigint"
+    )
+    engine.catalog.commit(
+        "word_count", "damage", (0,), [engine.traces.write("view.counts", bogus, (0,))]
+    )
+    engine.catalog.close()
+
+    place.landing.land("words", day(1), [("b", -1)], ["word", "__w"], "parquet")
+    capfd.readouterr()
+    state, tasks = run(dag, 1, verify=True)
+    assert state == "failed"
+    assert tasks["close_epoch"] == "success" and tasks["verify"] == "failed"
+    logs = capfd.readouterr().out
+    assert (
+        "DAG 'test_word_count', circuit 'word_count', epoch 1: views counts differ from a "
+        "full refresh over the input log" in logs
+    )
+    assert "('zebra', 1) weight(full refresh - maintained) = -1" in logs
+    assert "rebuild=['counts']" in logs
+
+    # The same interval again, asking to rebuild the damaged view: the epoch is committed,
+    # so publish skips (no event), then rebuild replaces the view and verify passes.
+    mark = last_event(dag.dag_id)
+    state, tasks = run(dag, 1, rebuild=["counts"], verify=True)
+    assert state == "success", tasks
+    assert tasks["publish"] == "skipped"
+    assert tasks["rebuild"] == tasks["verify"] == "success"
+    assert asset_events(dag.dag_id, mark) == []
+    catalog = Catalog.for_warehouse(place.warehouse)
+    assert catalog.last_committed_epoch("word_count") == 1
+    catalog.close()
+    engine = SparkEngine(circuit_of("test_word_count"), place.warehouse, spark=spark)
+    assert engine.view("counts") == ZSet({("a", 2): 1})
+    engine.catalog.close()
