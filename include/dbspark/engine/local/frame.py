@@ -424,7 +424,15 @@ class LocalFrame:
             names.append(name)
         alias = quote(self.alias_name or "__f")
         query = f"(SELECT {', '.join(parts)} FROM {self.source} AS {alias}{tail})"
-        return LocalFrame(self.session, query, names, {**self.tables, **(tables or {})})
+        derived = LocalFrame(self.session, query, names, {**self.tables, **(tables or {})})
+        if self.table is not None and not tail:
+            # Columns of an Arrow table picked and renamed (a key set under the other
+            # side's names, say) need no query: Arrow does it without copying.
+            plain = {quote(c): c for c in self.columns}
+            picked = [plain.get(c.sql) if c.sql != "*" else None for c in select]
+            if all(p is not None for p in picked):
+                derived.table = self.table.select(picked).rename_columns(names)
+        return derived
 
     def __getitem__(self, name: str) -> LocalColumn:
         if name not in self.columns:

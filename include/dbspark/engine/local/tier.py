@@ -14,6 +14,7 @@ on both tiers.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import uuid
@@ -113,6 +114,11 @@ READS = ReadMeter()
 
 
 def arrow_schema(fields: Fields) -> pa.Schema:
+    return _arrow_schema(tuple((name, kind) for name, kind in fields))
+
+
+@functools.lru_cache(maxsize=1024)
+def _arrow_schema(fields: tuple[tuple[str, str], ...]) -> pa.Schema:
     return pa.schema([(name, arrow_type(kind)) for name, kind in fields])
 
 
@@ -485,12 +491,15 @@ def table_fingerprint(table: pa.Table) -> str:
 
 def _conform(table: pa.Table, fields: Fields) -> pa.Table:
     """``table`` with exactly ``fields``, in order, cast to their declared types."""
+    schema = arrow_schema(fields)
+    if table.schema.equals(schema):  # a stored file read back: already as declared
+        return table
     columns = {}
     for name, kind in fields:
         if name not in table.column_names:
             raise ValueError(f"column {name!r} missing from {table.column_names}")
         columns[name] = table.column(name).cast(arrow_type(kind))
-    return pa.table(columns, schema=arrow_schema(fields))
+    return pa.table(columns, schema=schema)
 
 
 def _sorted_by_bucket(table: pa.Table, ids: np.ndarray, keys: Sequence[str]) -> pa.Table:
