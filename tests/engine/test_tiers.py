@@ -105,3 +105,39 @@ def test_a_small_parquet_landing_is_read_without_spark(spark: Any, tmp_path: Pat
         ("or", 1): 1,
         ("not", 1): 1,
     }
+
+
+def test_a_warmed_engine_answers_its_first_epoch_from_memory(tmp_path: Path) -> None:
+    """``warm()`` loads every live trace (a long-lived worker's start): the next epoch's
+    lookups decode no file, and its views are those of an engine that reads its files."""
+    from dbspark.engine.reference.engine import ReferenceEngine
+
+    def customer(cust_id: int, region: str, ts: int) -> tuple:
+        return (cust_id, region, ts, False)
+
+    def order(order_id: int, cust_id: int, amount: int, ts: int) -> tuple:
+        return (order_id, cust_id, amount, ts, None)
+
+    history = [
+        {
+            "customers": [customer(i, "EU" if i % 2 else "US", 1) for i in range(6000)],
+            "orders": [order(i, i % 6000, i % 97, 1) for i in range(9000)],
+        },
+        {"customers": [customer(3, "APAC", 2)], "orders": [order(5, 4, 1000, 2)]},
+        {"orders": [order(7, 3, 1, 3), order(8, 5999, 2, 3)]},
+    ]
+    reference = ReferenceEngine(NAMED_CIRCUITS["orders"]())
+    first = SparkEngine(NAMED_CIRCUITS["orders"](), tmp_path / "wh", resident_bytes=0)
+    first.step(history[0])
+    reference.step(history[0])
+    assert len(first.local.resident) == 0  # keeps nothing across epochs
+
+    worker = SparkEngine(NAMED_CIRCUITS["orders"](), tmp_path / "wh")
+    assert worker.warm() > 0
+    for epoch, inputs in enumerate(history[1:], start=1):
+        loaded = worker.local.resident.loads
+        worker.run_epoch(epoch, inputs)
+        assert worker.local.resident.loads == loaded  # every lookup answered in memory
+        expected = reference.step(inputs).views
+        assert worker.views() == expected  # (reading the published views decodes them)
+    assert not worker.spark_started
