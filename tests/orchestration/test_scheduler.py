@@ -201,7 +201,19 @@ def test_backfill_kill_and_retry_and_a_triggered_run_equal_full_refresh(deployme
     )
     assert "SIGKILL" in attempt.read_text()  # the supervisor saw its task process killed
     others = [ti for ti in instances.values() if ti["task_id"] != KILLED_STAGE]
-    assert {(ti["state"], ti["try_number"]) for ti in others} == {("success", 1)}
+    # A backfill takes the params' defaults: no rebuild, no verification.
+    assert {(ti["task_id"], ti["state"]) for ti in others if ti["state"] != "success"} == {
+        ("rebuild", "skipped"),
+        ("verify", "skipped"),
+    }
+    assert {ti["try_number"] for ti in others} == {1}
+
+    # Backfill runs emit each view's asset event like any run: one per view and epoch.
+    events = api.get(f"/api/v2/assets/events?source_dag_id={DAG_ID}&limit=100")["asset_events"]
+    assert sorted((e["uri"], e["extra"]["epoch"]) for e in events) == sorted(
+        (f"dbspark://{circuit.name}/{view}", epoch) for view in circuit.views for epoch in range(3)
+    )
+    assert {e["source_run_id"] for e in events} == {r.run_id for r in runs}
 
     epochs = committed(place, circuit)
     assert [(e, s) for e, s, _ in epochs] == [(0, "committed"), (1, "committed"), (2, "committed")]
