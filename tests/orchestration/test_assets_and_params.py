@@ -136,10 +136,17 @@ def test_every_dag_has_typed_params_and_publishes_its_views_as_assets():
         "dbspark://word_count/counts",
         "dbspark://word_count/distinct_words",
     ]
-    for task_id, upstream in (("rebuild", "close_epoch"), ("verify", "rebuild")):
+    # close_epoch branches to the maintenance tasks a run asks for; the scheduler skips
+    # the others without starting them.
+    for task_id, upstream in (("rebuild", {"close_epoch"}), ("verify", {"close_epoch", "rebuild"})):
         task = dag.get_task(task_id)
-        assert task.upstream_task_ids == {upstream}
+        assert task.upstream_task_ids == upstream
         assert task.trigger_rule == "none_failed" and task.depends_on_past is False
+    assert dag.get_task("close_epoch").task_type == "_BranchPythonDecoratedOperator"
+    assert maintenance_of(word_count(), dag.dag_id, {}).tasks == []
+    asked = maintenance_of(word_count(), dag.dag_id, {"verify": True, "rebuild": ["counts"]})
+    assert asked.tasks == ["rebuild", "verify"]
+    assert maintenance_of(word_count(), dag.dag_id, {"verify": True}).tasks == ["verify"]
 
     with pytest.raises(ValueError, match=r"params \['verify'\] are dbspark's own"):
         build_dag(

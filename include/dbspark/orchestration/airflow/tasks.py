@@ -98,6 +98,13 @@ class Maintenance:
     verify: bool = False
     rebuild: tuple[str, ...] = ()
 
+    @property
+    def tasks(self) -> list[str]:
+        """The ids of the tasks that do what was asked (``close_epoch`` branches to them)."""
+        return [
+            name for name, asked in (("rebuild", self.rebuild), ("verify", self.verify)) if asked
+        ]
+
 
 def maintenance_of(circuit: Circuit, dag_id: str, params: Mapping[str, Any]) -> Maintenance:
     """The run's ``verify`` and ``rebuild`` params, checked against the circuit's views.
