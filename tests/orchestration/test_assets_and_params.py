@@ -27,21 +27,11 @@ from dbspark.storage.catalog import Catalog
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
-DAGS = Path(__file__).parent / "dags"
 START = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def day(n: int) -> Interval:
     return Interval(START + timedelta(days=n), START + timedelta(days=n + 1))
-
-
-@pytest.fixture(scope="module")
-def test_dags(airflow_db):
-    from airflow.dag_processing.dagbag import DagBag
-
-    bag = DagBag(str(DAGS))
-    assert bag.import_errors == {}
-    return bag.dags
 
 
 @pytest.fixture

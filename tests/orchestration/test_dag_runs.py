@@ -5,7 +5,6 @@ against the reference engine's full refresh of everything landed so far."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -20,21 +19,11 @@ from dbspark.storage.catalog import Catalog
 
 pytestmark = pytest.mark.slow
 
-DAGS = Path(__file__).parent / "dags"
 START = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def day(n: int) -> Interval:
     return Interval(START + timedelta(days=n), START + timedelta(days=n + 1))
-
-
-@pytest.fixture(scope="module")
-def test_dags(airflow_db):
-    from airflow.dag_processing.dagbag import DagBag
-
-    bag = DagBag(str(DAGS))
-    assert bag.import_errors == {}
-    return bag.dags
 
 
 @pytest.fixture
