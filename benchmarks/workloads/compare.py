@@ -149,7 +149,7 @@ class Series:
         if before is not None:
             measured.append(self._spark_only(before, epoch, rows, params))
         if cold is not None:
-            measured.append(self._not_resident(cold, epoch, rows, params))
+            measured.append(self._not_resident(cold, read, epoch, rows, params))
         return measured
 
     def _copy(self, name: str) -> Path:
@@ -161,12 +161,17 @@ class Series:
         return copy
 
     def _not_resident(
-        self, warehouse: Path, epoch: int, rows: int, params: dict[str, Any]
+        self,
+        warehouse: Path,
+        read: Callable[[], dict[str, Any]],
+        epoch: int,
+        rows: int,
+        params: dict[str, Any],
     ) -> Measurement:
-        """The epoch again by a new engine with no resident files, from the copied state:
-        every trace slice is read from Parquet. Its views must equal the maintained ones."""
+        """The epoch again (its landed batches from ``read``) by a new engine with no
+        resident files, from the copied state: every trace slice is read from Parquet.
+        Its views must equal the maintained ones."""
         engine = SparkEngine(self.circuit, warehouse, spark=self.bench.spark, resident_bytes=0)
-        read, _ = self._inputs(epoch)
         measurement = self._measurement("not_resident", epoch, rows, params)
         with self.bench.meter.measure(measurement):
             report = engine.run_epoch(epoch, read())

@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib.util
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -32,20 +31,6 @@ START = datetime(2026, 1, 1, tzinfo=UTC)
 
 def day(n: int) -> Interval:
     return Interval(START + timedelta(days=n), START + timedelta(days=n + 1))
-
-
-@pytest.fixture
-def place(tmp_path, monkeypatch):
-    """A fresh warehouse, landing directory and outputs, as airflow.cfg would give them."""
-    where = SimpleNamespace(
-        warehouse=tmp_path / "warehouse",
-        landing=LandingDirectory(tmp_path / "landing"),
-        outputs=tmp_path / "published",
-    )
-    monkeypatch.setenv("AIRFLOW__DBSPARK__WAREHOUSE", str(where.warehouse))
-    monkeypatch.setenv("AIRFLOW__DBSPARK__LANDING", str(tmp_path / "landing"))
-    monkeypatch.setenv("AIRFLOW__DBSPARK__OUTPUTS", str(where.outputs))
-    return where
 
 
 def run(dag, epoch: int, **conf):

@@ -5,7 +5,6 @@ against the reference engine's full refresh of everything landed so far."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from types import SimpleNamespace
 
 import pytest
 
@@ -14,7 +13,6 @@ from dbspark.engine.reference.full_refresh import full_refresh
 from dbspark.orchestration.airflow.dag import circuit_of
 from dbspark.orchestration.intervals import Interval
 from dbspark.orchestration.sinks.files import CHANGES, SNAPSHOT, output_dir, read_change_rows
-from dbspark.orchestration.sources import LandingDirectory
 from dbspark.storage.catalog import Catalog
 
 pytestmark = pytest.mark.slow
@@ -27,17 +25,9 @@ def day(n: int) -> Interval:
 
 
 @pytest.fixture
-def place(tmp_path, monkeypatch, spark):
-    """A fresh warehouse, landing directory and outputs, as airflow.cfg would give them."""
-    where = SimpleNamespace(
-        warehouse=tmp_path / "warehouse",
-        landing=LandingDirectory(tmp_path / "landing"),
-        outputs=tmp_path / "published",
-    )
-    monkeypatch.setenv("AIRFLOW__DBSPARK__WAREHOUSE", str(where.warehouse))
-    monkeypatch.setenv("AIRFLOW__DBSPARK__LANDING", str(tmp_path / "landing"))
-    monkeypatch.setenv("AIRFLOW__DBSPARK__OUTPUTS", str(where.outputs))
-    return where
+def place(place, spark):
+    """The folder's ``place``, with Spark up: these runs compare with full refresh."""
+    return place
 
 
 def run(dag, epoch: int):

@@ -429,7 +429,7 @@ class LocalFrame:
             # Columns of an Arrow table picked and renamed (a key set under the other
             # side's names, say) need no query: Arrow does it without copying.
             plain = {quote(c): c for c in self.columns}
-            picked = [plain.get(c.sql) if c.sql != "*" else None for c in select]
+            picked = [plain.get(c.sql) for c in select]
             if all(p is not None for p in picked):
                 derived.table = self.table.select(picked).rename_columns(names)
         return derived

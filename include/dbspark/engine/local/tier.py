@@ -323,10 +323,8 @@ class LocalTier:
         first of its key columns; returns the bytes resident after."""
         for record, key_columns in traces:
             for file in self._files_of(record, None):
-                resident = self.resident.load(file)
-                if resident is None:
-                    break
-                if key_columns:
+                resident = self.resident.load(file)  # None: larger than the whole budget
+                if resident is not None and key_columns:
                     resident.index(key_columns[0])
         self.resident.settle()
         return self.resident.nbytes
