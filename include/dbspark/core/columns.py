@@ -3,7 +3,8 @@
 A user's column may not start with ``__``. Every stored batch carries its weight in
 ``__w``; traces carry their time as ``__epoch`` plus one ``__iter`` column per loop level
 (``__iter``, ``__iter_2``, ...); an upsert source's state row carries ``__tombstone``.
-Every layer takes these names from here.
+A view published as a table carries ``__copies``, the row's multiplicity (at least 1),
+instead of a weight. Every layer takes these names from here.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ WEIGHT = "__w"
 EPOCH = "__epoch"
 ITER = "__iter"
 TOMBSTONE = "__tombstone"
+COPIES = "__copies"
 
 #: Spark SQL types of the reserved columns (an iteration fits an ``int``).
 WEIGHT_TYPE = "bigint"

@@ -1,0 +1,406 @@
+"""Each view as a Delta table, one table version per epoch, written from the epoch's change.
+
+``<root>/<circuit>/<view>/table/`` is a Delta Lake table (delta-rs, no JVM). Its columns
+are the view's, plus ``__copies`` (BIGINT, at least 1): how many copies of the row the
+view holds. A row of the view appears once, so a reader that wants a bag expands it and
+one that wants a set ignores it; there is no signed weight to understand.
+
+**One commit per epoch, applying only the change.** The first epoch a table sees is
+written whole (epoch 0's change is the whole view; a table first published later is
+loaded from the view as of that epoch). Every later epoch is one ``MERGE`` of the change
+into the table, matched on every column NULL-safely: a matched row's copies move by the
+change's weight and the row is deleted when none are left; an unmatched insertion is
+added. An epoch that changed nothing still commits (no file), so every epoch has its
+version. Each commit carries ``dbspark.circuit``, ``dbspark.view``, ``dbspark.epoch`` and
+``dbspark.interval`` in its commit info, which is how :func:`table_versions` finds the
+version of an epoch (maintenance adds versions that belong to no epoch).
+
+**A retried publish commits nothing twice**: every epoch's commit also records the Delta
+protocol's idempotent-write action (``txn``: app id ``dbspark/<circuit>/<view>``, version
+= the epoch), in the same atomic commit as the data, and a publish whose epoch the table
+already holds skips. An epoch beyond the next is refused, naming what is missing.
+
+**The change feed** is the format's own (``delta.enableChangeDataFeed``): the merge
+writes each epoch's inserted, deleted and updated rows (pre- and post-image of
+``__copies``) beside the data, read with ``DeltaTable.load_cdf``.
+
+delta-rs writes deletes copy-on-write: a merge rewrites every file that holds a changed
+row (see ARCHITECTURE.md, "Published views as tables"). Files are therefore kept near
+``target_file_bytes`` by :func:`maintain_table`, which also vacuums files no version
+within ``retention_hours`` needs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from dbspark.core.columns import COPIES, WEIGHT
+from dbspark.core.types import BIGINT, Schema
+from dbspark.engine.local.tier import arrow_schema
+
+log = logging.getLogger("dbspark.outputs")
+
+TABLE = "table"
+#: Commit-info keys of an epoch's commit.
+EPOCH_KEY = "dbspark.epoch"
+INTERVAL_KEY = "dbspark.interval"
+CIRCUIT_KEY = "dbspark.circuit"
+VIEW_KEY = "dbspark.view"
+
+
+class TableError(RuntimeError):
+    """A view's table cannot be written or read as asked."""
+
+
+class TableEpochError(TableError):
+    """The table is not at the epoch before the one being published."""
+
+
+@dataclass(frozen=True)
+class TableSettings:
+    """How published tables are kept.
+
+    ``retention_hours``: files that no version of the last ``retention_hours`` needs are
+    vacuumed, so the view as of an epoch older than that may no longer be readable.
+    ``maintain_every``: compact and vacuum after every ``maintain_every``-th epoch (0:
+    never). ``target_file_bytes``: the size compaction aims at; smaller files make a
+    merge rewrite less for a change that touches few of them, larger ones read faster.
+    """
+
+    retention_hours: int = 168
+    maintain_every: int = 10
+    target_file_bytes: int = 32 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        if self.retention_hours < 0:
+            raise ValueError(f"table retention_hours must be >= 0, got {self.retention_hours}")
+        if self.maintain_every < 0:
+            raise ValueError(f"table maintain_every must be >= 0, got {self.maintain_every}")
+        if self.target_file_bytes <= 0:
+            raise ValueError(f"table target_file_bytes must be > 0, got {self.target_file_bytes}")
+
+
+@dataclass
+class TableCommit:
+    """What one epoch's publish did to a view's table; ``describe()`` is for task logs."""
+
+    view: str
+    path: Path
+    epoch: int
+    version: int | None = None  # None: skipped, the table already held the epoch
+    skipped: bool = False
+    loaded: bool = False  # the whole view was written (the table's first epoch)
+    inserted: int = 0  # rows (distinct rows of the view) added
+    updated: int = 0  # rows whose copies changed
+    deleted: int = 0  # rows removed
+    files_added: int = 0
+    files_removed: int = 0
+    rows_copied: int = 0  # unchanged rows rewritten because a file held a changed row
+    maintenance: dict[str, Any] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        if self.skipped:
+            return f"table {self.path} already holds epoch {self.epoch}"
+        how = "loaded" if self.loaded else "merged"
+        text = (
+            f"table {self.path} version {self.version}: {how} +{self.inserted} "
+            f"~{self.updated} -{self.deleted} rows; files +{self.files_added}"
+            f"/-{self.files_removed}, {self.rows_copied} unchanged rows rewritten"
+        )
+        if self.maintenance:
+            text += f"; maintenance {self.maintenance}"
+        return text
+
+
+# ==================================================================================== paths
+def table_path(root: str | os.PathLike[str], circuit: str, view: str) -> Path:
+    """``<root>/<circuit>/<view>/table``: where the view's Delta table lives."""
+    return Path(root) / circuit / view / TABLE
+
+
+def app_id(circuit: str, view: str) -> str:
+    """The Delta ``txn`` application id whose version is the last epoch committed."""
+    return f"dbspark/{circuit}/{view}"
+
+
+def table_exists(path: Path) -> bool:
+    from deltalake import DeltaTable
+
+    return DeltaTable.is_deltatable(str(path))
+
+
+def table_epoch(path: Path, circuit: str, view: str) -> int | None:
+    """The last epoch committed to the table at ``path``; None when there is no table."""
+    from deltalake import DeltaTable
+
+    if not table_exists(path):
+        return None
+    version = DeltaTable(str(path)).transaction_version(app_id(circuit, view))
+    if version is None:
+        raise TableError(
+            f"{path} is a Delta table that no dbspark publish of view {view!r} of circuit "
+            f"{circuit!r} wrote (no transaction {app_id(circuit, view)!r}); move it away"
+        )
+    return int(version)
+
+
+# ==================================================================================== writing
+def publish_table(
+    path: Path,
+    *,
+    circuit: str,
+    view: str,
+    schema: Schema,
+    epoch: int,
+    change: pa.Table,
+    whole_view: Callable[[], pa.Table],
+    interval: str | None = None,
+    settings: TableSettings | None = None,
+) -> TableCommit:
+    """Commit ``epoch`` of ``view`` to its table at ``path``, once.
+
+    ``change`` is the epoch's consolidated change: the view's columns and ``__w``.
+    ``whole_view`` gives the view as of ``epoch`` in the same shape, called only when
+    the table does not exist yet and ``epoch`` is not 0. Skips when the table already
+    holds ``epoch``; refuses when it does not hold ``epoch - 1``.
+    """
+    settings = settings or TableSettings()
+    committed = table_epoch(path, circuit, view)
+    if committed is not None and committed >= epoch:
+        return TableCommit(view, path, epoch, skipped=True)
+    metadata = _commit_properties(circuit, view, epoch, interval)
+    what = f"the change of view {view!r} at epoch {epoch}"
+    if committed is None:
+        if epoch == 0:
+            rows = _weighted(change, schema, what)
+        else:
+            rows = _weighted(whole_view(), schema, f"view {view!r} as of epoch {epoch}")
+        result = _load(path, rows, schema, metadata, settings, view=view, epoch=epoch)
+    elif committed != epoch - 1:
+        raise TableEpochError(
+            f"the table of view {view!r} of circuit {circuit!r} at {path} holds epochs up "
+            f"to {committed}; epoch {epoch} can only follow epoch {epoch - 1}. Publish "
+            f"epochs {committed + 1}..{epoch - 1} first, or move the table away to reload "
+            f"it from the view"
+        )
+    else:
+        rows = _weighted(change, schema, what)
+        result = _merge(path, rows, schema, metadata, view=view, epoch=epoch)
+    if settings.maintain_every and epoch % settings.maintain_every == 0:
+        result.maintenance = maintain_table(path, settings)
+    log.info("view %s, epoch %s: %s", view, epoch, result.describe())
+    return result
+
+
+def _commit_properties(circuit: str, view: str, epoch: int, interval: str | None) -> Any:
+    from deltalake import CommitProperties, Transaction
+
+    return CommitProperties(
+        custom_metadata={
+            CIRCUIT_KEY: circuit,
+            VIEW_KEY: view,
+            EPOCH_KEY: int(epoch),
+            INTERVAL_KEY: interval,
+        },
+        app_transactions=[Transaction(app_id(circuit, view), int(epoch))],
+    )
+
+
+def _weighted(rows: pa.Table, schema: Schema, what: str) -> pa.Table:
+    """``rows`` with exactly the view's columns and ``__w``, in their Arrow types."""
+    expected = [*schema.names, WEIGHT]
+    missing = [name for name in expected if name not in rows.column_names]
+    if missing:
+        raise TableError(f"{what} lacks columns {missing} (it has {rows.column_names})")
+    return rows.select(expected).cast(arrow_schema([*schema.fields, (WEIGHT, BIGINT)]))
+
+
+def _load(
+    path: Path,
+    rows: pa.Table,
+    schema: Schema,
+    metadata: Any,
+    settings: TableSettings,
+    *,
+    view: str,
+    epoch: int,
+) -> TableCommit:
+    """Create the table holding ``rows`` (a whole view: every weight positive)."""
+    from deltalake import DeltaTable, write_deltalake
+
+    weights = rows.column(WEIGHT)
+    if len(rows) and pc.min(weights).as_py() <= 0:
+        raise TableError(
+            f"view {view!r} at epoch {epoch} has rows of weight <= 0; a view to load "
+            f"into a table holds each row a positive number of times"
+        )
+    table = rows.rename_columns([*schema.names, COPIES])
+    write_deltalake(
+        str(path),
+        table,
+        mode="error",
+        target_file_size=settings.target_file_bytes,
+        configuration={
+            "delta.enableChangeDataFeed": "true",
+            "delta.targetFileSize": str(settings.target_file_bytes),
+        },
+        commit_properties=metadata,
+    )
+    return TableCommit(
+        view,
+        path,
+        epoch,
+        version=_version(path),
+        loaded=True,
+        inserted=len(table),
+        files_added=len(DeltaTable(str(path)).file_uris()),
+    )
+
+
+def _merge(
+    path: Path, rows: pa.Table, schema: Schema, metadata: Any, *, view: str, epoch: int
+) -> TableCommit:
+    from deltalake import DeltaTable
+
+    table = DeltaTable(str(path))
+    if len(rows) == 0:
+        # A merge of nothing commits nothing; the epoch still gets its version.
+        table.create_write_transaction(
+            [], mode="append", schema=table.schema(), commit_properties=metadata
+        )
+        return TableCommit(view, path, epoch, version=_version(path))
+    names = [_quoted(name) for name in schema.names]
+    copies, weight = _quoted(COPIES), _quoted(WEIGHT)
+    metrics = (
+        table.merge(
+            rows,
+            predicate=" AND ".join(f"(t.{n} IS NOT DISTINCT FROM s.{n})" for n in names),
+            source_alias="s",
+            target_alias="t",
+            commit_properties=metadata,
+        )
+        .when_matched_delete(predicate=f"t.{copies} + s.{weight} <= 0")
+        .when_matched_update(updates={copies: f"t.{copies} + s.{weight}"})
+        .when_not_matched_insert(
+            updates={**{n: f"s.{n}" for n in names}, copies: f"s.{weight}"},
+            predicate=f"s.{weight} > 0",
+        )
+        .execute()
+    )
+    result = TableCommit(
+        view,
+        path,
+        epoch,
+        version=_version(path),
+        inserted=metrics["num_target_rows_inserted"],
+        updated=metrics["num_target_rows_updated"],
+        deleted=metrics["num_target_rows_deleted"],
+        files_added=metrics["num_target_files_added"],
+        files_removed=metrics["num_target_files_removed"],
+        rows_copied=metrics["num_target_rows_copied"],
+    )
+    applied = result.inserted + result.updated + result.deleted
+    if applied != len(rows):
+        # Committed already (the merge cannot refuse), so say how to repair it.
+        raise TableError(
+            f"the table of view {view!r} at {path} disagreed with the view at epoch "
+            f"{epoch}: {len(rows) - applied} of the change's {len(rows)} rows deleted "
+            f"copies it did not hold. Move the table away to reload it from the view"
+        )
+    return result
+
+
+def _quoted(name: str) -> str:
+    """A column name as a SQL identifier for delta-rs predicates (which fold unquoted
+    names to lower case)."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _version(path: Path) -> int:
+    from deltalake import DeltaTable
+
+    return DeltaTable(str(path)).version()
+
+
+# ==================================================================================== reading
+def table_versions(path: Path) -> dict[int, int]:
+    """Epoch -> the table version its publish committed, for every epoch in the log."""
+    from deltalake import DeltaTable
+
+    if not table_exists(path):
+        raise TableError(f"no published table at {path}")
+    versions = {}
+    for commit in DeltaTable(str(path)).history():
+        if EPOCH_KEY in commit:
+            versions[int(commit[EPOCH_KEY])] = int(commit["version"])
+    return dict(sorted(versions.items()))
+
+
+def open_table(path: Path, epoch: int | None = None) -> Any:
+    """The ``DeltaTable`` at ``path`` as of ``epoch`` (default: the latest version): the
+    last version before the next epoch's commit."""
+    from deltalake import DeltaTable
+
+    if epoch is None:
+        if not table_exists(path):
+            raise TableError(f"no published table at {path}")
+        return DeltaTable(str(path))
+    versions = table_versions(path)
+    if epoch not in versions:
+        raise TableError(
+            f"the table at {path} has no version of epoch {epoch} (epochs in its log: "
+            f"{_ranges(versions)})"
+        )
+    table = DeltaTable(str(path))
+    # The last version before the next epoch's commit shows the same view with the
+    # files that maintenance (compaction) wrote since, which vacuum keeps.
+    later = [version for other, version in versions.items() if other > epoch]
+    table.load_as_version(min(later) - 1 if later else table.version())
+    return table
+
+
+def read_table(path: Path, epoch: int | None = None) -> pa.Table:
+    """The published view at ``path`` as of ``epoch``: its columns and ``__copies``."""
+    table = open_table(path, epoch)
+    try:
+        return pa.table(table.to_pyarrow_table())
+    except OSError as err:
+        raise TableError(
+            f"the table at {path} as of epoch {epoch} can no longer be read: its files "
+            f"were vacuumed (older than the retention setting) ({err})"
+        ) from err
+
+
+def _ranges(versions: dict[int, int]) -> str:
+    epochs = sorted(versions)
+    return f"{epochs[0]}..{epochs[-1]}" if epochs else "none"
+
+
+# ==================================================================================== housekeeping
+def maintain_table(path: Path, settings: TableSettings) -> dict[str, int]:
+    """Compact the table's small files towards ``target_file_bytes``, then delete the
+    files no version within ``retention_hours`` uses. Each is its own commit, carrying
+    no epoch."""
+    from deltalake import DeltaTable
+
+    table = DeltaTable(str(path))
+    compacted = table.optimize.compact(target_size=settings.target_file_bytes)
+    table = DeltaTable(str(path))
+    removed = table.vacuum(
+        retention_hours=settings.retention_hours,
+        dry_run=False,
+        enforce_retention_duration=False,
+    )
+    return {
+        "files_compacted": int(compacted.get("numFilesRemoved", 0)),
+        "files_written": int(compacted.get("numFilesAdded", 0)),
+        "files_vacuumed": len(removed),
+    }

@@ -1,0 +1,253 @@
+"""Views published as Delta tables (``sinks/tables.py``), fed Arrow changes directly.
+
+The tables are read back as consumers would: DuckDB over the table's PyArrow dataset,
+pandas, and ``read_table``; what they hold is compared with the view each epoch's
+changes add up to. The Spark path (a real engine's changes through ``export_epoch``) is
+in ``test_outputs.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+from dbspark.core.columns import COPIES, WEIGHT
+from dbspark.core.types import Schema
+from dbspark.core.zset import ZSet
+from dbspark.engine.local.tier import arrow_schema
+from dbspark.orchestration.sinks.tables import (
+    EPOCH_KEY,
+    INTERVAL_KEY,
+    TableEpochError,
+    TableError,
+    TableSettings,
+    maintain_table,
+    open_table,
+    publish_table,
+    read_table,
+    table_epoch,
+    table_versions,
+)
+
+SCHEMA = Schema.of(
+    {"Tag": "string", "n": "bigint", "x": "double", "xs": "array<bigint>"}, what="test"
+)
+NO_MAINTENANCE = TableSettings(maintain_every=0)
+
+
+def change(rows: Sequence[tuple[tuple[Any, ...], int]], schema: Schema = SCHEMA) -> pa.Table:
+    """A change as the engine hands it over: the view's columns and ``__w``."""
+    fields = [*schema.fields, (WEIGHT, "bigint")]
+    columns = list(zip(*[(*row, w) for row, w in rows], strict=True)) if rows else []
+    if not columns:
+        columns = [[] for _ in fields]
+    return pa.table(
+        {name: list(values) for (name, _), values in zip(fields, columns, strict=True)},
+        schema=arrow_schema(fields),
+    )
+
+
+def as_zset(table: pa.Table, schema: Schema = SCHEMA) -> ZSet:
+    """A table of the view's columns and ``__copies`` as the multiset it stands for."""
+    rows = []
+    for record in table.to_pylist():
+        row = tuple(
+            tuple(record[n]) if record[n] is not None and t.startswith("array") else record[n]
+            for n, t in schema.fields
+        )
+        rows.append((row, record[COPIES]))
+    return ZSet(rows)
+
+
+def publish(path: Path, epoch: int, rows: Any, **kwargs: Any) -> Any:
+    def whole_view() -> pa.Table:
+        raise AssertionError("the whole view is only asked for a table's first epoch > 0")
+
+    options = {"whole_view": whole_view, "settings": NO_MAINTENANCE, **kwargs}
+    return publish_table(
+        path, circuit="c", view="v", schema=SCHEMA, epoch=epoch, change=change(rows), **options
+    )
+
+
+A = ("a", 1, 1.5, (1, 2))
+NULLS = (None, None, None, None)
+B = ("b", None, None, ())
+C = ("c", 3, None, (3,))
+EPOCHS = [
+    [(A, 2), (NULLS, 1), (B, 1)],
+    # one copy of A goes, a second row of NULLs comes, B goes, C comes
+    [(A, -1), (NULLS, 1), (B, -1), (C, 1)],
+    [],  # nothing changes
+    [(A, -1), (B, 3)],
+]
+
+
+def views_by_epoch() -> list[ZSet]:
+    views, total = [], ZSet([])
+    for rows in EPOCHS:
+        total = total + ZSet(rows)
+        views.append(total)
+    return views
+
+
+def test_each_epoch_is_one_version_that_readers_see_as_the_view(tmp_path: Path) -> None:
+    path = tmp_path / "v" / "table"
+    want = views_by_epoch()
+    for epoch, rows in enumerate(EPOCHS):
+        result = publish(path, epoch, rows, interval=f"2026-01-0{epoch + 1}/next")
+        assert (result.version, result.skipped) == (epoch, False)
+        # DuckDB over the table's dataset and pandas, as a consumer reads it.
+        reader = duckdb.connect()
+        reader.register("v", DeltaTable(str(path)).to_pyarrow_dataset())
+        by_duckdb = reader.sql("SELECT * FROM v").to_arrow_table()
+        by_pandas = pa.Table.from_pandas(DeltaTable(str(path)).to_pandas(), preserve_index=False)
+        for table in (read_table(path), by_duckdb, by_pandas):
+            assert table.column_names == [*SCHEMA.names, COPIES]
+            assert as_zset(table) == want[epoch], f"epoch {epoch}"
+
+    # One version per epoch, each carrying its epoch and interval; the log's txn says 3.
+    assert table_versions(path) == {0: 0, 1: 1, 2: 2, 3: 3}
+    history = {c["version"]: c for c in DeltaTable(str(path)).history()}
+    assert history[1][EPOCH_KEY] == 1 and history[1][INTERVAL_KEY] == "2026-01-02/next"
+    assert history[2]["operation"] == "WRITE"  # the empty epoch: a commit without files
+    assert table_epoch(path, "c", "v") == 3
+
+    # Time travel: the view as of every epoch.
+    for epoch in range(4):
+        assert as_zset(read_table(path, epoch)) == want[epoch], f"as of epoch {epoch}"
+    old = open_table(path, 1)
+    assert as_zset(pa.table(old.to_pyarrow_table())) == want[1]
+    with pytest.raises(TableError, match=r"no version of epoch 7 \(epochs in its log: 0..3\)"):
+        read_table(path, 7)
+
+    # The format's change feed: epoch 1 deleted B, added C, changed A's and NULLs' copies.
+    feed = pa.table(DeltaTable(str(path)).load_cdf(starting_version=1, ending_version=1))
+    kinds = {(r["Tag"], r["_change_type"], r[COPIES]) for r in feed.to_pylist()}
+    assert kinds == {
+        ("a", "update_preimage", 2),
+        ("a", "update_postimage", 1),
+        (None, "update_preimage", 1),
+        (None, "update_postimage", 2),
+        ("b", "delete", 1),
+        ("c", "insert", 1),
+    }
+
+
+def test_a_retried_publish_commits_once_and_a_gap_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "table"
+    publish(path, 0, EPOCHS[0])
+    publish(path, 1, EPOCHS[1])
+    retried = publish(path, 1, EPOCHS[1])
+    assert retried.skipped and retried.version is None
+    assert "already holds epoch 1" in retried.describe()
+    again = publish(path, 0, EPOCHS[0])
+    assert again.skipped
+    assert DeltaTable(str(path)).version() == 1
+    assert as_zset(read_table(path)) == views_by_epoch()[1]
+    with pytest.raises(TableEpochError, match=r"holds epochs up to 1; epoch 3 can only follow"):
+        publish(path, 3, [])
+    assert DeltaTable(str(path)).version() == 1
+
+
+def test_a_table_first_published_later_is_loaded_from_the_whole_view(tmp_path: Path) -> None:
+    path = tmp_path / "table"
+    view = views_by_epoch()[1]
+    result = publish(path, 2, [], whole_view=lambda: change(list(view.items())), interval="i2")
+    assert result.loaded and result.inserted == len(view)
+    assert table_versions(path) == {2: 0}
+    assert as_zset(read_table(path, 2)) == view
+    publish(path, 3, EPOCHS[3])
+    assert as_zset(read_table(path)) == views_by_epoch()[3]
+
+
+def test_a_commit_rewrites_only_the_files_holding_a_changed_row(tmp_path: Path) -> None:
+    """O(change): over a view laid out in many files, changing a row removes one file
+    and adds that file's other rows and the inserted row, not the view."""
+    schema = Schema.of({"k": "bigint", "s": "string"}, what="test")
+    rows = [((k, f"row {k:05d} " + "x" * 40), 1) for k in range(20_000)]
+    path = tmp_path / "table"
+    settings = TableSettings(maintain_every=0, target_file_bytes=64 * 1024)
+
+    def go(epoch: int, rows: Any) -> Any:
+        return publish_table(
+            path,
+            circuit="c",
+            view="v",
+            schema=schema,
+            epoch=epoch,
+            change=change(rows, schema),
+            whole_view=lambda: pa.table({}),
+            settings=settings,
+        )
+
+    loaded = go(0, rows)
+    files = len(DeltaTable(str(path)).file_uris())
+    assert loaded.files_added == files and files >= 10, files
+    result = go(1, [(rows[12_345][0], -1), ((99_999, "new"), 1)])
+    assert (result.inserted, result.deleted, result.updated) == (1, 1, 0)
+    assert result.files_removed == 1
+    # The rewritten file's other rows; far fewer than the view (a file holds ~1/files).
+    assert 0 < result.rows_copied < 3 * len(rows) / files
+    commit = DeltaTable(str(path)).history(1)[0]["operationMetrics"]
+    assert commit["num_target_rows_copied"] == result.rows_copied
+    assert commit["num_output_rows"] == result.rows_copied + 1
+
+
+def test_housekeeping_compacts_and_vacuums_under_the_retention(tmp_path: Path) -> None:
+    """Epochs that only insert add a file each; the maintenance after every 4th epoch
+    compacts them into one and, with no retention, deletes the files it replaced."""
+    path = tmp_path / "table"
+    settings = TableSettings(maintain_every=4, retention_hours=0)
+    epochs = [[(A, 1)], *([((f"d{e}", e, None, ()), 1)] for e in range(1, 4)), []]
+    views = []
+    for epoch, rows in enumerate(epochs):
+        result = publish(path, epoch, rows, settings=settings)
+        views.append(ZSet(rows) + (views[-1] if views else ZSet([])))
+    assert result.maintenance == {"files_compacted": 4, "files_written": 1, "files_vacuumed": 4}
+    assert "maintenance" in result.describe()
+    assert len(DeltaTable(str(path)).file_uris()) == 1
+    # Compaction and vacuum are versions of no epoch; the view is unchanged.
+    assert table_versions(path) == {e: e for e in range(5)}
+    operations = [c["operation"] for c in DeltaTable(str(path)).history(3)]
+    assert operations == ["VACUUM END", "VACUUM START", "OPTIMIZE"]
+    assert as_zset(read_table(path)) == views[4]
+    assert as_zset(read_table(path, 4)) == views[4]
+    # The view as of epoch 4 is read from after the compaction. With no retention, the
+    # files epoch 3 read are gone: reading it says so.
+    with pytest.raises(TableError, match="vacuumed"):
+        read_table(path, 3)
+    publish(path, 5, [(A, -1)], settings=settings)
+    assert as_zset(read_table(path)) == views[4] + ZSet([(A, -1)])
+    assert maintain_table(path, settings)["files_compacted"] == 0  # nothing small to merge
+
+
+def test_bad_tables_and_changes_are_named(tmp_path: Path) -> None:
+    path = tmp_path / "table"
+    with pytest.raises(TableError, match=r"change of view 'v' at epoch 0 lacks columns \['xs'\]"):
+        publish_table(
+            path,
+            circuit="c",
+            view="v",
+            schema=SCHEMA,
+            epoch=0,
+            change=change(EPOCHS[0]).drop_columns(["xs"]),
+            whole_view=lambda: pa.table({}),
+            settings=NO_MAINTENANCE,
+        )
+    with pytest.raises(TableError, match="has rows of weight <= 0"):
+        publish(path, 0, [(A, -1)])
+    assert not (path / "_delta_log").exists()
+    foreign = tmp_path / "foreign"
+    write_deltalake(str(foreign), pa.table({"x": [1]}))
+    with pytest.raises(TableError, match=r"no dbspark publish of view 'v' .* move it away"):
+        publish(foreign, 0, EPOCHS[0])
+    with pytest.raises(TableError, match="no published table at"):
+        read_table(tmp_path / "nowhere")
+    with pytest.raises(ValueError, match="retention_hours must be >= 0"):
+        TableSettings(retention_hours=-1)
