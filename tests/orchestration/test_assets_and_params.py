@@ -168,6 +168,7 @@ def test_publish_emits_one_event_per_view_with_the_epochs_change(test_dags, plac
         "orders", day(0), [(10, 1, 5, 1, None), (11, 2, 7, 1, None)], order_columns, "parquet"
     )
     place.landing.land("customers", day(1), [(2, "EU", 2, False)], customers, "parquet")  # US -> EU
+    place.landing.complete("orders", day(1))  # no orders arrived on day 1
 
     for epoch in (0, 1):
         mark = last_event(dag.dag_id)

@@ -53,13 +53,13 @@ def test_the_partition_is_per_source_and_interval_start(tmp_path: Path) -> None:
         landing.partition("../orders", DAY0)
 
 
-def test_a_missing_partition_is_nothing_unless_required(tmp_path: Path) -> None:
-    assert LandingDirectory(tmp_path).batch("orders", DAY0) is None
+def test_a_missing_partition_is_an_error_unless_the_source_opts_out(tmp_path: Path) -> None:
     expected = tmp_path / "orders" / "interval=20260101T000000Z"
     with pytest.raises(InputError, match="does not exist") as error:
-        LandingDirectory(tmp_path, require_partition=True).batch("orders", DAY0)
+        LandingDirectory(tmp_path).batch("orders", DAY0)
     assert str(expected) in str(error.value)
     assert "source 'orders'" in str(error.value)
+    assert LandingDirectory(tmp_path, require_partition=False).batch("orders", DAY0) is None
 
 
 def test_markers_and_hidden_files_are_not_data(tmp_path: Path) -> None:
@@ -134,6 +134,149 @@ def test_landing_writes_whole_files_under_fresh_names(tmp_path: Path) -> None:
         landing.land("tags", DAY0, [([1, 2],)], ["tags"], "csv")
     # A failed write leaves no file behind, not even a hidden temporary one.
     assert list(landing.partition("tags", DAY0).iterdir()) == []
+
+
+def test_a_completion_marker_names_every_file_and_its_rows(tmp_path: Path) -> None:
+    landing = LandingDirectory(tmp_path)
+    # A writer with nothing to land for an interval marks it complete and empty.
+    marker = landing.complete("orders", DAY0)
+    assert json.loads(marker.read_text()) == {"files": {}}
+    assert landing.batch("orders", DAY0) is None
+
+    landing.land("orders", DAY1, [(1, 1, 10, 1, None), (2, 1, 10, 1, None)], ORDERS, "csv")
+    landing.land("orders", DAY1, [(3, 1, 10, 1, None)], ORDERS, "csv")
+    (landing.partition("orders", DAY1) / "part-00001.csv").open("a").write("\n\n")
+    landing.complete("orders", DAY1)
+    marker = landing.partition("orders", DAY1) / "_dbspark_complete.json"
+    assert json.loads(marker.read_text()) == {"files": {"part-00000.csv": 2, "part-00001.csv": 1}}
+    assert len(landing.batch("orders", DAY1).paths) == 2
+
+    def refused(content: dict, match: str) -> None:
+        marker.write_text(json.dumps(content))
+        with pytest.raises(InputError, match=match) as error:
+            landing.batch("orders", DAY1)
+        assert "source 'orders'" in str(error.value)
+        assert str(landing.partition("orders", DAY1)) in str(error.value)
+
+    # A file still on its way, a file the writer did not announce, a file cut short.
+    refused(
+        {"files": {"part-00000.csv": 2, "part-00001.csv": 1, "part-00002.csv": 5}},
+        r"\['part-00002.csv'\] named by the marker are not in the partition",
+    )
+    refused({"files": {"part-00000.csv": 2}}, r"\['part-00001.csv'\] are in the partition but")
+    refused(
+        {"files": {"part-00000.csv": 3, "part-00001.csv": 1}},
+        "part-00000.csv has 2 rows, the marker says 3",
+    )
+    refused({"files": {"part-00000.csv": -1}}, "whole number of rows")
+    refused({"files": ["part-00000.csv"]}, "must be")
+    marker.write_text("{")
+    with pytest.raises(InputError, match="not JSON"):
+        landing.batch("orders", DAY1)
+
+    # Parquet rows come from the footers; JSON lines are counted without blank lines.
+    day2 = Interval(DAY1.end, DAY1.end + timedelta(days=1))
+    landing.land("customers", day2, [(1, "x", 1, False)] * 3, CUSTOMERS, "parquet")
+    landing.complete("customers", day2)
+    landing.land("words", day2, [("a",), ("b",)], ["word"], "jsonl")
+    landing.complete("words", day2)
+    counts = [
+        json.loads((landing.partition(s, day2) / "_dbspark_complete.json").read_text())
+        for s in ("customers", "words")
+    ]
+    assert counts == [{"files": {"part-00000.parquet": 3}}, {"files": {"part-00000.jsonl": 2}}]
+
+
+def test_text_that_is_not_utf8_is_refused_naming_file_and_line(tmp_path: Path) -> None:
+    import gzip
+
+    landing = LandingDirectory(tmp_path)
+    partition = landing.partition("customers", DAY0)
+    partition.mkdir(parents=True)
+    latin1 = "cust_id,region,ts,deleted\n1,north,1,false\n2,Zürich,1,false\n".encode("latin-1")
+    (partition / "part-00000.csv").write_bytes(latin1)
+    with pytest.raises(InputError, match="line 3: byte 4 of the line is not UTF-8") as error:
+        landing.batch("customers", DAY0)
+    assert "source 'customers'" in str(error.value)
+    assert str(partition / "part-00000.csv") in str(error.value)
+    assert "Zürich" not in str(error.value)  # the row's value is not copied
+    (partition / "part-00000.csv").write_bytes(latin1.decode("latin-1").encode("utf-8"))
+    assert landing.batch("customers", DAY0) is not None
+
+    words = landing.partition("words", DAY0)
+    words.mkdir(parents=True)
+    (words / "a.jsonl.gz").write_bytes(gzip.compress(b'{"word": "ok"}\n{"word": "\xff"}\n'))
+    with pytest.raises(InputError, match="line 2: byte 11 of the line is not UTF-8"):
+        landing.batch("words", DAY0)
+    (words / "a.jsonl.gz").write_bytes(gzip.compress(b'{"word": "ok"}\n')[:-9])  # truncated
+    with pytest.raises(InputError, match="cannot be read"):
+        landing.batch("words", DAY0)
+
+
+def test_symbolic_links_are_refused_not_followed(tmp_path: Path) -> None:
+    landing = LandingDirectory(tmp_path / "landing")
+    elsewhere = write_parquet(tmp_path / "secret.parquet", [{"order_id": 1}])
+    partition = landing.partition("orders", DAY0)
+    partition.mkdir(parents=True)
+    (partition / "part-00000.parquet").symlink_to(elsewhere)
+    with pytest.raises(InputError, match=r"'part-00000\.parquet' is a symbolic link") as error:
+        landing.batch("orders", DAY0)
+    assert str(partition) in str(error.value)
+    other = landing.partition("orders", DAY1)
+    other.parent.mkdir(parents=True, exist_ok=True)
+    other.symlink_to(partition)
+    with pytest.raises(InputError, match="partition is a symbolic link"):
+        landing.batch("orders", DAY1)
+
+
+def test_files_that_arrive_change_or_vanish_after_their_ingest_are_found(tmp_path: Path) -> None:
+    from dbspark.orchestration.sources.records import IngestRecords, late_changes
+
+    landing = LandingDirectory(tmp_path / "landing", late_window=2)
+    records = IngestRecords(tmp_path / "warehouse", "orders")
+    days = [
+        Interval(DAY0.start + timedelta(days=n), DAY0.start + timedelta(days=n + 1))
+        for n in range(3)
+    ]
+    for day in days:
+        landing.land("orders", day, [(1, 1, 10, 1, None)], ORDERS, "parquet", name="a")
+        landing.land("orders", day, [(2, 1, 10, 1, None)], ORDERS, "parquet", name="b")
+        batch = landing.batch("orders", day)
+        records.write("orders", day, landing.record("orders", day, batch))
+    assert late_changes(landing, "orders", records, days) == []
+
+    landing.land("orders", days[0], [(3, 1, 10, 1, None)], ORDERS, "parquet", name="late")
+    landing.land("orders", days[1], [(9, 1, 10, 1, None)], ORDERS, "parquet", name="a")
+    (landing.partition("orders", days[2]) / "b.parquet").unlink()
+    found = late_changes(landing, "orders", records, days)
+    # The window is the last two intervals: the late file of the first is not looked at.
+    assert found == [
+        f"{landing.partition('orders', days[1]) / 'a.parquet'} was replaced after "
+        f"interval {days[1]} was ingested",
+        f"{landing.partition('orders', days[2]) / 'b.parquet'} was removed after "
+        f"interval {days[2]} was ingested",
+    ]
+    wide = LandingDirectory(tmp_path / "landing", late_window=3)
+    assert (
+        f"{landing.partition('orders', days[0]) / 'late.parquet'} arrived after"
+        in (late_changes(wide, "orders", records, days)[0])
+    )
+    assert (
+        late_changes(LandingDirectory(tmp_path / "landing", late_window=0), "orders", records, days)
+        == []
+    )
+
+
+def test_the_late_files_policy_is_warn_fail_or_airflow_cfgs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert LandingDirectory(tmp_path, late_files="FAIL").late_files == "fail"
+    monkeypatch.delenv("AIRFLOW__DBSPARK__LATE_FILES", raising=False)
+    assert LandingDirectory(tmp_path).late_files == "warn"
+    monkeypatch.setenv("AIRFLOW__DBSPARK__LATE_FILES", "fail")
+    assert LandingDirectory(tmp_path).late_files == "fail"
+    with pytest.raises(ValueError, match="'warn' or 'fail'"):
+        LandingDirectory(tmp_path, late_files="ignore")
 
 
 # ==================================================================================== fingerprints
@@ -327,6 +470,25 @@ def test_a_postgres_connection_pulls_the_interval(
 
 
 # ==================================================================================== end to end
+@pytest.mark.slow
+def test_file_names_with_glob_characters_are_read_literally(spark, tmp_path: Path) -> None:
+    """``a[1].csv`` is that file: as a glob it would match ``a1.csv`` and read its rows
+    twice, and none of its own."""
+    from dbspark.engine.spark.executor import SparkEngine
+
+    landing = LandingDirectory(tmp_path / "landing")
+    landing.land("customers", DAY0, [(1, "north", 1, False)], CUSTOMERS, "csv", name="a[1]")
+    landing.land("customers", DAY0, [(2, "south", 1, False)], CUSTOMERS, "csv", name="a1")
+    batch = landing.batch("customers", DAY0)
+    assert [Path(p).name for p in batch.paths] == ["a1.csv", "a[1].csv"]
+    engine = SparkEngine(orders(), tmp_path / "warehouse", spark=spark)
+    checked = engine.check_batch("customers", batch)
+    assert sorted(tuple(r) for r in checked.rows().collect()) == [
+        (1, "north", 1, False),
+        (2, "south", 1, False),
+    ]
+
+
 @pytest.mark.slow
 def test_connectors_feed_epochs_of_the_orders_circuit(
     spark, tmp_path: Path, sqlite_url: str

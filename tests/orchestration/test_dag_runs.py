@@ -74,6 +74,8 @@ def test_reachability_epochs_with_edge_deletions_equal_full_refresh(test_dags, p
             columns = [*circuit.node(circuit.sources[source]).schema.names, "__w"]
             flat = [(*row, weight) for row, weight in rows]
             place.landing.land(source, day(epoch), flat, columns, "parquet")
+        for source in circuit.sources:  # complete, even where nothing arrived
+            place.landing.complete(source, day(epoch))
         history.append(batch)
         state, tasks = run(dag, epoch)
         assert state == "success", tasks
@@ -167,4 +169,49 @@ def test_a_loop_that_exceeds_its_bound_fails_the_convergence_check(test_dags, pl
     assert "max_iterations=3" in logs
     catalog = Catalog.for_warehouse(place.warehouse)
     assert catalog.epoch_state("doubling_low_bound", 0) == "open"
+    catalog.close()
+
+
+def test_a_file_landed_after_its_interval_committed_is_refused_or_reported(
+    test_dags, place, capfd, monkeypatch
+):
+    """A file that lands in a committed interval's partition is never read: the next
+    ingest of the source finds it, and with ``[dbspark] late_files = fail`` refuses to
+    run until it is moved into a current interval; by default it warns."""
+    dag = test_dags["test_word_count"]
+    circuit = circuit_of("test_word_count")
+    columns = ["word", "__w"]
+    place.landing.land("words", day(0), [("a", 1)], columns, "parquet")
+    assert run(dag, 0)[0] == "success"
+
+    late = place.landing.land("words", day(0), [("late", 1)], columns, "parquet", name="late")
+    place.landing.land("words", day(1), [("b", 1)], columns, "parquet")
+    monkeypatch.setenv("AIRFLOW__DBSPARK__LATE_FILES", "fail")
+    capfd.readouterr()
+    state, tasks = run(dag, 1)
+    assert state == "failed" and tasks[("ingest.words", -1)] == "failed", tasks
+    logs = capfd.readouterr().out
+    assert f"{late} arrived after interval {day(0)} was ingested" in logs
+    catalog = Catalog.for_warehouse(place.warehouse)
+    assert catalog.last_committed_epoch(circuit.name) == 0
+
+    # The remedy the message gives: move the late file into the current interval.
+    late.rename(place.landing.partition("words", day(1)) / late.name)
+    state, tasks = run(dag, 1)
+    assert state == "success", tasks
+    assert published(place, circuit, "counts", SNAPSHOT, 1) == ZSet(
+        {("a", 1): 1, ("b", 1): 1, ("late", 1): 1}
+    )
+
+    # Replaced after its ingest, under the default policy: a warning, and the run goes on.
+    monkeypatch.delenv("AIRFLOW__DBSPARK__LATE_FILES")
+    place.landing.land("words", day(1), [("b", 5)], columns, "parquet", name="part-00000")
+    place.landing.land("words", day(2), [("c", 1)], columns, "parquet")
+    capfd.readouterr()
+    state, tasks = run(dag, 2)
+    assert state == "success", tasks
+    logs = capfd.readouterr().out
+    replaced = place.landing.partition("words", day(1)) / "part-00000.parquet"
+    assert f"{replaced} was replaced after interval {day(1)} was ingested" in logs
+    assert catalog.last_committed_epoch(circuit.name) == 2
     catalog.close()

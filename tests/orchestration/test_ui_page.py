@@ -53,6 +53,8 @@ def runs(airflow_db, tmp_path_factory):
             for source, rows in batch.items():
                 columns = ["src", "dst", "__w"] if source == "edges" else ["node", "__w"]
                 landing.land(source, day(epoch), rows, columns, "parquet")
+            for source in ("edges", "roots"):  # complete, even where nothing arrived
+                landing.complete(source, day(epoch))
             run = dag.test(logical_date=day(epoch).end)
             assert str(getattr(run.state, "value", run.state)) == "success"
             done.append((run.run_id, {ti.task_id for ti in run.get_task_instances()}))

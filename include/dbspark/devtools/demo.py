@@ -94,8 +94,10 @@ def interval(epoch: int) -> Any:
 
 
 def land(circuit: Circuit, epoch: int, inputs: Inputs, landing: Any = None) -> list[str]:
-    """Write one epoch's batches as files in the landing directory (idempotently);
-    ``landing`` None is the configured one (``[dbspark] landing``)."""
+    """Write one epoch's batches as files in the landing directory (idempotently), then
+    mark every source's partition complete, as a writer must when nothing arrived for a
+    source (a missing partition is an error); ``landing`` None is the configured one
+    (``[dbspark] landing``)."""
     from dbspark.orchestration.sources import LandingDirectory
 
     landing = landing or LandingDirectory()
@@ -112,6 +114,8 @@ def land(circuit: Circuit, epoch: int, inputs: Inputs, landing: Any = None) -> l
             rows = [(*row, weight) for row, weight in batch]
             path = landing.land(source, interval(epoch), rows, columns, "parquet", name="demo")
         written.append(str(path))
+    for source in circuit.sources:
+        landing.complete(source, interval(epoch))
     return written
 
 

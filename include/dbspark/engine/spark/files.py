@@ -271,6 +271,13 @@ def _blame_unreadable(
     ) from None
 
 
+def _reader(spark: SparkSession) -> Any:
+    """``spark.read`` that takes a path literally: ``a[1].csv`` is that file, where Spark
+    would glob it and read ``a1.csv`` instead (an internal option every file source
+    honours, also through Spark Connect)."""
+    return spark.read.option("__globPaths__", "false")
+
+
 def _open(source: str, path: str, read: Any) -> DataFrame:
     try:
         return read()
@@ -283,7 +290,7 @@ def _open(source: str, path: str, read: Any) -> DataFrame:
 def _read_parquet(
     spark: SparkSession, source: str, schema: Schema, path: str, weighted: bool
 ) -> DataFrame:
-    raw = _open(source, path, lambda: spark.read.parquet(path))
+    raw = _open(source, path, lambda: _reader(spark).parquet(path))
     check_names(source, schema, raw.columns, weighted, path, "the file")
     _check_types(source, schema, raw.schema, weighted, path, "the file")
     located = raw.select("*", F.col("_metadata.row_index").alias(POSITION))
@@ -299,7 +306,7 @@ def _read_csv(
         raise InputError(
             source, f"CSV cannot hold the ARRAY column(s) {arrays}; use parquet or jsonl", path
         )
-    header = _open(source, path, lambda: spark.read.option("header", True).csv(path).columns)
+    header = _open(source, path, lambda: _reader(spark).option("header", True).csv(path).columns)
     if not header:
         raise InputError(source, "the CSV file has no header line", path)
     check_names(source, schema, header, weighted, path, "the header")
@@ -311,7 +318,8 @@ def _read_csv(
         source,
         path,
         lambda: (
-            spark.read.schema(T.StructType(fields))
+            _reader(spark)
+            .schema(T.StructType(fields))
             .option("header", True)
             .option("mode", "PERMISSIVE")
             .option("columnNameOfCorruptRecord", _CORRUPT)
@@ -348,7 +356,7 @@ def _json_type_pattern(type_name: str) -> str:
 def _read_jsonl(
     spark: SparkSession, source: str, schema: Schema, path: str, weighted: bool
 ) -> DataFrame:
-    text = _open(source, path, lambda: spark.read.text(path))
+    text = _open(source, path, lambda: _reader(spark).text(path))
     declared = declared_columns(schema, weighted)
     lines = text.where(F.trim("value") != "").select(
         "value", F.expr("try_parse_json(value)").alias("__v")
@@ -424,7 +432,7 @@ def _raise_problem(spark: SparkSession, source: str, row: Any, declared: dict[st
     if kind == "csv":
         line = _line_of(spark, file, rest)
         where = f"line {line}" if line else "a line"
-        header = spark.read.option("header", True).csv(file).columns
+        header = _reader(spark).option("header", True).csv(file).columns
         detail = csv_column_detail(header, declared, rest) or "malformed CSV line"
         raise InputError(source, f"{where}: {detail}: {rest[:200]}", file)
     position = row[POSITION]
@@ -434,7 +442,7 @@ def _raise_problem(spark: SparkSession, source: str, row: Any, declared: dict[st
 
 def _line_of(spark: SparkSession, file: str, record: str) -> int | None:
     """The 1-based line of ``file`` that holds ``record`` (read again only on this error path)."""
-    whole = spark.read.text(file, wholetext=True)
+    whole = _reader(spark).text(file, wholetext=True)
     found = (
         whole.select(F.posexplode(F.split("value", "\n")).alias("pos", "line"))
         .where(F.regexp_replace("line", "\r$", "") == F.lit(record))

@@ -40,6 +40,7 @@ from dbspark.orchestration.airflow.deployment import (
 from dbspark.orchestration.epochs import EpochOfRun, next_epoch, require_epoch
 from dbspark.orchestration.intervals import Interval
 from dbspark.orchestration.sources.base import source_columns
+from dbspark.orchestration.sources.records import IngestRecords, late_changes
 from dbspark.orchestration.units import (
     CloseUnit,
     IngestUnit,
@@ -272,10 +273,51 @@ class EpochTasks:
         deployment, run = self._current(context)
         connector = self.sources[source]
         log.info("%s", connector.describe(source, run.interval))
+        records = IngestRecords(deployment.warehouse, self.name)
+        late = self._late_input(deployment, connector, source, run.epoch, records)
         columns = source_columns(self.circuit, source)
         batch = connector.batch(source, run.interval, columns=columns)
+        # Recorded before the unit runs, so every committed ingest has its record.
+        record = connector.record(source, run.interval, batch)
+        if record is not None:
+            records.write(source, run.interval, record)
         unit = IngestUnit(run.epoch, source, batch)
-        return self._execute(deployment, unit)
+        return {**self._execute(deployment, unit), "late_input": late}
+
+    def _late_input(
+        self,
+        deployment: Deployment,
+        connector: Any,
+        source: str,
+        epoch: int,
+        records: IngestRecords,
+    ) -> list[str]:
+        """What arrived or changed in earlier, committed intervals after their ingest:
+        logged as a warning, or the ingest refused when the connector's policy says so."""
+        catalog = self._catalog(deployment)
+        try:
+            labels = catalog.epoch_labels(self.name)
+        finally:
+            catalog.close()
+        committed = [Interval.parse(labels[e]) for e in sorted(labels) if e < epoch]
+        late = late_changes(connector, source, records, committed)
+        if not late:
+            return []
+        listed = "\n  ".join(late)
+        if connector.late_files == "fail":
+            raise _fail(
+                f"source {source!r}: input of committed intervals changed after their "
+                f"ingest and was never read:\n  {listed}\nA committed epoch's input cannot "
+                "change: move late files into a current interval's partition (or remove "
+                "them), then clear this task. Nothing of this epoch was written."
+            )
+        log.warning(
+            "source %r: input of committed intervals changed after their ingest and was "
+            "never read (set late_files='fail' to refuse):\n  %s",
+            source,
+            listed,
+        )
+        return late
 
     def stage(self, stage_id: int, context: Mapping[str, Any]) -> dict[str, Any]:
         deployment, run = self._current(context)

@@ -19,13 +19,17 @@ the engine, but a table pull must select the right columns in the right order.
 
 An epoch's input must never change once it is committed (a retried ingest would
 otherwise silently fork history): the engine records a fingerprint of what each ingest
-consumed and refuses a different batch for it on a re-run.
+consumed and refuses a different batch for it on a re-run. Input that arrives for an
+interval after it was ingested is never read; a connector that can see it says so
+through :meth:`SourceConnector.record` and :meth:`SourceConnector.changes`, which each
+ingest asks about the earlier intervals (``late_window`` of them) and answers by its
+``late_files`` policy: ``"warn"`` in the task log, or ``"fail"``.
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from dbspark.circuit.builder import Circuit
@@ -60,6 +64,21 @@ class SourceConnector(abc.ABC):
     @abc.abstractmethod
     def describe(self, source: str, interval: Interval) -> str:
         """One line for the task log: where the batch of ``source`` for ``interval`` is read."""
+
+    #: What an ingest does when :meth:`changes` finds something: "warn" or "fail".
+    late_files: str = "warn"
+    #: How many earlier intervals each ingest asks :meth:`changes` about.
+    late_window: int = 0
+
+    def record(self, source: str, interval: Interval, batch: Any) -> dict[str, Any] | None:
+        """What to remember of ``batch`` (as JSON) to tell later whether the interval's
+        input changed after it was ingested; None when the connector cannot tell."""
+        return None
+
+    def changes(self, source: str, interval: Interval, recorded: Mapping[str, Any]) -> list[str]:
+        """What arrived or changed in ``interval`` since the ingest that ``recorded``
+        (:meth:`record`) describes, one line each; empty when nothing did."""
+        return []
 
 
 def source_columns(circuit: Circuit, source: str) -> tuple[str, ...]:

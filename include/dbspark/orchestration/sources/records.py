@@ -1,0 +1,69 @@
+"""What each ingest read, kept so that a later ingest can tell what arrived too late.
+
+An ingest reads a source's batch for its interval once; files that land in that
+interval's partition after the epoch commits are never read. Before the ingest unit
+runs, the task stores the connector's :meth:`~SourceConnector.record` of the batch
+under ``<warehouse>/<circuit>/_ingested/<source>/interval=<slug>.json``, and every
+later ingest of the source asks the connector what changed since, for the intervals
+of the last ``late_window`` committed epochs (:func:`late_changes`).
+
+The records live in the warehouse because they belong to the circuit that read the
+files (two circuits may read one landing directory), and outside the catalog because
+they are advice, not state: losing one only means that interval is not checked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from dbspark.orchestration.intervals import Interval
+from dbspark.orchestration.sources.base import SourceConnector
+
+__all__ = ["IngestRecords", "late_changes"]
+
+
+class IngestRecords:
+    """The records of one circuit's ingests, by source and interval."""
+
+    def __init__(self, warehouse: str | os.PathLike[str], circuit: str) -> None:
+        self.root = Path(warehouse) / circuit / "_ingested"
+
+    def path(self, source: str, interval: Interval) -> Path:
+        return self.root / source / f"interval={interval.slug}.json"
+
+    def write(self, source: str, interval: Interval, record: Mapping[str, Any]) -> None:
+        """Store ``record`` (replacing an earlier attempt's), renamed into place whole."""
+        target = self.path(source, interval)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        temporary = target.with_name(f".{target.name}.tmp-{uuid.uuid4().hex}")
+        temporary.write_text(json.dumps(record, sort_keys=True))
+        os.replace(temporary, target)
+
+    def read(self, source: str, interval: Interval) -> dict[str, Any] | None:
+        """The record of the ingest of ``source`` for ``interval``, or None."""
+        try:
+            return json.loads(self.path(source, interval).read_text())
+        except FileNotFoundError:
+            return None
+
+
+def late_changes(
+    connector: SourceConnector,
+    source: str,
+    records: IngestRecords,
+    committed: list[Interval],
+) -> list[str]:
+    """What the connector finds changed in the last ``connector.late_window`` of the
+    ``committed`` intervals (oldest first) since each was ingested, one line each."""
+    window = committed[-connector.late_window :] if connector.late_window else []
+    found = []
+    for interval in window:
+        recorded = records.read(source, interval)
+        if recorded is not None:
+            found.extend(connector.changes(source, interval, recorded))
+    return found
