@@ -7,7 +7,7 @@ The database is a SQLAlchemy URL, or an Airflow connection resolved at each pull
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
@@ -91,6 +91,19 @@ class SqlTable(SourceConnector):
     ordered by the watermark and then by every selected column, so a pull is
     reproducible. Values are what the driver returns; the engine checks them against the
     source's types (a NUMERIC column gives ``Decimal``, which a BIGINT source refuses).
+    Rows are fetched ``chunk_rows`` at a time through a server-side cursor where the
+    driver has one, never all at once.
+
+    **Late rows.** A row committed after its interval was pulled with a watermark inside
+    that interval (a long transaction, a lagging replica) would never be read. ``lag``
+    makes every pull reach back: the interval ``[start - lag, end)``, so such a row is
+    read by the next pull if it commits within ``lag``. Rows of the overlap are read
+    twice; for an upsert source that is harmless, since a row equal to the stored
+    version (same key, same watermark, same values) changes nothing and an older one is
+    stale. A Z-set source would count them twice, so ``lag`` needs an upsert source
+    (no ``weight_column``). **Hard deletes** are never seen by a pull: a deleted row is
+    simply absent. Delete with a tombstone (an upsert source's tombstone column, set in
+    a new version of the row with a greater watermark), or soft-delete in the table.
     """
 
     def __init__(
@@ -104,9 +117,20 @@ class SqlTable(SourceConnector):
         columns: Mapping[str, str] | None = None,
         schema: str | None = None,
         weight_column: str | None = None,
+        lag: timedelta = timedelta(0),
+        chunk_rows: int = 10_000,
     ) -> None:
         if (url is None) == (conn_id is None):
             raise ValueError("SqlTable needs exactly one of url and conn_id")
+        if lag < timedelta(0):
+            raise ValueError(f"lag {lag} is negative")
+        if lag and weight_column is not None:
+            raise ValueError(
+                "lag reads the rows of the overlap again, which a Z-set source "
+                "(weight_column) would count twice: lag needs an upsert source"
+            )
+        if chunk_rows < 1:
+            raise ValueError(f"chunk_rows must be 1 or more, not {chunk_rows}")
         if watermark_unit not in (None, *_UNITS):
             raise ValueError(
                 f"watermark_unit {watermark_unit!r} is not one of None (a timestamp), 's', 'ms'"
@@ -119,6 +143,8 @@ class SqlTable(SourceConnector):
         self.watermark_unit = watermark_unit
         self.columns = dict(columns or {})
         self.weight_column = weight_column
+        self.lag = lag
+        self.chunk_rows = chunk_rows
 
     @property
     def _table_name(self) -> str:
@@ -133,9 +159,10 @@ class SqlTable(SourceConnector):
         return f"SqlTable({self._where()}, table={self._table_name!r})"
 
     def describe(self, source: str, interval: Interval) -> str:
+        lag = f" reaching back {self.lag} for late rows" if self.lag else ""
         return (
             f"source {source!r}: table {self._table_name} at {self._where()}, rows with "
-            f"{self.watermark_column} in {interval}"
+            f"{self.watermark_column} in {interval}{lag}"
         )
 
     def batch(
@@ -146,8 +173,9 @@ class SqlTable(SourceConnector):
         columns: Sequence[str],
         spark: SparkSession | None = None,
     ) -> list[tuple]:
-        """The rows of the interval, as tuples in ``columns`` order (``[row, weight]``
-        pairs with ``weight_column``). An interval without rows gives an empty list."""
+        """The rows of the interval (reaching back ``lag``), as tuples in ``columns``
+        order (``[row, weight]`` pairs with ``weight_column``). An interval without rows
+        gives an empty list."""
         if not columns:
             raise ValueError(f"source {source!r}: SqlTable needs the source's columns")
         unknown = sorted(set(self.columns) - set(columns))
@@ -156,16 +184,26 @@ class SqlTable(SourceConnector):
                 source, f"SqlTable maps column(s) {unknown} the source does not declare"
             )
         engine = sa.create_engine(self._url())
+        rows: list[tuple] = []
         try:
             with engine.connect() as conn:
                 table = self._reflect(source, conn)
-                query = self._query(source, table, columns, interval)
-                rows = conn.execute(query).all()
+                query = self._query(source, table, columns, self._pulled(interval))
+                # A server-side cursor, read a chunk at a time: the driver's rows are
+                # dropped as they become tuples, never held all at once beside them.
+                result = conn.execution_options(yield_per=self.chunk_rows).execute(query)
+                for chunk in result.partitions():
+                    if self.weight_column is None:
+                        rows.extend(tuple(r) for r in chunk)
+                    else:
+                        rows.extend((tuple(r[:-1]), r[-1]) for r in chunk)
         finally:
             engine.dispose()
-        if self.weight_column is None:
-            return [tuple(r) for r in rows]
-        return [(tuple(r[:-1]), r[-1]) for r in rows]
+        return rows
+
+    def _pulled(self, interval: Interval) -> Interval:
+        """The interval a pull reads: ``interval`` reaching back ``lag``."""
+        return Interval(interval.start - self.lag, interval.end)
 
     def _url(self) -> sa.URL:
         if self.url is not None:
