@@ -40,6 +40,7 @@ from dbspark.orchestration.sinks.serving import (
     ServingTarget,
     initialize_serving,
 )
+from dbspark.orchestration.sinks.tables import read_table, table_path, table_versions
 
 SCHEMA = Schema.of(
     {"tag": "string", "n": "bigint", "x": "double", "ok": "boolean", "xs": "array<bigint>"},
@@ -166,6 +167,14 @@ def run_and_export(
     return reports
 
 
+def table_zset(table: Any, schema: Schema) -> ZSet:
+    """A published table (the view's columns and ``__copies``) as the multiset it holds."""
+    return ZSet(
+        (tuple(record[name] for name in schema.names), record["__copies"])
+        for record in table.to_pylist()
+    )
+
+
 def tags() -> Circuit:
     """A view with multiplicities above 1 and NULLs: the tags of items."""
     c = Circuit("tags")
@@ -236,6 +245,8 @@ def test_export_epochs_of_a_view_with_multiplicities(spark: Any, tmp_path: Path)
         snapshot = frame_to_zset(read_snapshot(spark, root, "tags", "tags", epoch), schema)
         assert snapshot == view, f"snapshot of epoch {epoch}"
         assert ZSet(serving.contents("tags", "tags", schema)) == view, f"serving, epoch {epoch}"
+        published = read_table(table_path(root, "tags", "tags"))
+        assert table_zset(published, schema) == view, f"table, epoch {epoch}"
         if epoch == 0:
             audited(serving.engine, serving.table_name("tags"))
         else:
@@ -268,11 +279,19 @@ def test_export_epochs_of_a_view_with_multiplicities(spark: Any, tmp_path: Path)
     with pytest.raises(ExportError, match=r"not exported for epochs \[5\]"):
         read_changes(spark, root, "tags", "tags", [1, 5])
 
+    # The table: one version per epoch, each readable as of its epoch.
+    table = table_path(root, "tags", "tags")
+    assert table_versions(table) == {0: 0, 1: 1, 2: 2}
+    for epoch in range(3):
+        assert table_zset(read_table(table, epoch), schema) == want[epoch], f"as of {epoch}"
+    assert "table " in report.describe() and "version 2" in report.describe()
+
     # A retried task, even after the epoch closed, finds every output done.
     before = {p: p.stat().st_mtime_ns for p in root.rglob("*")}
     retried = export_epoch(engine, 2, root=root, serving=serving)
     item = retried.views["tags"]
     assert item.snapshot.skipped and item.changes.skipped and item.serving.skipped
+    assert item.table.skipped
     assert {p: p.stat().st_mtime_ns for p in root.rglob("*")} == before
     assert touched(serving.engine) == set()
     assert not list(root.rglob(".*tmp-*")), "a temporary directory was left behind"
@@ -315,6 +334,8 @@ def test_export_upsert_deletions(spark: Any, tmp_path: Path) -> None:
             view = engine.view(name)
             assert frame_to_zset(read_snapshot(spark, root, "orders", name, epoch), schema) == view
             assert ZSet(no_root.contents("orders", name, schema)) == view, name
+            published = read_table(table_path(root, "orders", name))
+            assert table_zset(published, schema) == view, f"table {name}, epoch {epoch}"
         totals = engine.circuit.node(engine.circuit.views["region_totals"]).schema
         assert ZSet(with_root.contents("orders", "region_totals", totals)) == engine.view(
             "region_totals"
@@ -418,6 +439,8 @@ def test_export_a_sql_view_over_typed_columns(spark: Any, tmp_path: Path) -> Non
             view = engine.view(name)
             assert frame_to_zset(read_snapshot(spark, root, "ledger", name, epoch), schema) == view
             assert ZSet(serving.contents("ledger", name, schema)) == view, name
+            published = read_table(table_path(root, "ledger", name))
+            assert table_zset(published, schema) == view, f"table {name}, epoch {epoch}"
     daily = circuit.stream("daily").schema
     assert daily.types == ("date", "decimal(20,2)", "decimal(14,6)")
     assert ZSet(serving.contents("ledger", "daily", daily)) == ZSet(

@@ -251,3 +251,13 @@ def test_bad_tables_and_changes_are_named(tmp_path: Path) -> None:
         read_table(tmp_path / "nowhere")
     with pytest.raises(ValueError, match="retention_hours must be >= 0"):
         TableSettings(retention_hours=-1)
+
+
+def test_settings_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert TableSettings.from_environment() == TableSettings()
+    monkeypatch.setenv("DBSPARK_TABLE_RETENTION_HOURS", "0")
+    monkeypatch.setenv("DBSPARK_TABLE_MAINTAIN_EVERY", "3")
+    assert TableSettings.from_environment() == TableSettings(retention_hours=0, maintain_every=3)
+    monkeypatch.setenv("DBSPARK_TABLE_TARGET_FILE_BYTES", "0")
+    with pytest.raises(ValueError, match="DBSPARK_TABLE_TARGET_FILE_BYTES must be an integer >= 1"):
+        TableSettings.from_environment()

@@ -91,8 +91,9 @@ class IterateUnit:
 
 @dataclass(frozen=True)
 class PublishUnit:
-    """Publish the epoch's view changes, then export them to ``outputs`` (and the serving
-    database at ``serving_url``, when there is one)."""
+    """Publish the epoch's view changes, then export them to ``outputs`` (each view's
+    Delta table, kept as ``DBSPARK_TABLE_*`` say, and change feed) and to the serving
+    database at ``serving_url``, when there is one."""
 
     epoch: int
     outputs: str
@@ -103,26 +104,34 @@ class PublishUnit:
     def run(self, engine: Any) -> dict[str, Any]:
         from dbspark.orchestration.sinks.export import export_epoch
         from dbspark.orchestration.sinks.serving import ServingTarget
+        from dbspark.orchestration.sinks.tables import TableSettings
 
         report = engine.publish(self.epoch)
         log.info("epoch %s: %s", self.epoch, report.describe())
         serving = None
         if self.serving_url:
             serving = ServingTarget(self.serving_url, prefix=self.serving_prefix)
-        exported = export_epoch(engine, self.epoch, root=self.outputs, serving=serving)
+        exported = export_epoch(
+            engine,
+            self.epoch,
+            root=self.outputs,
+            serving=serving,
+            tables=TableSettings.from_environment(),
+        )
         log.info("epoch %s outputs:\n%s", self.epoch, exported.describe())
         # Per view, what its asset event tells consumers (orchestration/airflow/assets.py).
         # The counts come from the change feed's marker, so a retry that finds the
         # outputs complete reports what the first attempt wrote.
         views = {}
         for name, item in exported.views.items():
-            changes, snapshot = item.changes, item.snapshot
+            changes, snapshot, table = item.changes, item.snapshot, item.table
             views[name] = {
                 "rows": changes.rows if changes else 0,
                 "inserted": changes.inserted if changes else 0,
                 "deleted": changes.deleted if changes else 0,
                 "changes": str(changes.path) if changes and changes.path else None,
                 "snapshot": str(snapshot.path) if snapshot and snapshot.path else None,
+                "table": str(table.path) if table else None,
             }
         return {"epoch": self.epoch, "view_changes": report.rows_out, "views": views}
 

@@ -1,5 +1,6 @@
-"""Exporting a circuit's views after each epoch: the Parquet directories (``files``) and
-the SQL serving tables (``serving``) in one call, :func:`export_epoch`.
+"""Exporting a circuit's views after each epoch: the Delta tables (``tables``), the Parquet
+directories (``files``) and the SQL serving tables (``serving``) in one call,
+:func:`export_epoch`.
 
 The publish task calls it between ``engine.publish(epoch)`` and
 ``engine.close_epoch(epoch)``, the only window in which the epoch's change can still be
@@ -16,6 +17,10 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from dbspark.core.columns import WEIGHT
 from dbspark.orchestration.sinks.files import (
     CHANGES,
     DirectoryExport,
@@ -26,11 +31,20 @@ from dbspark.orchestration.sinks.files import (
     read_change_rows,
 )
 from dbspark.orchestration.sinks.serving import ServingResult, ServingTarget
+from dbspark.orchestration.sinks.tables import (
+    TableCommit,
+    TableSettings,
+    publish_table,
+    table_path,
+)
 
 if TYPE_CHECKING:
     from dbspark.engine.spark.executor import SparkEngine
 
 log = logging.getLogger("dbspark.outputs")
+
+#: Tables kept with the default settings (:class:`TableSettings`).
+DEFAULT_TABLES = TableSettings()
 
 
 @dataclass
@@ -38,6 +52,7 @@ class ViewExport:
     view: str
     snapshot: DirectoryExport | None = None
     changes: DirectoryExport | None = None
+    table: TableCommit | None = None
     serving: ServingResult | None = None
 
 
@@ -54,7 +69,7 @@ class ExportReport:
         for name, view in self.views.items():
             parts = [
                 part.describe()
-                for part in (view.snapshot, view.changes, view.serving)
+                for part in (view.table, view.snapshot, view.changes, view.serving)
                 if part is not None
             ]
             lines.append(f"  {name}: " + ("; ".join(parts) if parts else "nothing to export"))
@@ -68,9 +83,13 @@ def export_epoch(
     root: str | os.PathLike[str] | None = None,
     serving: ServingTarget | None = None,
     views: Collection[str] | None = None,
+    tables: TableSettings | None = DEFAULT_TABLES,
+    snapshots: bool = True,
 ) -> ExportReport:
-    """Export every view (or ``views``) of ``engine``'s circuit for ``epoch``: snapshot and
-    change directories under ``root``, and the serving tables of ``serving``.
+    """Export every view (or ``views``) of ``engine``'s circuit for ``epoch``: under
+    ``root`` the change directory, the Delta table kept as ``tables`` says (None: no
+    table) and, with ``snapshots``, the snapshot directory; and the serving tables of
+    ``serving``.
 
     Call it after ``engine.publish(epoch)`` and before ``engine.close_epoch(epoch)``. Every
     output that is already complete is skipped, so a retried task redoes only what is
@@ -87,8 +106,11 @@ def export_epoch(
         item = ViewExport(name)
         report.views[name] = item
         if root is not None:
-            item.snapshot = export_snapshot(engine, name, epoch, root)
+            if snapshots:
+                item.snapshot = export_snapshot(engine, name, epoch, root)
             item.changes = export_changes(engine, name, epoch, root)
+            if tables is not None:
+                item.table = _publish_table(engine, name, epoch, root, item.changes, tables)
         if serving is not None and serving.serves(name):
             if serving.epoch_of(name) == epoch:
                 item.serving = ServingResult(
@@ -111,3 +133,35 @@ def export_epoch(
                 )
     log.info("%s", report.describe())
     return report
+
+
+def _publish_table(
+    engine: SparkEngine,
+    view: str,
+    epoch: int,
+    root: str | os.PathLike[str],
+    changes: DirectoryExport,
+    settings: TableSettings,
+) -> TableCommit:
+    """Commit the epoch to the view's table from the change directory just exported:
+    the table applies exactly the feed that readers of ``changes/`` see."""
+    circuit = engine.circuit.name
+    schema = engine.circuit.node(engine.circuit.views[view]).schema
+    columns = [*schema.names, WEIGHT]
+    assert changes.path is not None  # written under root
+
+    def whole_view() -> pa.Table:
+        table = engine.view_table(view, epoch)
+        return table if table is not None else engine.view_frame(view, epoch).toArrow()
+
+    return publish_table(
+        table_path(root, circuit, view),
+        circuit=circuit,
+        view=view,
+        schema=schema,
+        epoch=epoch,
+        change=pq.read_table(changes.path, columns=columns),
+        whole_view=whole_view,
+        interval=engine.catalog.epoch_labels(circuit).get(epoch),
+        settings=settings,
+    )

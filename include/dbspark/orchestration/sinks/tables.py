@@ -79,6 +79,25 @@ class TableSettings:
     maintain_every: int = 10
     target_file_bytes: int = 32 * 1024 * 1024
 
+    @classmethod
+    def from_environment(cls) -> TableSettings:
+        """``DBSPARK_TABLE_RETENTION_HOURS``, ``DBSPARK_TABLE_MAINTAIN_EVERY`` and
+        ``DBSPARK_TABLE_TARGET_FILE_BYTES``, each defaulting to the field's default."""
+        from dbspark.engine.spark.session import int_setting
+
+        default = cls()
+        return cls(
+            retention_hours=int_setting(
+                "DBSPARK_TABLE_RETENTION_HOURS", default.retention_hours, minimum=0
+            ),
+            maintain_every=int_setting(
+                "DBSPARK_TABLE_MAINTAIN_EVERY", default.maintain_every, minimum=0
+            ),
+            target_file_bytes=int_setting(
+                "DBSPARK_TABLE_TARGET_FILE_BYTES", default.target_file_bytes, minimum=1
+            ),
+        )
+
     def __post_init__(self) -> None:
         if self.retention_hours < 0:
             raise ValueError(f"table retention_hours must be >= 0, got {self.retention_hours}")
