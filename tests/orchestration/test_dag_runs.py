@@ -215,3 +215,27 @@ def test_a_file_landed_after_its_interval_committed_is_refused_or_reported(
     assert f"{replaced} was replaced after interval {day(1)} was ingested" in logs
     assert catalog.last_committed_epoch(circuit.name) == 2
     catalog.close()
+
+
+def test_partitions_are_named_by_the_utc_start_of_intervals_across_a_dst_change(test_dags, place):
+    """A DAG scheduled at midnight in Berlin: its intervals last 24 h, then 23 h across
+    the change to summer time, and each partition is named by its interval's start in
+    UTC, which is where a writer working in local time lands its files too."""
+    import pendulum
+
+    dag = test_dags["test_word_count_berlin"]
+    circuit = circuit_of("test_word_count_berlin")
+    midnights = [pendulum.datetime(2026, 3, 28 + n, tz="Europe/Berlin") for n in range(3)]
+    intervals = [Interval(midnights[n], midnights[n + 1]) for n in range(2)]
+    assert [i.end - i.start for i in intervals] == [timedelta(hours=24), timedelta(hours=23)]
+    names = [place.landing.partition("words", i).name for i in intervals]
+    assert names == ["interval=20260327T230000Z", "interval=20260328T230000Z"]
+    for epoch, interval in enumerate(intervals):
+        place.landing.land("words", interval, [(f"w{epoch}", 1)], ["word", "__w"], "parquet")
+        dag_run = dag.test(logical_date=midnights[epoch + 1])
+        assert str(getattr(dag_run.state, "value", dag_run.state)) == "success"
+    catalog = Catalog.for_warehouse(place.warehouse)
+    assert catalog.epoch_labels(circuit.name) == {0: intervals[0].label, 1: intervals[1].label}
+    catalog.close()
+    counts = published(place, circuit, "counts", SNAPSHOT, 1)
+    assert counts == ZSet({("w0", 1): 1, ("w1", 1): 1})

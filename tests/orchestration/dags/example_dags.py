@@ -3,6 +3,8 @@ retries (a failure must show at once), and one loop whose bound is too small."""
 
 from datetime import UTC, datetime
 
+import pendulum
+
 from dbspark.circuit.builder import Circuit
 from dbspark.circuit.expressions import col
 from dbspark.examples.circuits import orders, reachability, word_count
@@ -56,6 +58,15 @@ word_count_dag = build_dag(
     dag_id="test_word_count",
     schedule="@daily",
     start_date=START,
+    sources={"words": landing},
+    retries=0,
+)
+# Midnight to midnight in Berlin, which changes to summer time on 29 March 2026.
+berlin_word_count_dag = build_dag(
+    word_count,
+    dag_id="test_word_count_berlin",
+    schedule="0 0 * * *",
+    start_date=pendulum.datetime(2026, 3, 28, tz="Europe/Berlin"),
     sources={"words": landing},
     retries=0,
 )
