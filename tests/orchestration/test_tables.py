@@ -8,7 +8,9 @@ in ``test_outputs.py``.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -261,3 +263,36 @@ def test_settings_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DBSPARK_TABLE_TARGET_FILE_BYTES", "0")
     with pytest.raises(ValueError, match="DBSPARK_TABLE_TARGET_FILE_BYTES must be an integer >= 1"):
         TableSettings.from_environment()
+
+
+def test_two_publishers_of_one_epoch_end_as_one_commit(tmp_path: Path) -> None:
+    """A publisher that checked the table before another committed the same epoch loses
+    the commit and skips, whether it was creating the table or merging into it."""
+    path = tmp_path / "table"
+    view = views_by_epoch()[1]
+    rows = change(list(view.items()))
+    winner: list[Any] = []
+
+    def whole_view_while_another_publishes() -> pa.Table:
+        # Called after the loser found no table and before it creates one.
+        winner.append(publish(path, 1, [], whole_view=lambda: rows))
+        return rows
+
+    loser = publish(path, 1, [], whole_view=whole_view_while_another_publishes)
+    assert winner[0].loaded and loser.skipped
+    assert table_versions(path) == {1: 0} and DeltaTable(str(path)).version() == 0
+    assert as_zset(read_table(path)) == view
+
+    # Merges: publishers of epoch 2 at once. Whichever order they commit in, one commit
+    # of the epoch's change remains and the others skip.
+    start = threading.Barrier(3)
+
+    def racer() -> Any:
+        start.wait()
+        return publish(path, 2, EPOCHS[3])
+
+    with ThreadPoolExecutor(3) as pool:
+        results = list(pool.map(lambda _: racer(), range(3)))
+    assert sorted(r.skipped for r in results) == [False, True, True]
+    assert table_versions(path) == {1: 0, 2: 1}
+    assert as_zset(read_table(path)) == view + ZSet(EPOCHS[3])

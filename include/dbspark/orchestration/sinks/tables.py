@@ -41,6 +41,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from deltalake.exceptions import CommitFailedError, DeltaError
 
 from dbspark.core.columns import COPIES, WEIGHT
 from dbspark.core.types import BIGINT, Schema
@@ -158,17 +159,24 @@ def table_exists(path: Path) -> bool:
 
 def table_epoch(path: Path, circuit: str, view: str) -> int | None:
     """The last epoch committed to the table at ``path``; None when there is no table."""
+    return _checked(path, circuit, view)[1]
+
+
+def _checked(path: Path, circuit: str, view: str) -> tuple[Any, int | None]:
+    """The table at ``path`` (None if there is none) and the last epoch it holds, read
+    from that one snapshot of its log."""
     from deltalake import DeltaTable
 
     if not table_exists(path):
-        return None
-    version = DeltaTable(str(path)).transaction_version(app_id(circuit, view))
+        return None, None
+    table = DeltaTable(str(path))
+    version = table.transaction_version(app_id(circuit, view))
     if version is None:
         raise TableError(
             f"{path} is a Delta table that no dbspark publish of view {view!r} of circuit "
             f"{circuit!r} wrote (no transaction {app_id(circuit, view)!r}); move it away"
         )
-    return int(version)
+    return table, int(version)
 
 
 # ==================================================================================== writing
@@ -192,9 +200,53 @@ def publish_table(
     holds ``epoch``; refuses when it does not hold ``epoch - 1``.
     """
     settings = settings or TableSettings()
-    committed = table_epoch(path, circuit, view)
+    table, committed = _checked(path, circuit, view)
     if committed is not None and committed >= epoch:
         return TableCommit(view, path, epoch, skipped=True)
+    try:
+        result = _commit(
+            path,
+            table,
+            circuit,
+            view,
+            schema,
+            epoch,
+            committed,
+            change,
+            whole_view,
+            interval,
+            settings,
+        )
+    except (CommitFailedError, DeltaError) as err:
+        # Another publisher of this epoch may have committed since the snapshot checked
+        # above: delta-rs refuses a merge over a table changed since that snapshot, and
+        # a second creation of the table. Then the epoch is done once, by the winner.
+        # Anything else is a real failure.
+        after = table_epoch(path, circuit, view)
+        if after is None or after < epoch:
+            raise
+        log.info("view %s, epoch %s: another publisher committed it first (%s)", view, epoch, err)
+        return TableCommit(view, path, epoch, skipped=True)
+    if settings.maintain_every and epoch % settings.maintain_every == 0:
+        result.maintenance = maintain_table(path, settings)
+    log.info("view %s, epoch %s: %s", view, epoch, result.describe())
+    return result
+
+
+def _commit(
+    path: Path,
+    table: Any,
+    circuit: str,
+    view: str,
+    schema: Schema,
+    epoch: int,
+    committed: int | None,
+    change: pa.Table,
+    whole_view: Callable[[], pa.Table],
+    interval: str | None,
+    settings: TableSettings,
+) -> TableCommit:
+    """Load or merge, through ``table``, the snapshot whose epoch was checked."""
     metadata = _commit_properties(circuit, view, epoch, interval)
     what = f"the change of view {view!r} at epoch {epoch}"
     if committed is None:
@@ -202,21 +254,16 @@ def publish_table(
             rows = _weighted(change, schema, what)
         else:
             rows = _weighted(whole_view(), schema, f"view {view!r} as of epoch {epoch}")
-        result = _load(path, rows, schema, metadata, settings, view=view, epoch=epoch)
-    elif committed != epoch - 1:
+        return _load(path, rows, schema, metadata, settings, view=view, epoch=epoch)
+    if committed != epoch - 1:
         raise TableEpochError(
             f"the table of view {view!r} of circuit {circuit!r} at {path} holds epochs up "
             f"to {committed}; epoch {epoch} can only follow epoch {epoch - 1}. Publish "
             f"epochs {committed + 1}..{epoch - 1} first, or move the table away to reload "
             f"it from the view"
         )
-    else:
-        rows = _weighted(change, schema, what)
-        result = _merge(path, rows, schema, metadata, view=view, epoch=epoch)
-    if settings.maintain_every and epoch % settings.maintain_every == 0:
-        result.maintenance = maintain_table(path, settings)
-    log.info("view %s, epoch %s: %s", view, epoch, result.describe())
-    return result
+    rows = _weighted(change, schema, what)
+    return _merge(path, table, rows, schema, metadata, view=view, epoch=epoch)
 
 
 def _commit_properties(circuit: str, view: str, epoch: int, interval: str | None) -> Any:
@@ -285,13 +332,20 @@ def _load(
 
 
 def _merge(
-    path: Path, rows: pa.Table, schema: Schema, metadata: Any, *, view: str, epoch: int
+    path: Path,
+    table: Any,
+    rows: pa.Table,
+    schema: Schema,
+    metadata: Any,
+    *,
+    view: str,
+    epoch: int,
 ) -> TableCommit:
-    from deltalake import DeltaTable
-
-    table = DeltaTable(str(path))
     if len(rows) == 0:
-        # A merge of nothing commits nothing; the epoch still gets its version.
+        # A merge of nothing commits nothing; the epoch still gets its version. This
+        # commit is a blind append, which no conflict check refuses: two publishers
+        # racing on an empty epoch may both commit it (no rows, so no duplicate data;
+        # table_versions keeps the first).
         table.create_write_transaction(
             [], mode="append", schema=table.schema(), commit_properties=metadata
         )
