@@ -296,9 +296,13 @@ def test_export_epochs_of_a_view_with_multiplicities(spark: Any, tmp_path: Path)
     assert touched(serving.engine) == set()
     assert not list(root.rglob(".*tmp-*")), "a temporary directory was left behind"
 
-    # Recovery: the table reloaded from the exported snapshot equals it.
+    # Recovery: the serving table reloaded from the published Delta table, as of an
+    # earlier epoch, then of the last.
     with serving.engine.begin() as conn:
         conn.exec_driver_sql("DELETE FROM dbspark_tags")
+    [reloaded] = initialize_serving(engine, serving, epoch=0, root=root).values()
+    assert reloaded.inserted == 3
+    assert ZSet(serving.contents("tags", "tags", schema)) == want[0]
     [reloaded] = initialize_serving(engine, serving, epoch=2, root=root).values()
     assert reloaded.inserted == 3
     assert ZSet(serving.contents("tags", "tags", schema)) == want[2]

@@ -193,7 +193,7 @@ def change_rows(engine: SparkEngine, view: str, epoch: int, schema: Schema) -> l
     """The epoch's change of ``view`` on the driver, for serving without a change feed."""
     change = _view(engine, view, epoch, change=True)
     if isinstance(change, pa.Table):
-        return _arrow_rows(change, schema)
+        return arrow_rows(change, schema)
     from dbspark.engine.spark.frames import frame_to_zset
 
     return list(frame_to_zset(change, schema).items())
@@ -246,10 +246,10 @@ def read_change_rows(path: Path, schema: Schema) -> list[WeightedRow]:
 
 def _parquet_rows(path: Path, schema: Schema) -> list[WeightedRow]:
     # Arrow skips "_"- and "."-prefixed files (_SUCCESS, the marker, .crc) like Spark.
-    return _arrow_rows(pq.read_table(path, columns=[*schema.names, WEIGHT]), schema)
+    return arrow_rows(pq.read_table(path, columns=[*schema.names, WEIGHT]), schema)
 
 
-def _arrow_rows(table: pa.Table, schema: Schema) -> list[WeightedRow]:
+def arrow_rows(table: pa.Table, schema: Schema) -> list[WeightedRow]:
     """The rows of an Arrow table of the view's columns and ``__w``."""
     return [
         (tuple(_from_arrow(record[n], t) for n, t in schema.fields), int(record[WEIGHT]))

@@ -40,7 +40,8 @@ from dbspark.core.types import (
     is_array,
     is_decimal,
 )
-from dbspark.orchestration.sinks.files import WeightedRow, read_snapshot
+from dbspark.orchestration.sinks.files import WeightedRow
+from dbspark.orchestration.sinks.tables import table_path, table_rows
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -528,9 +529,9 @@ def initialize_serving(
     root: str | os.PathLike[str] | None = None,
     views: Collection[str] | None = None,
 ) -> dict[str, ServingResult]:
-    """(Re)load serving tables from a full snapshot at ``epoch`` (default: the last
-    committed one): the exported snapshot under ``root`` when given, else the engine's
-    view. Rows stream to the database one Spark partition at a time."""
+    """(Re)load serving tables from the whole view at ``epoch`` (default: the last
+    committed one): the view's published Delta table under ``root`` when given (one
+    Arrow batch at a time), else the engine's view (one Spark partition at a time)."""
     circuit = engine.circuit.name
     epoch = engine.last_committed_epoch() if epoch is None else int(epoch)
     names = [n for n in (views or engine.circuit.views) if serving.serves(n)]
@@ -538,10 +539,10 @@ def initialize_serving(
     for name in names:
         schema = engine.circuit.node(engine.circuit.views[name]).schema
         if root is not None:
-            frame = read_snapshot(engine.spark, root, circuit, name, epoch)
+            rows = table_rows(table_path(root, circuit, name), schema, epoch)
         else:
-            frame = engine.view_frame(name, epoch)
-        results[name] = serving.initialize(circuit, name, schema, epoch, _stream(frame, schema))
+            rows = _stream(engine.view_frame(name, epoch), schema)
+        results[name] = serving.initialize(circuit, name, schema, epoch, rows)
         log.info("%s", results[name].describe())
     return results
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +46,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError
 from dbspark.core.columns import COPIES, WEIGHT
 from dbspark.core.types import BIGINT, Schema
 from dbspark.engine.local.tier import arrow_schema
+from dbspark.orchestration.sinks.files import WeightedRow, arrow_rows
 
 log = logging.getLogger("dbspark.outputs")
 
@@ -445,6 +446,21 @@ def read_table(path: Path, epoch: int | None = None) -> pa.Table:
     table = open_table(path, epoch)
     try:
         return pa.table(table.to_pyarrow_table())
+    except OSError as err:
+        raise TableError(
+            f"the table at {path} as of epoch {epoch} can no longer be read: its files "
+            f"were vacuumed (older than the retention setting) ({err})"
+        ) from err
+
+
+def table_rows(path: Path, schema: Schema, epoch: int | None = None) -> Iterator[WeightedRow]:
+    """The rows of the published view at ``path`` as of ``epoch``, each with its copies
+    as its weight, one Arrow batch in memory at a time (for loading a serving table)."""
+    dataset = open_table(path, epoch).to_pyarrow_dataset()
+    try:
+        for batch in dataset.to_batches(columns=[*schema.names, COPIES]):
+            table = pa.Table.from_batches([batch]).rename_columns([*schema.names, WEIGHT])
+            yield from arrow_rows(table, schema)
     except OSError as err:
         raise TableError(
             f"the table at {path} as of epoch {epoch} can no longer be read: its files "
