@@ -296,3 +296,14 @@ def test_two_publishers_of_one_epoch_end_as_one_commit(tmp_path: Path) -> None:
     assert sorted(r.skipped for r in results) == [False, True, True]
     assert table_versions(path) == {1: 0, 2: 1}
     assert as_zset(read_table(path)) == view + ZSet(EPOCHS[3])
+
+
+def test_an_unwritable_location_fails_clearly_and_a_retry_completes(tmp_path: Path) -> None:
+    blocked = tmp_path / "outputs"
+    blocked.write_text("a file where the outputs directory should be")
+    path = blocked / "c" / "v" / "table"
+    with pytest.raises(TableError, match=r"could not commit epoch 0 of view 'v' .* a retry"):
+        publish(path, 0, EPOCHS[0])
+    blocked.unlink()
+    assert publish(path, 0, EPOCHS[0]).loaded
+    assert as_zset(read_table(str(path))) == views_by_epoch()[0]

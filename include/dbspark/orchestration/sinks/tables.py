@@ -51,6 +51,8 @@ from dbspark.orchestration.sinks.files import WeightedRow, arrow_rows
 log = logging.getLogger("dbspark.outputs")
 
 TABLE = "table"
+#: Where a table is: a path or a string naming one.
+TablePath = str | os.PathLike[str]
 #: Commit-info keys of an epoch's commit.
 EPOCH_KEY = "dbspark.epoch"
 INTERVAL_KEY = "dbspark.interval"
@@ -152,13 +154,13 @@ def app_id(circuit: str, view: str) -> str:
     return f"dbspark/{circuit}/{view}"
 
 
-def table_exists(path: Path) -> bool:
+def table_exists(path: TablePath) -> bool:
     from deltalake import DeltaTable
 
     return DeltaTable.is_deltatable(str(path))
 
 
-def table_epoch(path: Path, circuit: str, view: str) -> int | None:
+def table_epoch(path: TablePath, circuit: str, view: str) -> int | None:
     """The last epoch committed to the table at ``path``; None when there is no table."""
     return _checked(path, circuit, view)[1]
 
@@ -182,7 +184,7 @@ def _checked(path: Path, circuit: str, view: str) -> tuple[Any, int | None]:
 
 # ==================================================================================== writing
 def publish_table(
-    path: Path,
+    path: TablePath,
     *,
     circuit: str,
     view: str,
@@ -200,6 +202,7 @@ def publish_table(
     the table does not exist yet and ``epoch`` is not 0. Skips when the table already
     holds ``epoch``; refuses when it does not hold ``epoch - 1``.
     """
+    path = Path(path)
     settings = settings or TableSettings()
     table, committed = _checked(path, circuit, view)
     if committed is not None and committed >= epoch:
@@ -218,14 +221,17 @@ def publish_table(
             interval,
             settings,
         )
-    except (CommitFailedError, DeltaError) as err:
+    except (CommitFailedError, DeltaError, OSError) as err:
         # Another publisher of this epoch may have committed since the snapshot checked
         # above: delta-rs refuses a merge over a table changed since that snapshot, and
         # a second creation of the table. Then the epoch is done once, by the winner.
-        # Anything else is a real failure.
-        after = table_epoch(path, circuit, view)
+        # Anything else is a real failure, and nothing of the epoch was committed.
+        after = table_epoch(path, circuit, view) if table_exists(path) else None
         if after is None or after < epoch:
-            raise
+            raise TableError(
+                f"could not commit epoch {epoch} of view {view!r} to its table at {path} "
+                f"(nothing was committed; a retry publishes it): {err}"
+            ) from err
         log.info("view %s, epoch %s: another publisher committed it first (%s)", view, epoch, err)
         return TableCommit(view, path, epoch, skipped=True)
     if settings.maintain_every and epoch % settings.maintain_every == 0:
@@ -405,7 +411,7 @@ def _version(path: Path) -> int:
 
 
 # ==================================================================================== reading
-def table_versions(path: Path) -> dict[int, int]:
+def table_versions(path: TablePath) -> dict[int, int]:
     """Epoch -> the table version its publish committed, for every epoch in the log."""
     from deltalake import DeltaTable
 
@@ -418,7 +424,7 @@ def table_versions(path: Path) -> dict[int, int]:
     return dict(sorted(versions.items()))
 
 
-def open_table(path: Path, epoch: int | None = None) -> Any:
+def open_table(path: TablePath, epoch: int | None = None) -> Any:
     """The ``DeltaTable`` at ``path`` as of ``epoch`` (default: the latest version): the
     last version before the next epoch's commit."""
     from deltalake import DeltaTable
@@ -441,7 +447,7 @@ def open_table(path: Path, epoch: int | None = None) -> Any:
     return table
 
 
-def read_table(path: Path, epoch: int | None = None) -> pa.Table:
+def read_table(path: TablePath, epoch: int | None = None) -> pa.Table:
     """The published view at ``path`` as of ``epoch``: its columns and ``__copies``."""
     table = open_table(path, epoch)
     try:
@@ -453,7 +459,7 @@ def read_table(path: Path, epoch: int | None = None) -> pa.Table:
         ) from err
 
 
-def table_rows(path: Path, schema: Schema, epoch: int | None = None) -> Iterator[WeightedRow]:
+def table_rows(path: TablePath, schema: Schema, epoch: int | None = None) -> Iterator[WeightedRow]:
     """The rows of the published view at ``path`` as of ``epoch``, each with its copies
     as its weight, one Arrow batch in memory at a time (for loading a serving table)."""
     dataset = open_table(path, epoch).to_pyarrow_dataset()
@@ -474,7 +480,7 @@ def _ranges(versions: dict[int, int]) -> str:
 
 
 # ==================================================================================== housekeeping
-def maintain_table(path: Path, settings: TableSettings) -> dict[str, int]:
+def maintain_table(path: TablePath, settings: TableSettings) -> dict[str, int]:
     """Compact the table's small files towards ``target_file_bytes``, then delete the
     files no version within ``retention_hours`` uses. Each is its own commit, carrying
     no epoch."""
