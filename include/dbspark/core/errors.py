@@ -9,7 +9,34 @@ also names the offending keys.
 
 from __future__ import annotations
 
+import os
 from typing import Any
+
+#: The setting that keeps row values out of input errors (``1``, ``true`` or ``yes``).
+#: A DAG's tasks also take it from ``[dbspark] redact_input_values`` in ``airflow.cfg``.
+REDACT_SETTING = "DBSPARK_REDACT_INPUT_VALUES"
+#: What an error shows instead of a row's value when values are redacted.
+REDACTED = "<redacted>"
+
+
+def redacting() -> bool:
+    """Whether input errors leave row values out (read at each error: a task may turn it
+    on after the engine was built)."""
+    return os.environ.get(REDACT_SETTING, "").strip().lower() in ("1", "true", "yes")
+
+
+def shown(value: Any) -> str:
+    """A row's value (a field, a key, a whole row or record) as an error message shows
+    it: its ``repr``, or :data:`REDACTED` when :func:`redacting`. Messages keep the
+    source, the file, the row or line number and the column names either way, so an
+    operator can find the row without the log holding what it says."""
+    return REDACTED if redacting() else repr(value)
+
+
+def shown_text(text: str, limit: int = 200) -> str:
+    """A record's raw text (a CSV or JSON line) as an error shows it: its first
+    ``limit`` characters, or :data:`REDACTED`."""
+    return REDACTED if redacting() else text[:limit]
 
 
 class InputError(ValueError):

@@ -72,7 +72,7 @@ from typing import Any
 
 from dbspark.core import timestamps
 from dbspark.core.columns import TOMBSTONE, is_reserved
-from dbspark.core.errors import InputError
+from dbspark.core.errors import InputError, shown
 from dbspark.core.timestamps import Time
 from dbspark.core.trace import Trace
 from dbspark.core.types import (
@@ -133,10 +133,10 @@ class UpsertError(InputError):
 
     def _message(self) -> str:
         where = f"file {self.file!r}" if self.file is not None else "no file"
-        shown = ", ".join(format_key(k, self.key_columns) for k in self.keys[:_MAX_LISTED])
+        keys = ", ".join(format_key(k, self.key_columns) for k in self.keys[:_MAX_LISTED])
         if len(self.keys) > _MAX_LISTED:
-            shown += f", ... ({len(self.keys) - _MAX_LISTED} more)"
-        return f"upsert source {self.source!r} ({where}): {self.detail}; offending keys: {shown}"
+            keys += f", ... ({len(self.keys) - _MAX_LISTED} more)"
+        return f"upsert source {self.source!r} ({where}): {self.detail}; offending keys: {keys}"
 
 
 class UpsertConflict(UpsertError):
@@ -152,10 +152,11 @@ class CorruptUpsertState(ValueError):
 
 
 def format_key(key: tuple | None, key_columns: Sequence[str] = ()) -> str:
-    """``id=1`` or ``(a=1, b='x')`` when the column names are known, else the tuple."""
+    """``id=1`` or ``(a=1, b='x')`` when the column names are known, else the tuple
+    (each value :func:`~dbspark.core.errors.shown`, so redacted when asked)."""
     if key is None or not key_columns or len(key) != len(key_columns):
-        return repr(key)
-    parts = [f"{name}={value!r}" for name, value in zip(key_columns, key, strict=True)]
+        return repr(key) if key is None else shown(key)
+    parts = [f"{name}={shown(value)}" for name, value in zip(key_columns, key, strict=True)]
     return parts[0] if len(parts) == 1 else f"({', '.join(parts)})"
 
 
@@ -332,7 +333,7 @@ class UpsertSpec:
                 continue
             converted = _conform(kind, value)
             if converted is _MISMATCH:
-                got = f"{value!r} ({type(value).__name__})"
+                got = f"{shown(value)} ({type(value).__name__})"
                 problems.append(f"column {name!r} is {kind.upper()} but holds {got}")
             values.append(converted)
         if problems:
@@ -388,8 +389,9 @@ def conform_rows(spec: UpsertSpec, batch: Iterable[Any], file: str | None = None
             bad_keys.append(key)
             positions.append(position)
             if len(reports) < _MAX_LISTED:
-                shown = format_key(key, spec.key)
-                reports.append(f"row index {position} (key {shown}): {', '.join(problems)}")
+                reports.append(
+                    f"row index {position} (key {format_key(key, spec.key)}): {', '.join(problems)}"
+                )
         else:
             rows.append(row)
     if positions:
@@ -564,7 +566,7 @@ def _canonical(row: tuple) -> tuple:
 
 def _describe_tie(spec: UpsertSpec, key: tuple, rows: list[tuple], stored: tuple | None) -> str:
     wm = spec.watermark_values(rows[0])
-    shown = ", ".join(repr(r) for r in rows[:3]) + (", ..." if len(rows) > 3 else "")
+    carriers = ", ".join(shown(r) for r in rows[:3]) + (", ..." if len(rows) > 3 else "")
     # _find_tie lists the stored version first when one of the rows is the stored version
     against_stored = stored is not None and rows[0] == stored[:-1]
     what = (
@@ -572,7 +574,7 @@ def _describe_tie(spec: UpsertSpec, key: tuple, rows: list[tuple], stored: tuple
         if against_stored
         else "two different rows with the same watermark in one batch"
     )
-    return f"key {format_key(key, spec.key)}: {what}, watermark {wm!r} carried by {shown}"
+    return f"key {format_key(key, spec.key)}: {what}, watermark {shown(wm)} carried by {carriers}"
 
 
 def _check_state_row(spec: UpsertSpec, key: tuple, stored: Any) -> None:

@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from dbspark.circuit.builder import Node
 from dbspark.core.columns import WEIGHT
-from dbspark.core.errors import InputError
+from dbspark.core.errors import InputError, shown
 from dbspark.core.types import Schema, python_value_fits
 from dbspark.core.upsert import UpsertSpec
 from dbspark.core.zset import ZSet
@@ -40,11 +40,13 @@ def check_row(
     elif isinstance(row, (list, tuple)):
         row = tuple(row)
     else:
-        raise InputError(source, f"row {position} must be a list or an object, got {row!r}", file)
+        raise InputError(
+            source, f"row {position} must be a list or an object, got {shown(row)}", file
+        )
     if len(row) != len(schema):
         raise InputError(
             source,
-            f"row {position} {list(row)!r} has {len(row)} values, "
+            f"row {position} {shown(list(row))} has {len(row)} values, "
             f"schema {schema} has {len(schema)}",
             file,
         )
@@ -52,8 +54,8 @@ def check_row(
         if not python_value_fits(value, type_name):
             raise InputError(
                 source,
-                f"row {position} {list(row)!r}: column {name!r} is {type_name.upper()}, "
-                f"got {value!r}",
+                f"row {position} {shown(list(row))}: column {name!r} is "
+                f"{type_name.upper()}, got {shown(value)}",
                 file,
             )
     return row
@@ -70,11 +72,13 @@ def zset_batch(
     checked = []
     for position, item in enumerate(pairs):
         if not isinstance(item, (list, tuple)) or len(item) != 2:
-            raise InputError(source, f"entry {position} must be [row, weight], got {item!r}", file)
+            raise InputError(
+                source, f"entry {position} must be [row, weight], got {shown(item)}", file
+            )
         row, weight = item
         if not isinstance(weight, int) or isinstance(weight, bool):
             raise InputError(
-                source, f"entry {position}: weight must be an integer, got {weight!r}", file
+                source, f"entry {position}: weight must be an integer, got {shown(weight)}", file
             )
         checked.append((check_row(source, schema, row, position, file), weight))
     return ZSet(checked)

@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from dbspark.core.columns import WEIGHT
+from dbspark.core.errors import shown
 from dbspark.core.types import (
     BIGINT,
     BOOLEAN,
@@ -186,7 +187,7 @@ def _check_null_keys(
         source,
         ", ".join(sorted({p for p, _, _ in found})),
         [tuple(t.column(k)[i].as_py() for k in keys) for _, i, t in found[:_MAX_SHOWN]],
-        detail=f"NULL in a key column (row {position} of the file): {first!r}",
+        detail=f"NULL in a key column (row {position} of the file): {shown(first)}",
         key_columns=keys,
     )
 

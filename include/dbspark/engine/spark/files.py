@@ -53,6 +53,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from dbspark.core.columns import WEIGHT
+from dbspark.core.errors import REDACTED, redacting, shown, shown_text
 from dbspark.core.temporal import parse_date, parse_timestamp
 from dbspark.core.types import (
     BIGINT,
@@ -428,13 +429,15 @@ def _raise_problem(spark: SparkSession, source: str, row: Any, declared: dict[st
         record, _, message = rest.partition("\x00")
         line = _line_of(spark, file, record)
         where = f"line {line}" if line else "a line"
-        raise InputError(source, f"{where}: {message}: {record[:200]}", file)
+        if redacting():  # the message ends with the offending value, as Spark wrote it
+            message = re.sub(r"(, got ).*$", r"\1" + REDACTED, message)
+        raise InputError(source, f"{where}: {message}: {shown_text(record)}", file)
     if kind == "csv":
         line = _line_of(spark, file, rest)
         where = f"line {line}" if line else "a line"
         header = _reader(spark).option("header", True).csv(file).columns
         detail = csv_column_detail(header, declared, rest) or "malformed CSV line"
-        raise InputError(source, f"{where}: {detail}: {rest[:200]}", file)
+        raise InputError(source, f"{where}: {detail}: {shown_text(rest)}", file)
     position = row[POSITION]
     where = f"row {position}" if position is not None else "a row"
     raise InputError(source, f"{where}: {rest}", file)
@@ -488,7 +491,7 @@ def csv_column_detail(header: Sequence[str], declared: dict[str, str], record: s
     for name, token in zip(header, tokens, strict=True):
         kind = declared.get(name, STRING)
         if token != "" and not _token_ok(kind, token):
-            return f"column {name!r} is {kind.upper()}, got {token!r}"
+            return f"column {name!r} is {kind.upper()}, got {shown(token)}"
     return None
 
 
@@ -509,7 +512,7 @@ def check_rows(source: str, checked: CheckedFrame, spec: UpsertSpec) -> None:
             source,
             ", ".join(files) or checked.file_label(),
             [tuple(r[k] for k in keys) for r in nulls],
-            detail=f"NULL in a key column{where}: {[first[c] for c in cols]!r}",
+            detail=f"NULL in a key column{where}: {shown([first[c] for c in cols])}",
             key_columns=keys,
         )
     ties = (

@@ -21,6 +21,7 @@ never start Spark.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from typing import Any
 
 from dbspark.circuit.builder import Circuit
 from dbspark.circuit.planner import LoopPlan, Plan, plan
+from dbspark.core.errors import REDACT_SETTING
 from dbspark.orchestration.airflow.assets import circuit_assets, event_extra
 from dbspark.orchestration.airflow.deployment import (
     Deployment,
@@ -85,6 +87,18 @@ def interval_of(context: Mapping[str, Any]) -> Interval:
             "data-interval schedules, and a manual run covers the last complete interval"
         )
     return Interval(start, end)
+
+
+def apply_redaction_setting() -> None:
+    """``[dbspark] redact_input_values`` from ``airflow.cfg`` (or
+    ``AIRFLOW__DBSPARK__REDACT_INPUT_VALUES``), handed to the engine as the environment
+    variable it reads (``core.errors.REDACT_SETTING``), so this task's errors, and those
+    of a spark-submit job it starts, which inherits the environment, keep row values out
+    of the task log. Already set in the environment, it stays as it is."""
+    from airflow.sdk.configuration import conf
+
+    if conf.getboolean("dbspark", "redact_input_values", fallback=False):
+        os.environ[REDACT_SETTING] = "1"
 
 
 #: The run params every dbspark DAG has (``build_dag``): their names.
@@ -270,6 +284,7 @@ class EpochTasks:
                 leftover.unlink(missing_ok=True)
 
     def ingest(self, source: str, context: Mapping[str, Any]) -> dict[str, Any]:
+        apply_redaction_setting()
         deployment, run = self._current(context)
         connector = self.sources[source]
         log.info("%s", connector.describe(source, run.interval))
