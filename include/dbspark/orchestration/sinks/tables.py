@@ -41,6 +41,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError
 
 from dbspark.core.columns import COPIES, WEIGHT
@@ -124,7 +125,7 @@ class TableCommit:
     inserted: int = 0  # rows (distinct rows of the view) added
     updated: int = 0  # rows whose copies changed
     deleted: int = 0  # rows removed
-    files_added: int = 0
+    files_added: int = 0  # data files, and the change feed's files of a merge
     files_removed: int = 0
     rows_copied: int = 0  # unchanged rows rewritten because a file held a changed row
     maintenance: dict[str, Any] = field(default_factory=dict)
@@ -155,8 +156,6 @@ def app_id(circuit: str, view: str) -> str:
 
 
 def table_exists(path: TablePath) -> bool:
-    from deltalake import DeltaTable
-
     return DeltaTable.is_deltatable(str(path))
 
 
@@ -165,11 +164,9 @@ def table_epoch(path: TablePath, circuit: str, view: str) -> int | None:
     return _checked(path, circuit, view)[1]
 
 
-def _checked(path: Path, circuit: str, view: str) -> tuple[Any, int | None]:
+def _checked(path: TablePath, circuit: str, view: str) -> tuple[DeltaTable | None, int | None]:
     """The table at ``path`` (None if there is none) and the last epoch it holds, read
     from that one snapshot of its log."""
-    from deltalake import DeltaTable
-
     if not table_exists(path):
         return None, None
     table = DeltaTable(str(path))
@@ -242,7 +239,7 @@ def publish_table(
 
 def _commit(
     path: Path,
-    table: Any,
+    table: DeltaTable | None,
     circuit: str,
     view: str,
     schema: Schema,
@@ -253,10 +250,11 @@ def _commit(
     interval: str | None,
     settings: TableSettings,
 ) -> TableCommit:
-    """Load or merge, through ``table``, the snapshot whose epoch was checked."""
+    """Create the table (``table`` is None), or merge through ``table``, the snapshot
+    whose last epoch ``committed`` was checked."""
     metadata = _commit_properties(circuit, view, epoch, interval)
     what = f"the change of view {view!r} at epoch {epoch}"
-    if committed is None:
+    if table is None or committed is None:
         if epoch == 0:
             rows = _weighted(change, schema, what)
         else:
@@ -273,9 +271,9 @@ def _commit(
     return _merge(path, table, rows, schema, metadata, view=view, epoch=epoch)
 
 
-def _commit_properties(circuit: str, view: str, epoch: int, interval: str | None) -> Any:
-    from deltalake import CommitProperties, Transaction
-
+def _commit_properties(
+    circuit: str, view: str, epoch: int, interval: str | None
+) -> CommitProperties:
     return CommitProperties(
         custom_metadata={
             CIRCUIT_KEY: circuit,
@@ -300,15 +298,13 @@ def _load(
     path: Path,
     rows: pa.Table,
     schema: Schema,
-    metadata: Any,
+    metadata: CommitProperties,
     settings: TableSettings,
     *,
     view: str,
     epoch: int,
 ) -> TableCommit:
     """Create the table holding ``rows`` (a whole view: every weight positive)."""
-    from deltalake import DeltaTable, write_deltalake
-
     weights = rows.column(WEIGHT)
     if len(rows) and pc.min(weights).as_py() <= 0:
         raise TableError(
@@ -340,10 +336,10 @@ def _load(
 
 def _merge(
     path: Path,
-    table: Any,
+    table: DeltaTable,
     rows: pa.Table,
     schema: Schema,
-    metadata: Any,
+    metadata: CommitProperties,
     *,
     view: str,
     epoch: int,
@@ -405,16 +401,12 @@ def _quoted(name: str) -> str:
 
 
 def _version(path: Path) -> int:
-    from deltalake import DeltaTable
-
     return DeltaTable(str(path)).version()
 
 
 # ==================================================================================== reading
 def table_versions(path: TablePath) -> dict[int, int]:
     """Epoch -> the table version its publish committed, for every epoch in the log."""
-    from deltalake import DeltaTable
-
     if not table_exists(path):
         raise TableError(f"no published table at {path}")
     versions = {}
@@ -424,11 +416,9 @@ def table_versions(path: TablePath) -> dict[int, int]:
     return dict(sorted(versions.items()))
 
 
-def open_table(path: TablePath, epoch: int | None = None) -> Any:
+def open_table(path: TablePath, epoch: int | None = None) -> DeltaTable:
     """The ``DeltaTable`` at ``path`` as of ``epoch`` (default: the latest version): the
     last version before the next epoch's commit."""
-    from deltalake import DeltaTable
-
     if epoch is None:
         if not table_exists(path):
             raise TableError(f"no published table at {path}")
@@ -484,8 +474,6 @@ def maintain_table(path: TablePath, settings: TableSettings) -> dict[str, int]:
     """Compact the table's small files towards ``target_file_bytes``, then delete the
     files no version within ``retention_hours`` uses. Each is its own commit, carrying
     no epoch."""
-    from deltalake import DeltaTable
-
     table = DeltaTable(str(path))
     compacted = table.optimize.compact(target_size=settings.target_file_bytes)
     table = DeltaTable(str(path))
