@@ -1,11 +1,12 @@
 """docker-compose.yml and the images it builds, checked for consistency without Docker.
 
 The file is read the way ``docker compose`` reads it: YAML with anchors and merge keys,
-then ``${VAR:-default}`` interpolation with an empty environment (the defaults, as
-``docker compose up`` without a ``.env`` would use them). Each ``check_*`` function
-returns a list of problems (empty: fine), so a wrong file fails with every reason at
-once; the mutation tests at the end break a copy of the loaded file in one way each
-and assert that the matching check notices.
+then ``${VAR:-default}`` / ``${VAR:?message}`` interpolation with an environment that
+holds only the secrets ``bin/make-env`` generates (``devtools/env_file.py``), as
+``docker compose up`` reads a fresh ``.env``; everything else takes its default. Each
+``check_*`` function returns a list of problems (empty: fine), so a wrong file fails
+with every reason at once; the mutation tests at the end break a copy of the loaded
+file in one way each and assert that the matching check notices.
 
 What is checked, against what:
 
@@ -32,7 +33,11 @@ What is checked, against what:
   API URL;
 * every ``python -m dbspark...`` command names a module in ``include/`` and only
   options that module defines; Spark executors fit in a worker;
-* every variable has a default, and ``deploy/env.example`` lists each with that default.
+* every variable has a default, and ``deploy/env.example`` lists each with that default,
+  except the secrets: those have none (``${NAME:?message}``, so compose refuses to start
+  without them), are exactly what ``bin/make-env`` generates, and every setting that
+  holds a password, secret, key or token (or a URL with a password) comes from one;
+* published ports are bound to the host's loopback unless a variable says otherwise.
 """
 
 from __future__ import annotations
@@ -50,7 +55,9 @@ from urllib.parse import urlsplit
 
 import pytest
 import yaml
+from cryptography.fernet import Fernet
 
+from dbspark.devtools.env_file import SECRETS, generate_secrets
 from dbspark.orchestration.airflow.deployment import DEFAULT_CATALOG_CONN_ID, DEFAULT_SPARK_CONN_ID
 from dbspark.orchestration.sources import sqlalchemy_url
 
@@ -61,6 +68,12 @@ PYPROJECT = REPO / "pyproject.toml"
 INCLUDE = REPO / "include"
 INIT_SCRIPTS = REPO / "deploy" / "postgres" / "initdb"
 ENV_EXAMPLE = REPO / "deploy" / "env.example"
+#: The environment the file is checked with: a fresh .env, as bin/make-env writes it.
+GENERATED_SECRETS = generate_secrets()
+#: Settings (environment keys) that hold a credential by their name.
+SECRET_SETTING = re.compile(r"(PASSWORD|SECRET|SECRET_KEY|FERNET_KEY|TOKEN)$")
+#: Host addresses a port may be published on without anyone asking.
+LOOPBACK_ADDRESSES = ("127.0.0.1", "::1", "[::1]", "localhost")
 
 AIRFLOW_SERVICES = (
     "airflow-init",
@@ -104,12 +117,15 @@ PORT_FLAGS = {
 #: ``[dbspark]`` keys the code reads that compose may leave unset, and why.
 OPTIONAL_DBSPARK_KEYS = {
     "serving_conn_id": "serving tables are optional: no serving database by default",
+    "late_files": "late files are reported as warnings by default ('warn')",
+    "redact_input_values": "off by default: an input error shows the offending values",
 }
 #: Keys the scan must find, or the scan itself is broken.
 KNOWN_DBSPARK_KEYS = {"warehouse", "landing", "outputs", "catalog_conn_id", "spark_conn_id"}
 _DBSPARK_KEY_PATTERNS = (
-    re.compile(r"""conf\.get\(\s*["']dbspark["']\s*,\s*["'](\w+)["']"""),
+    re.compile(r"""conf\.get(?:boolean|int|float)?\(\s*["']dbspark["']\s*,\s*["'](\w+)["']"""),
     re.compile(r"""\b_config\(\s*["'](\w+)["']"""),
+    re.compile(r"""\b_airflow_setting\(\s*["'](\w+)["']"""),
 )
 
 SIMPLE_AUTH_MANAGER = (
@@ -122,13 +138,26 @@ _VARIABLE = re.compile(r"\$(?:(?P<dollar>\$)|\{(?P<braced>[^}]*)\}|(?P<plain>[A-
 _BRACED = re.compile(r"^(?P<name>[A-Za-z_]\w*)(?:(?P<op>:?[-?+])(?P<arg>.*))?$", re.DOTALL)
 
 
+@dataclass(frozen=True)
+class Use:
+    """One ``${NAME<op><arg>}``: ``op`` is ``""`` (bare), ``:-``/``-`` (``arg`` is the
+    default), ``:?``/``?`` (``arg`` is the message when unset) or ``:+``/``+``."""
+
+    op: str
+    arg: str
+
+    @property
+    def default(self) -> str | None:
+        return self.arg if self.op in (":-", "-") else None
+
+
 @dataclass
 class Interpolation:
     """Compose's variable interpolation with an environment (default: empty)."""
 
     env: Mapping[str, str] = field(default_factory=dict)
-    #: name -> the default each use gives ("" for none), every use recorded.
-    uses: dict[str, list[str | None]] = field(default_factory=dict)
+    #: name -> every use of it.
+    uses: dict[str, list[Use]] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
 
     def string(self, text: str, where: str = "") -> str:
@@ -144,7 +173,7 @@ class Interpolation:
                 return ""
             name, op, arg = parsed.group("name", "op", "arg")
             value = self.env.get(name)
-            self.uses.setdefault(name, []).append(arg if op in (":-", "-") else None)
+            self.uses.setdefault(name, []).append(Use(op or "", arg or ""))
             if op == ":-":
                 return value if value else arg
             if op == "-":
@@ -264,9 +293,11 @@ class Deployment:
         return self.services.get(name) or {}
 
 
-def load(env: Mapping[str, str] | None = None) -> Deployment:
-    raw = yaml.safe_load(COMPOSE.read_text())
-    interpolation = Interpolation(env or {})
+def load(env: Mapping[str, str] | None = None, text: str | None = None) -> Deployment:
+    """The deployment as compose reads it with ``env`` (default: the generated secrets),
+    from ``text`` (default: docker-compose.yml)."""
+    raw = yaml.safe_load(COMPOSE.read_text() if text is None else text)
+    interpolation = Interpolation(GENERATED_SECRETS if env is None else env)
     compose = interpolation.resolve(copy.deepcopy(raw))
     dockerfiles = {}
     for service in (compose.get("services") or {}).values():
@@ -549,13 +580,21 @@ Check = Callable[[Deployment], list[str]]
 
 
 def check_variables(deployment: Deployment) -> list[str]:
-    """Every variable has a default, the same one wherever it is used, and
-    deploy/env.example lists it with that default."""
+    """Every variable but a secret has a default, the same one wherever it is used, and
+    deploy/env.example lists it with that default; a secret is listed without a value
+    (check_secrets holds secrets to having none)."""
     problems = list(deployment.interpolation.problems)
     listed = dict(
         re.findall(r"^#?\s*([A-Z][A-Z0-9_]*)=(.*)$", deployment.env_example, flags=re.MULTILINE)
     )
-    for name, defaults in sorted(deployment.interpolation.uses.items()):
+    for name, uses in sorted(deployment.interpolation.uses.items()):
+        if name in SECRETS:
+            if name not in listed:
+                problems.append(f"the secret {name} is not listed in deploy/env.example")
+            elif listed[name].strip():
+                problems.append(f"deploy/env.example gives the secret {name} a value")
+            continue
+        defaults = [use.default for use in uses]
         if any(d is None for d in defaults):
             problems.append(f"${{{name}}} is used without a default")
             continue
@@ -672,6 +711,67 @@ def check_ports(deployment: Deployment) -> list[str]:
     for name, service in deployment.services.items():
         if service.get("network_mode") == "host":
             problems.append(f"{name} uses the host's network: that assumes one machine")
+    return problems
+
+
+def check_published_addresses(deployment: Deployment) -> list[str]:
+    """Every published port is bound to the host's loopback: reaching a service from
+    another machine is a choice someone makes (a variable), never a default."""
+    problems = []
+    for name, service in deployment.services.items():
+        for port in ports(service):
+            if port.published is None:
+                problems.append(
+                    f"{name} publishes container port {port.target} on a random host port"
+                )
+            if port.ip not in LOOPBACK_ADDRESSES:
+                where = "every interface" if port.ip in (None, "", "0.0.0.0", "::") else port.ip
+                problems.append(
+                    f"{name} publishes port {port.published or port.target} on {where}, "
+                    "not on the host's loopback"
+                )
+    return problems
+
+
+def secret_values(deployment: Deployment) -> set[str]:
+    return {deployment.interpolation.env.get(name, "") for name in SECRETS} - {""}
+
+
+def check_secrets(deployment: Deployment) -> list[str]:
+    """No secret has a default: every variable bin/make-env generates is required
+    (``${NAME:?message}``) wherever it is used, every variable whose name says it is a
+    secret is one of them, and every setting that holds a credential (by its name, or a
+    password inside a URL) takes it from one of them, never from a literal."""
+    problems = []
+    uses = deployment.interpolation.uses
+    for name, found in sorted(uses.items()):
+        looks_secret = bool(SECRET_SETTING.search(name))
+        if looks_secret and name not in SECRETS:
+            problems.append(f"${{{name}}} looks like a secret, but bin/make-env does not make it")
+        if name in SECRETS:
+            for use in dict.fromkeys(found):
+                if use.op != ":?" or not use.arg.strip():
+                    problems.append(
+                        f"${{{name}}} is a secret, so it must be ${{{name}:?message}}, not "
+                        f"${{{name}{use.op}{use.arg}}}"
+                    )
+    for name in sorted(set(SECRETS) - set(uses)):
+        problems.append(f"bin/make-env makes {name}, which docker-compose.yml does not use")
+    generated = secret_values(deployment)
+    for service_name, service in deployment.services.items():
+        for key, value in environment(service).items():
+            if SECRET_SETTING.search(key) and value not in generated:
+                problems.append(
+                    f"{service_name}: {key} is not one of the secrets in .env (a literal or a "
+                    "default)"
+                )
+            for url in re.findall(r"[a-z][a-z0-9+.-]*://[^\s\"']+", value):
+                password = urlsplit(url).password
+                if password is not None and password not in generated:
+                    problems.append(
+                        f"{service_name}: {key} holds a URL whose password is not one of the "
+                        "secrets in .env"
+                    )
     return problems
 
 
@@ -948,8 +1048,10 @@ def check_airflow_settings(deployment: Deployment) -> list[str]:
             problems.append(f"{where}: AIRFLOW__API_AUTH__JWT_SECRET is unset or short")
         if not env.get("AIRFLOW__API__SECRET_KEY"):
             problems.append(f"{where}: AIRFLOW__API__SECRET_KEY is unset")
-        if "AIRFLOW__CORE__FERNET_KEY" not in env:
-            problems.append(f"{where}: AIRFLOW__CORE__FERNET_KEY is unset")
+        try:
+            Fernet(env.get("AIRFLOW__CORE__FERNET_KEY", ""))
+        except ValueError:
+            problems.append(f"{where}: AIRFLOW__CORE__FERNET_KEY is not a Fernet key")
         if env.get("AIRFLOW__CORE__LOAD_EXAMPLES", "").lower() != "false":
             problems.append(f"{where}: AIRFLOW__CORE__LOAD_EXAMPLES is not false")
         if env.get("AIRFLOW__CORE__AUTH_MANAGER") != SIMPLE_AUTH_MANAGER:
@@ -1050,6 +1152,8 @@ CHECKS: tuple[Check, ...] = (
     check_dependencies,
     check_healthchecks,
     check_ports,
+    check_published_addresses,
+    check_secrets,
     check_volumes,
     check_images,
     check_dbspark_settings,
@@ -1080,6 +1184,8 @@ def test_interpolation_follows_compose():
     assert interpolation.problems == []
     interpolation.string("${NO_DEFAULT}")
     assert interpolation.problems == [": ${NO_DEFAULT} has no default"]
+    assert interpolation.string("${SET:?say so} ${UNSET:?say so}") == "x "
+    assert interpolation.problems[-1] == ": ${UNSET} is required (say so)"
 
 
 def test_merge_keys_are_resolved(deployment):
@@ -1305,6 +1411,31 @@ MUTATIONS: dict[str, tuple[Check, Callable[[Deployment], None], str]] = {
         lambda d: _set_option(d, "spark-worker", "--memory", "512m"),
         "more memory than a worker offers",
     ),
+    "a literal secret": (
+        check_secrets,
+        lambda d: [
+            _env(d, n).update({"AIRFLOW__API_AUTH__JWT_SECRET": "insecure-default-" * 4})
+            for n in AIRFLOW_SERVICES
+        ],
+        "airflow-worker: AIRFLOW__API_AUTH__JWT_SECRET is not one of the secrets in .env",
+    ),
+    "a literal database password in a URL": (
+        check_secrets,
+        lambda d: _env(d, "airflow-worker").update(
+            {"AIRFLOW_CONN_DBSPARK_CATALOG": "postgres://dbspark:dbspark@postgres:5432/x"}
+        ),
+        "AIRFLOW_CONN_DBSPARK_CATALOG holds a URL whose password is not one of the secrets",
+    ),
+    "a port on every interface": (
+        check_published_addresses,
+        lambda d: d.services["airflow-apiserver"].update({"ports": ["8080:8080"]}),
+        "airflow-apiserver publishes port 8080 on every interface",
+    ),
+    "a Spark port published": (
+        check_published_addresses,
+        lambda d: d.services["spark-connect"].update({"ports": ["0.0.0.0:15002:15002"]}),
+        "spark-connect publishes port 15002 on every interface",
+    ),
     "worker advertising 0.0.0.0": (
         check_commands,
         lambda d: _set_option(d, "spark-worker", "--host", "0.0.0.0"),
@@ -1333,3 +1464,81 @@ def test_discovery_sees_the_code_as_it_is(deployment):
     keys = discover_dbspark_keys(deployment.sources)
     assert set(keys) >= KNOWN_DBSPARK_KEYS
     assert set(OPTIONAL_DBSPARK_KEYS) <= set(keys), "an optional key nobody reads: remove it"
+
+
+# ============================================================================ security
+def test_without_a_dot_env_compose_refuses_to_start_naming_every_secret():
+    """No secret has a default: with an empty environment every one of them is an
+    interpolation error (``docker compose`` stops with the message), and nothing else is."""
+    problems = load(env={}).interpolation.problems
+    required = {re.search(r"\$\{(\w+)\} is required", p).group(1) for p in problems}
+    assert required == set(SECRETS), problems
+    assert all("bin/make-env" in p for p in problems), problems
+
+
+def test_nothing_is_published_beyond_loopback_unless_asked(deployment):
+    published = [(n, p) for n, s in deployment.services.items() for p in ports(s)]
+    assert published, "the Airflow UI must stay reachable on the host"
+    assert {p.ip for _, p in published} == {"127.0.0.1"}, published
+    # DBSPARK_BIND_ADDRESS asks for another address, and only then is one used.
+    everywhere = load(env={**GENERATED_SECRETS, "DBSPARK_BIND_ADDRESS": "0.0.0.0"})
+    assert check_published_addresses(everywhere) != []
+    assert {p.ip for s in everywhere.services.values() for p in ports(s)} == {"0.0.0.0"}
+
+
+def _with_text(change: Callable[[str], str]) -> Deployment:
+    text = change(COMPOSE.read_text())
+    assert text != COMPOSE.read_text(), "the mutation did not apply"
+    return load(text=text)
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (
+            lambda text: re.sub(
+                r"\$\{DBSPARK_JWT_SECRET:\?[^}]*\}",
+                "${DBSPARK_JWT_SECRET:-insecure-default-0123456789abcdef0123456789abcdef}",
+                text,
+            ),
+            "${DBSPARK_JWT_SECRET} is a secret, so it must be ${DBSPARK_JWT_SECRET:?message}",
+        ),
+        (
+            lambda text: text.replace(
+                "redis://redis:6379/0", "redis://:${DBSPARK_REDIS_PASSWORD:-redis}@redis:6379/0"
+            ),
+            "${DBSPARK_REDIS_PASSWORD} looks like a secret, but bin/make-env does not make it",
+        ),
+    ],
+    ids=["a secret with a default", "a new secret with a default"],
+)
+def test_a_default_secret_in_the_file_is_reported(change, expected):
+    problems = check_secrets(_with_text(change))
+    assert any(expected in p for p in problems), problems
+
+
+def test_make_env_writes_a_private_file_it_will_not_replace(tmp_path):
+    from dbspark.devtools.env_file import EnvFileExists, write_env
+
+    path = tmp_path / ".env"
+    values = write_env(path)
+    assert set(values) == set(SECRETS)
+    assert path.stat().st_mode & 0o777 == 0o600
+    written = dict(
+        line.split("=", 1) for line in path.read_text().splitlines() if not line.startswith("#")
+    )
+    assert written == values
+    Fernet(values["DBSPARK_FERNET_KEY"])  # the format Airflow wants
+    # The deployment checks pass with what it wrote.
+    deployment = load(env=written)
+    assert check_secrets(deployment) == [] and deployment.interpolation.problems == []
+    with pytest.raises(EnvFileExists, match="--force"):
+        write_env(path)
+    assert (
+        dict(
+            line.split("=", 1) for line in path.read_text().splitlines() if not line.startswith("#")
+        )
+        == values
+    ), "the existing file was changed"
+    again = write_env(path, force=True)
+    assert again != values and path.stat().st_mode & 0o777 == 0o600

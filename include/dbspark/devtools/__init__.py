@@ -14,6 +14,8 @@ holds both sides to that).
 * ``airflow``: a real Airflow (api-server, scheduler, dag-processor, optionally Celery
   workers) as child processes, with a REST client; ``cluster``: the multi-machine
   deployment's topology on loopback.
+* ``env_file`` (``bin/make-env``): a fresh ``.env`` with the secrets
+  ``docker-compose.yml`` requires, generated.
 * ``demo`` (``bin/demo``): the example DAGs run through Airflow for several epochs;
   ``engine_demo``: the example circuits run on an engine directly, and the scenarios
   both demos feed them.
