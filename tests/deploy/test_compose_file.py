@@ -37,7 +37,10 @@ What is checked, against what:
   except the secrets: those have none (``${NAME:?message}``, so compose refuses to start
   without them), are exactly what ``bin/make-env`` generates, and every setting that
   holds a password, secret, key or token (or a URL with a password) comes from one;
-* published ports are bound to the host's loopback unless a variable says otherwise.
+* published ports are bound to the host's loopback unless a variable says otherwise;
+* Spark publishes nothing (neither Spark Connect, which has no authentication of its
+  own here, nor the UIs), and every Spark daemon and the driver run with one
+  ``spark.authenticate`` secret.
 """
 
 from __future__ import annotations
@@ -733,6 +736,27 @@ def check_published_addresses(deployment: Deployment) -> list[str]:
     return problems
 
 
+def check_spark_security(deployment: Deployment) -> list[str]:
+    """The Spark services publish no port, and each runs with the cluster's
+    ``spark.authenticate`` secret (the launchers refuse to start without one unless
+    ``--no-auth``, which no service may pass)."""
+    problems = []
+    secrets_seen = set()
+    for name in SPARK_SERVICES:
+        service = deployment.service(name)
+        if service.get("ports"):
+            problems.append(f"{name} publishes {service['ports']}: Spark stays on the network")
+        secret = environment(service).get("DBSPARK_SPARK_AUTH_SECRET", "")
+        if not secret:
+            problems.append(f"{name}: DBSPARK_SPARK_AUTH_SECRET is not set (spark.authenticate)")
+        secrets_seen.add(secret)
+        if "--no-auth" in command_tokens(service):
+            problems.append(f"{name} runs with --no-auth")
+    if len(secrets_seen) > 1:
+        problems.append("the Spark services do not share one DBSPARK_SPARK_AUTH_SECRET")
+    return problems
+
+
 def secret_values(deployment: Deployment) -> set[str]:
     return {deployment.interpolation.env.get(name, "") for name in SECRETS} - {""}
 
@@ -1154,6 +1178,7 @@ CHECKS: tuple[Check, ...] = (
     check_ports,
     check_published_addresses,
     check_secrets,
+    check_spark_security,
     check_volumes,
     check_images,
     check_dbspark_settings,
@@ -1435,6 +1460,21 @@ MUTATIONS: dict[str, tuple[Check, Callable[[Deployment], None], str]] = {
         check_published_addresses,
         lambda d: d.services["spark-connect"].update({"ports": ["0.0.0.0:15002:15002"]}),
         "spark-connect publishes port 15002 on every interface",
+    ),
+    "a Spark UI published, even on loopback": (
+        check_spark_security,
+        lambda d: d.services["spark-master"].update({"ports": ["127.0.0.1:8090:8080"]}),
+        "spark-master publishes ['127.0.0.1:8090:8080']",
+    ),
+    "a Spark worker without the secret": (
+        check_spark_security,
+        lambda d: _env(d, "spark-worker").pop("DBSPARK_SPARK_AUTH_SECRET"),
+        "spark-worker: DBSPARK_SPARK_AUTH_SECRET is not set",
+    ),
+    "a Spark daemon without authentication": (
+        check_spark_security,
+        lambda d: d.services["spark-master"]["command"].append("--no-auth"),
+        "spark-master runs with --no-auth",
     ),
     "worker advertising 0.0.0.0": (
         check_commands,

@@ -25,6 +25,7 @@ all without leaving a process behind (:meth:`LocalCluster.leftovers`).
 from __future__ import annotations
 
 import json
+import secrets
 import signal
 import sys
 import tempfile
@@ -51,6 +52,10 @@ class LocalCluster:
     (and so every task). The warehouse, landing directory and published outputs are
     ``root/warehouse``, ``root/landing`` and ``root/published``: on one machine every
     process sees them, as every container sees the shared volume in docker-compose.
+    The Spark master, workers, executors and the Connect server (the driver) share a
+    fresh ``spark.authenticate`` secret (:attr:`spark_auth_secret`), as the compose
+    services share ``DBSPARK_SPARK_AUTH_SECRET``; Airflow's tasks need none, being
+    Spark Connect clients.
     """
 
     def __init__(
@@ -77,16 +82,19 @@ class LocalCluster:
         # connection pools: more than PostgreSQL's default 100 on a busy run.
         self.postgres = LocalPostgres(max_connections=300)
         self.redis = LocalRedis(self.root / "redis")
+        self.spark_auth_secret = secrets.token_hex(32)
         self.spark = LocalSparkCluster(
             self.root / "spark",
             workers=spark_workers,
             cores=spark_worker_cores,
             memory=spark_worker_memory,
+            auth_secret=self.spark_auth_secret,
         )
         self.connect = LocalConnectServer(
             master="spark://unset",  # the master's URL once it listens
             ui_port=0,
             log_path=self.root / "spark" / "connect.log",
+            auth_secret=self.spark_auth_secret,
             conf={
                 "spark.executor.memory": executor_memory,
                 # One executor per worker, with all of the worker's cores.

@@ -23,6 +23,16 @@ workers do the work: that is the multi-machine deployment's Spark endpoint.
 From a shell, ``python -m dbspark.devtools.spark_connect [--port N] [--master M]
 [--ui-port P] [--conf k=v ...]`` runs one in the foreground, prints its address, and
 stops it on Ctrl-C or SIGTERM (``docker-compose.yml`` starts it this way).
+
+**Authentication.** As a cluster's driver the server holds the cluster's
+``spark.authenticate`` secret (``auth_secret``; from a shell ``DBSPARK_SPARK_AUTH_SECRET``,
+required with a ``spark://`` master unless ``--no-auth``), passed in a private
+properties file, never on the command line. Its gRPC port has no authentication here:
+Spark 4.2's server checks a pre-shared token (``spark.connect.authenticate.token``), but
+pyspark's client sends a token only over TLS, or to ``localhost`` over gRPC's local
+credentials, and the server speaks no TLS itself. So the port is reachable only where
+it must be: loopback by default, the compose network (never a published port) in
+``docker-compose.yml``.
 """
 
 from __future__ import annotations
@@ -39,7 +49,9 @@ from dbspark.devtools.spark_daemons import (
     DEFAULT_STARTUP_TIMEOUT,
     SparkProcess,
     SparkProcessError,
+    auth_secret_from_environment,
     conf_value,
+    is_local_master,
     is_loopback,
     parse_conf,
     run_in_foreground,
@@ -77,7 +89,8 @@ class LocalConnectServer(SparkProcess):
     or a cluster URL). ``java_options`` go to the server JVM. ``conf`` adds or overrides
     Spark settings of the server. ``ui_port`` turns the driver's web UI (and its REST
     API, ``/api/v1``) on at that port, 0 meaning a free one; None leaves it off.
-    ``log_path``, ``startup_timeout``, ``die_with_parent`` and ``env``: see
+    ``log_path``, ``startup_timeout``, ``die_with_parent``, ``env`` and ``auth_secret``
+    (the cluster's ``spark.authenticate`` secret): see
     :class:`~dbspark.devtools.spark_daemons.SparkProcess`.
     """
 
@@ -98,6 +111,7 @@ class LocalConnectServer(SparkProcess):
         startup_timeout: float = DEFAULT_STARTUP_TIMEOUT,
         die_with_parent: bool = True,
         env: Mapping[str, str] | None = None,
+        auth_secret: str | None = None,
     ) -> None:
         super().__init__(
             port=port,
@@ -106,6 +120,7 @@ class LocalConnectServer(SparkProcess):
             startup_timeout=startup_timeout,
             die_with_parent=die_with_parent,
             env=env,
+            auth_secret=auth_secret,
         )
         self.master = master
         self.java_options = tuple(java_options)
@@ -148,6 +163,7 @@ class LocalConnectServer(SparkProcess):
             # Fail instead of silently moving to another port the client does not know.
             "spark.connect.grpc.port.maxRetries": "0",
             "spark.ui.enabled": "false",
+            "spark.ui.killEnabled": "false",
             "spark.ui.showConsoleProgress": "false",
             "spark.sql.session.timeZone": "UTC",
         }
@@ -160,6 +176,8 @@ class LocalConnectServer(SparkProcess):
             # driver on loopback.
             settings["spark.driver.host"] = self.host
             settings["spark.driver.bindAddress"] = self.host
+        if self.auth_secret:
+            settings["spark.authenticate"] = "true"
         settings.update(self.conf)
         cmd = [
             str(home / "bin" / "spark-submit"),
@@ -170,6 +188,10 @@ class LocalConnectServer(SparkProcess):
             "--class",
             SERVER_CLASS,
         ]
+        if self.auth_secret:
+            # Spark wants a driver's secret as a setting; a file keeps it out of `ps`.
+            secret = {"spark.authenticate.secret": self.auth_secret}
+            cmd += ["--properties-file", str(self.private_properties(secret))]
         if self.java_options:
             cmd += ["--driver-java-options", " ".join(shlex.quote(o) for o in self.java_options)]
         for key, value in settings.items():
@@ -194,10 +216,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--log", help="log file ('-' or none: this process's output)")
     parser.add_argument("--startup-timeout", type=float, default=DEFAULT_STARTUP_TIMEOUT)
+    parser.add_argument(
+        "--no-auth",
+        action="store_true",
+        help="no spark.authenticate towards a cluster (default: on, DBSPARK_SPARK_AUTH_SECRET)",
+    )
     args = parser.parse_args(argv)
     try:
         conf = parse_conf(args.conf)
-    except ValueError as err:
+        # A local master has no cluster to authenticate to: the secret is optional there.
+        secret = auth_secret_from_environment(
+            required=not (args.no_auth or is_local_master(args.master)),
+            what="Spark Connect server (a cluster's driver)",
+        )
+    except (ValueError, SparkProcessError) as err:
         parser.error(str(err))
     server = LocalConnectServer(
         port=args.port,
@@ -207,6 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ui_port=args.ui_port,
         log_path=args.log or "-",
         startup_timeout=args.startup_timeout,
+        auth_secret=None if args.no_auth else secret,
     )
     return run_in_foreground(server, lambda: f"{server.url()}  (master {server.master})")
 

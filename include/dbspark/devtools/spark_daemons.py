@@ -16,6 +16,16 @@ inside the ``pyspark`` wheel. They share everything but their command line and w
 
 ``SPARK_HOME`` from the environment is not used on purpose: a daemon must match the
 client's version, and the wheel always carries a matching distribution.
+
+**Authentication** (``auth_secret``): Spark's RPC between the master, the workers, the
+executors and the driver is unauthenticated unless ``spark.authenticate`` is on, and
+then every party must hold one shared secret. The secret never appears on a command
+line (``ps`` shows those to every user): a master or worker reads it from the
+``_SPARK_AUTH_SECRET`` environment variable (Spark's own, which a worker also hands to
+the executors it starts), and a driver, which Spark requires to have it as the
+``spark.authenticate.secret`` setting, from a properties file of mode 0600 in a private
+directory that :meth:`SparkProcess.stop` removes. The command-line tools take it from
+``DBSPARK_SPARK_AUTH_SECRET`` (:func:`auth_secret_from_environment`).
 """
 
 from __future__ import annotations
@@ -23,6 +33,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -61,6 +72,10 @@ BIND_ATTEMPTS = 3
 ERROR_LINES = 5
 ERROR_WORDS = ("Exception", " ERROR ", "Error:")
 MAX_LAUNCH_LOG_BYTES = 4 * 1024 * 1024
+#: Where the command-line tools (and so docker-compose.yml) take the cluster's secret from.
+AUTH_SECRET_VARIABLE = "DBSPARK_SPARK_AUTH_SECRET"
+#: Spark's own variable for a daemon's (and an executor's) authentication secret.
+SPARK_AUTH_SECRET_VARIABLE = "_SPARK_AUTH_SECRET"
 
 
 class SparkProcessError(RuntimeError):
@@ -104,6 +119,34 @@ def parse_conf(pairs: list[str] | None) -> dict[str, str]:
     return settings
 
 
+def auth_secret_from_environment(*, required: bool, what: str) -> str | None:
+    """The secret in ``DBSPARK_SPARK_AUTH_SECRET``; when ``required`` and it is unset, a
+    :class:`SparkProcessError` saying how to set it (``what`` names the daemon)."""
+    secret = os.environ.get(AUTH_SECRET_VARIABLE, "").strip()
+    if not secret and required:
+        raise SparkProcessError(
+            f"{AUTH_SECRET_VARIABLE} is not set: the {what} runs with spark.authenticate, "
+            "and every Spark daemon and driver of the cluster needs the same secret "
+            "(bin/make-env writes one into .env); --no-auth runs it without, for a cluster "
+            "nobody else can reach"
+        )
+    return secret or None
+
+
+def write_private_properties(settings: Mapping[str, str]) -> Path:
+    """``settings`` in a Java properties file of mode 0600 inside a fresh directory of
+    mode 0700 (the caller removes the directory)."""
+    folder = Path(tempfile.mkdtemp(prefix="dbspark-spark-conf-"))  # mode 0700
+    path = folder / "spark.properties"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        for key, value in settings.items():
+            # Properties files treat backslashes as escapes; a secret of hex or
+            # URL-safe characters needs none.
+            handle.write(f"{key}={value}\n")
+    return path
+
+
 class SparkProcess:
     """One Spark daemon process. Subclasses give :meth:`command` and may refine
     :meth:`ready`; ``port`` is the port that must accept connections when it is up.
@@ -112,6 +155,8 @@ class SparkProcess:
     ``log_path`` receives stdout and stderr (default: a fresh temporary directory, kept
     after :meth:`stop` so a failure can be read; ``"-"``: this process's own stdout and
     stderr, as a container wants). ``env`` adds variables for the process.
+    ``auth_secret`` turns ``spark.authenticate`` on with that shared secret (see the
+    module docstring); None leaves Spark's RPC unauthenticated.
     """
 
     #: A short name for messages ("Spark Connect server", "Spark master", ...).
@@ -130,8 +175,12 @@ class SparkProcess:
         startup_timeout: float = DEFAULT_STARTUP_TIMEOUT,
         die_with_parent: bool = True,
         env: Mapping[str, str] | None = None,
+        auth_secret: str | None = None,
     ) -> None:
         self.host = host
+        self.auth_secret = auth_secret or None
+        #: Files only this process may read (a driver's secret), removed by stop().
+        self._private_dirs: list[Path] = []
         self.requested_port = port
         self.port: int | None = None
         self.inherit_output = str(log_path) == "-"
@@ -191,6 +240,9 @@ class SparkProcess:
         """Stop the daemon's whole process group: SIGTERM, then SIGKILL after
         ``timeout``. Safe to call more than once and on a daemon that never started."""
         proc, self._proc = self._proc, None
+        for folder in self._private_dirs:
+            shutil.rmtree(folder, ignore_errors=True)
+        self._private_dirs.clear()
         if proc is None:
             return
         stop_group(proc, timeout)
@@ -234,8 +286,17 @@ class SparkProcess:
         self.stop()
 
     # --- internals ---------------------------------------------------------------------
+    def private_properties(self, settings: Mapping[str, str]) -> Path:
+        """A properties file only this user can read, removed when the daemon stops."""
+        path = write_private_properties(settings)
+        self._private_dirs.append(path.parent)
+        return path
+
     def _environment(self, home: Path) -> dict[str, str]:
         env = dict(os.environ)
+        # A secret is handed on only where asked for, never inherited by accident.
+        env.pop(SPARK_AUTH_SECRET_VARIABLE, None)
+        env.pop(AUTH_SECRET_VARIABLE, None)
         env["SPARK_HOME"] = str(home)
         # Python UDFs run in workers the JVM starts: this interpreter has pyspark.
         env.setdefault("PYSPARK_PYTHON", sys.executable)

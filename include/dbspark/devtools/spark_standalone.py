@@ -22,6 +22,12 @@ From a shell (one daemon each, in the foreground; ``docker-compose.yml`` uses th
     python -m dbspark.devtools.spark_standalone master --host H --port 7077 --webui-port 8080
     python -m dbspark.devtools.spark_standalone worker --master spark://H:7077 --cores 2 \\
         --memory 2g --webui-port 8081
+
+With ``auth_secret`` (from a shell: ``DBSPARK_SPARK_AUTH_SECRET``, required unless
+``--no-auth``) the daemons run with ``spark.authenticate``: a worker, executor or
+driver without the secret cannot register or connect. Whatever the secret, the master's
+REST submission server stays off (it would take a job from anyone who reaches it) and
+the web UIs have no kill links.
 """
 
 from __future__ import annotations
@@ -37,8 +43,10 @@ from dbspark.devtools.processes import LOOPBACK, free_port
 from dbspark.devtools.spark_daemons import (
     DEFAULT_JAVA_OPTIONS,
     DEFAULT_STARTUP_TIMEOUT,
+    SPARK_AUTH_SECRET_VARIABLE,
     SparkProcess,
     SparkProcessError,
+    auth_secret_from_environment,
     run_in_foreground,
     spark_home,
 )
@@ -47,6 +55,8 @@ MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
 #: Master and worker JVMs only keep books; the executors do the work.
 DAEMON_MEMORY = "512m"
+#: Settings of every daemon: no job submission over unauthenticated REST, no kill links.
+DAEMON_SETTINGS = ("-Dspark.master.rest.enabled=false", "-Dspark.ui.killEnabled=false")
 
 
 def fetch_json(url: str, timeout: float = 5.0) -> Any:
@@ -76,9 +86,15 @@ class _Daemon(SparkProcess):
         startup_timeout: float = DEFAULT_STARTUP_TIMEOUT,
         die_with_parent: bool = True,
         env: Mapping[str, str] | None = None,
+        auth_secret: str | None = None,
     ) -> None:
         # host None: let Spark pick the machine's address to advertise (a container's).
         self.advertised_host = host
+        options = [*java_options, *DAEMON_SETTINGS]
+        secret_env = {}
+        if auth_secret:
+            options.append("-Dspark.authenticate=true")
+            secret_env[SPARK_AUTH_SECRET_VARIABLE] = auth_secret
         super().__init__(
             port=port,
             host=host or "0.0.0.0",
@@ -87,9 +103,11 @@ class _Daemon(SparkProcess):
             die_with_parent=die_with_parent,
             env={
                 "SPARK_DAEMON_MEMORY": DAEMON_MEMORY,
-                "SPARK_DAEMON_JAVA_OPTS": " ".join(java_options),
+                "SPARK_DAEMON_JAVA_OPTS": " ".join(options),
                 **(env or {}),
+                **secret_env,
             },
+            auth_secret=auth_secret,
         )
         self.requested_webui_port = webui_port
         self.webui_port: int | None = None
@@ -196,7 +214,8 @@ class LocalSparkWorker(_Daemon):
 
 class LocalSparkCluster:
     """A master and ``workers`` workers on loopback, each worker with ``cores`` cores and
-    ``memory`` memory; logs and work directories under ``root``."""
+    ``memory`` memory; logs and work directories under ``root``; ``auth_secret`` turns
+    ``spark.authenticate`` on for all of them (a driver then needs the same secret)."""
 
     def __init__(
         self,
@@ -207,9 +226,13 @@ class LocalSparkCluster:
         memory: str = "1g",
         host: str = LOOPBACK,
         env: Mapping[str, str] | None = None,
+        auth_secret: str | None = None,
     ) -> None:
         self.root = Path(root)
-        self.master = LocalSparkMaster(host=host, log_path=self.root / "master.log", env=env)
+        self.auth_secret = auth_secret
+        self.master = LocalSparkMaster(
+            host=host, log_path=self.root / "master.log", env=env, auth_secret=auth_secret
+        )
         self.workers = [
             LocalSparkWorker(
                 "",  # set once the master has its port
@@ -220,6 +243,7 @@ class LocalSparkCluster:
                 host=host,
                 log_path=self.root / f"worker-{n}" / "worker.log",
                 env=env,
+                auth_secret=auth_secret,
             )
             for n in range(1, workers + 1)
         ]
@@ -286,13 +310,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         sub.add_argument("--webui-port", type=int, help="web UI port")
         sub.add_argument("--log", help="log file ('-' or none: this process's output)")
         sub.add_argument("--startup-timeout", type=float, default=DEFAULT_STARTUP_TIMEOUT)
+        sub.add_argument(
+            "--no-auth",
+            action="store_true",
+            help="run without spark.authenticate (default: on, with DBSPARK_SPARK_AUTH_SECRET)",
+        )
         if role == "worker":
             sub.add_argument("--master", required=True, help="spark://host:port")
             sub.add_argument("--cores", type=int, default=1)
             sub.add_argument("--memory", default="1g")
             sub.add_argument("--work-dir", help="where executors run and keep their logs")
     args = parser.parse_args(argv)
+    try:
+        secret = auth_secret_from_environment(required=not args.no_auth, what=f"Spark {args.role}")
+    except SparkProcessError as err:
+        parser.error(str(err))
     common: dict[str, Any] = {
+        "auth_secret": None if args.no_auth else secret,
         "host": args.host,
         "webui_port": args.webui_port,
         "log_path": args.log or "-",
