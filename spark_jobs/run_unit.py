@@ -4,10 +4,14 @@ iteration, the publish step or the close) of a dbspark circuit.
     spark-submit --master spark://HOST:7077 spark_jobs/run_unit.py --unit-file PATH
 
 The Airflow task that submits it (``dbspark.orchestration.airflow.tasks``, when the Spark
-connection has type ``spark``) writes the unit file: the circuit and the unit, pickled.
-The job opens the engine on the same warehouse and catalog, runs the unit through
-``dbspark.orchestration.units.execute_unit`` (the code a local task runs), and writes
-the result beside the unit file. It imports no Airflow.
+connection has type ``spark``) writes the unit file: JSON, private (0600 in a 0700
+directory), with the circuit's recipe, the unit, and the catalog's connection id, and an
+HMAC under a key it passes in ``DBSPARK_UNIT_KEY`` with the databases' URLs
+(``DBSPARK_UNIT_CATALOG_URL``, ``DBSPARK_UNIT_SERVING_URL``) in this process's
+environment. The job refuses a file that is not private or does not match its HMAC,
+builds the circuit from the recipe, opens the engine on the same warehouse and catalog,
+runs the unit through ``dbspark.orchestration.units.execute_unit`` (the code a local task
+runs), and writes the result beside the unit file. It imports no Airflow.
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ driver JVM per task), and the epoch comes out as it does in the worker."""
 from __future__ import annotations
 
 import json
+import stat
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -59,4 +60,7 @@ def test_an_epoch_through_spark_submit(airflow_db, tmp_path, monkeypatch, capfd)
     # The Delta table the unit committed under spark-submit holds the same view.
     table = table_path(tmp_path / "published", "word_count", "counts")
     assert ZSet(table_rows(table, schema, epoch=0)) == want
-    assert not list((tmp_path / "warehouse" / "_units").rglob("*.unit"))
+    # The unit files went through a private directory, and none is left.
+    units = tmp_path / "warehouse" / "_units" / "word_count"
+    assert stat.S_IMODE(units.stat().st_mode) == 0o700
+    assert list(units.iterdir()) == []

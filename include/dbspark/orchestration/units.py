@@ -8,20 +8,41 @@ or Spark Connect), or ships it to ``spark_jobs/run_unit.py`` with ``spark-submit
 (a cluster), which calls the same function. No Airflow import here: a unit must run
 where Airflow is not installed.
 
-A shipped unit is a file: the circuit and the unit's description, pickled with
-cloudpickle (pyspark's), so circuits whose functions are lambdas travel too. The job
-writes its result next to it as JSON.
+A shipped unit is a JSON file (``write_unit_file``), never a pickle: anyone who can
+write where a driver unpickles runs code as that driver. It carries the circuit's
+recipe (an importable factory, or the SQL files) and fingerprint, the unit's fields
+(rows as tagged JSON values, a FileBatch as its paths), the warehouse, and the Airflow
+connection ids of the catalog and the serving database; their URLs, with passwords,
+reach the driver only in its environment. The file is private (0600 in a 0700
+directory this user owns) and carries an HMAC-SHA256 under a key made for that one
+submission and passed in the driver's environment, so a file changed by anyone else
+is refused before anything in it is used. The driver writes its result beside it the
+same way.
 """
 
 from __future__ import annotations
 
+import base64
+import dataclasses
+import hashlib
+import hmac
+import importlib
+import importlib.machinery
 import json
 import logging
+import math
+import os
+import stat
+import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import date, datetime
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, ClassVar
 
 from dbspark.circuit.builder import Circuit
+from dbspark.engine.file_batches import FileBatch
 
 log = logging.getLogger("dbspark.airflow")
 
@@ -202,37 +223,317 @@ def execute_unit(engine: Any, unit: Unit) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------ shipping to spark-submit
-def write_unit_file(path: Path, circuit: Circuit, unit: Unit, engine: dict) -> None:
-    """Write what ``spark_jobs/run_unit.py`` needs: the circuit, the unit, and how to
-    open the engine (warehouse, catalog URL)."""
-    from pyspark import cloudpickle
+#: Environment variables the submitting task sets for the spark-submit driver only.
+UNIT_KEY_VARIABLE = "DBSPARK_UNIT_KEY"
+CATALOG_URL_VARIABLE = "DBSPARK_UNIT_CATALOG_URL"
+SERVING_URL_VARIABLE = "DBSPARK_UNIT_SERVING_URL"
+UNIT_FORMAT = "dbspark-unit/1"
+RESULT_FORMAT = "dbspark-unit-result/1"
+UNITS_FOLDER = "_units"
+UNIT_KINDS: dict[str, type] = {
+    cls.kind: cls
+    for cls in (IngestUnit, StageUnit, IterateUnit, PublishUnit, CloseUnit, RebuildUnit, VerifyUnit)
+}
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(cloudpickle.dumps({"circuit": circuit, "unit": unit, "engine": engine}))
+
+class UnitFileError(RuntimeError):
+    """A unit file (or its result) that must not be run or believed: not private, changed
+    since it was written, or not what this code reads. The message says which."""
 
 
-def run_unit_file(path: Path, spark: Any) -> dict[str, Any]:
-    """Run a unit written by ``write_unit_file`` and write its result beside it."""
-    import pickle
+@dataclass(frozen=True)
+class CircuitRecipe:
+    """How a spark-submit driver builds the task's circuit again, instead of receiving
+    it as a pickle: ``factory`` (``"module:qualname"``, a module-level function that
+    returns the circuit, importable on the driver), or ``sql`` and ``sources`` (the files
+    ``sql_dag`` compiled, with the circuit's ``name``)."""
 
-    from dbspark.engine.spark.executor import SparkEngine
+    factory: str | None = None
+    sql: str | None = None
+    sources: str | None = None
+    name: str | None = None
 
-    shipped = pickle.loads(path.read_bytes())  # written by this project, trusted
-    options = shipped["engine"]
+    @classmethod
+    def of_factory(cls, factory: Any) -> CircuitRecipe | None:
+        """The recipe of a circuit factory, or None when a new process could not import
+        it (a lambda, a nested function, a function of a DAG file, which Airflow loads
+        under a name of its own)."""
+        module, qualname = (
+            getattr(factory, "__module__", None),
+            getattr(factory, "__qualname__", ""),
+        )
+        if not module or module == "__main__" or "<" in qualname:
+            return None
+        if importlib.machinery.PathFinder.find_spec(module.partition(".")[0]) is None:
+            return None
+        return cls(factory=f"{module}:{qualname}")
+
+    def build(self) -> Circuit:
+        if self.factory:
+            module, _, qualname = self.factory.partition(":")
+            target: Any = importlib.import_module(module)
+            for part in qualname.split("."):
+                target = getattr(target, part)
+            circuit = target()
+        elif self.sql and self.sources:
+            from dbspark.sql.files import compile_files
+
+            circuit = compile_files(self.sql, self.sources, self.name)
+        else:
+            raise UnitFileError(f"the unit file's circuit recipe names nothing to build: {self}")
+        if not isinstance(circuit, Circuit):
+            raise UnitFileError(f"{self.factory} returned {type(circuit).__name__}, not a Circuit")
+        return circuit
+
+
+@dataclass(frozen=True)
+class ShippedUnit:
+    """What ``spark_jobs/run_unit.py`` needs, as a unit file carries it: the circuit's
+    recipe and fingerprint, the unit, the warehouse, and the Airflow connection ids of the
+    catalog and the serving database (None: SQLite in the warehouse; none) whose URLs the
+    submitting task passes to the driver in its environment, never in the file."""
+
+    recipe: CircuitRecipe
+    fingerprint: str
+    unit: Unit
+    warehouse: str
+    catalog_conn_id: str | None = None
+    serving_conn_id: str | None = None
+
+
+def _encode(value: Any, where: str) -> Any:
+    """A value of a unit or a batch as JSON data that decodes to an equal value:
+    non-JSON types are tagged objects (``{"$date": ...}``); a type outside the row types
+    is refused instead of being pickled."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else {"$float": repr(value)}
+    if isinstance(value, Decimal):
+        return {"$decimal": str(value)}
+    if isinstance(value, datetime):
+        return {"$datetime": value.isoformat()}
+    if isinstance(value, date):
+        return {"$date": value.isoformat()}
+    if isinstance(value, bytes):
+        return {"$bytes": base64.b64encode(value).decode("ascii")}
+    if isinstance(value, tuple):
+        return {"$tuple": [_encode(v, where) for v in value]}
+    if isinstance(value, list):
+        return [_encode(v, where) for v in value]
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        return {"$dict": {k: _encode(v, where) for k, v in value.items()}}
+    if isinstance(value, FileBatch):
+        return {"$files": {"paths": list(value.paths), "format": value.format}}
+    raise UnitFileError(
+        f"{where}: a {type(value).__name__} cannot go into a unit file (JSON: rows of "
+        "column values, or a FileBatch); spark-submit needs a connector that returns those"
+    )
+
+
+def _decode(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_decode(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    if len(value) != 1:
+        raise UnitFileError(f"unit file: an object that is no tagged value: {sorted(value)}")
+    ((tag, inner),) = value.items()
+    decoders: dict[str, Any] = {
+        "$float": float,
+        "$decimal": Decimal,
+        "$datetime": datetime.fromisoformat,
+        "$date": date.fromisoformat,
+        "$bytes": lambda v: base64.b64decode(v.encode("ascii")),
+        "$tuple": lambda v: tuple(_decode(x) for x in v),
+        "$dict": lambda v: {k: _decode(x) for k, x in v.items()},
+        "$files": lambda v: FileBatch(v["paths"], v["format"]),
+    }
+    if tag not in decoders:
+        raise UnitFileError(f"unit file: unknown tagged value {tag!r}")
+    return decoders[tag](inner)
+
+
+def _canonical(body: Any) -> bytes:
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+
+
+def _mac(key: bytes, body: Any) -> str:
+    return hmac.new(key, _canonical(body), hashlib.sha256).hexdigest()
+
+
+def unit_key_from_environment(environ: Mapping[str, str] | None = None) -> bytes:
+    """The unit files' HMAC key the submitting task passed in ``DBSPARK_UNIT_KEY``."""
+    text = (os.environ if environ is None else environ).get(UNIT_KEY_VARIABLE, "")
+    try:
+        key = bytes.fromhex(text)
+    except ValueError:
+        key = b""
+    if len(key) < 32:
+        raise UnitFileError(
+            f"{UNIT_KEY_VARIABLE} does not hold the unit files' key (64 hex digits): the "
+            "task that spark-submits a unit passes it, and a unit is never run without it"
+        )
+    return key
+
+
+def _require_private(path: Path, what: str) -> None:
+    """Refuse ``path`` unless this user owns it and nobody else may read or write it."""
+    info = path.lstat()
+    if stat.S_ISLNK(info.st_mode):
+        raise UnitFileError(f"refused {what} {path}: it is a symbolic link")
+    mode = stat.S_IMODE(info.st_mode)
+    if info.st_uid != os.getuid() or mode & 0o077:
+        raise UnitFileError(
+            f"refused {what} {path}: owned by uid {info.st_uid} with mode {mode:04o}; unit "
+            f"files must be this user's (uid {os.getuid()}) and private (files 0600 in "
+            "directories 0700)"
+        )
+
+
+def unit_directory(warehouse: Path | str, circuit: str) -> Path:
+    """``<warehouse>/_units/<circuit>/``, created or made private (mode 0700). A
+    directory there that another user owns is refused: it would let them read and
+    replace what a driver runs."""
+    folder = Path(warehouse)
+    folder.mkdir(parents=True, exist_ok=True)
+    for part in (UNITS_FOLDER, circuit):
+        folder = folder / part
+        folder.mkdir(mode=0o700, exist_ok=True)
+        info = folder.lstat()
+        if info.st_uid == os.getuid() and not stat.S_ISLNK(info.st_mode):
+            # mkdir's mode is masked, and a folder made by an older version was 2775.
+            folder.chmod(0o700)
+        _require_private(folder, "the unit directory")
+    return folder
+
+
+def _write_private(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)
+
+
+def write_unit_file(directory: Path, shipped: ShippedUnit, key: bytes) -> Path:
+    """Write ``shipped`` as a new JSON unit file in the private ``directory``
+    (``unit_directory``), mode 0600, with an HMAC-SHA256 of its body under ``key``."""
+    unit = shipped.unit
+    fields_ = {f.name: getattr(unit, f.name) for f in dataclasses.fields(unit)}
+    if isinstance(unit, PublishUnit):
+        # The driver takes the serving database's URL from its environment.
+        fields_["serving_url"] = None
+    body = {
+        "circuit": {
+            "recipe": dataclasses.asdict(shipped.recipe),
+            "fingerprint": shipped.fingerprint,
+        },
+        "unit": {
+            "kind": unit.kind,
+            "fields": {k: _encode(v, f"{unit.kind} unit, {k}") for k, v in fields_.items()},
+        },
+        "engine": {"warehouse": shipped.warehouse},
+        "connections": {
+            "catalog": {"conn_id": shipped.catalog_conn_id, "url_from": CATALOG_URL_VARIABLE},
+            "serving": {"conn_id": shipped.serving_conn_id, "url_from": SERVING_URL_VARIABLE},
+        },
+    }
+    document = {"format": UNIT_FORMAT, "body": body, "hmac_sha256": _mac(key, body)}
+    path = Path(directory) / f"{uuid.uuid4().hex}.unit.json"
+    _write_private(path, json.dumps(document, indent=1, allow_nan=False))
+    return path
+
+
+def _verified_body(path: Path, key: bytes, expected_format: str, what: str) -> dict[str, Any]:
+    _require_private(path.parent, "the unit directory")
+    _require_private(path, what)
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+        body, mac, format_ = document["body"], document["hmac_sha256"], document["format"]
+    except (ValueError, KeyError, TypeError) as err:
+        raise UnitFileError(f"refused {what} {path}: not a dbspark unit file ({err})") from None
+    if format_ != expected_format:
+        raise UnitFileError(f"refused {what} {path}: format {format_!r}, not {expected_format}")
+    if not isinstance(mac, str) or not hmac.compare_digest(mac, _mac(key, body)):
+        raise UnitFileError(
+            f"refused {what} {path}: its HMAC does not match, so it was changed after the "
+            "submitting task wrote it (or written with another key); nothing was run"
+        )
+    return dict(body)
+
+
+def read_unit_file(path: Path, key: bytes) -> ShippedUnit:
+    """The unit in ``path``, after checking that it is private and unchanged (its HMAC
+    under ``key``); a :class:`UnitFileError` otherwise, before anything is decoded."""
+    body = _verified_body(path, key, UNIT_FORMAT, "the unit file")
+    circuit, unit, connections = body["circuit"], body["unit"], body["connections"]
+    cls = UNIT_KINDS.get(unit["kind"])
+    if cls is None:
+        raise UnitFileError(f"unit file {path}: unknown unit kind {unit['kind']!r}")
+    fields_ = {k: _decode(v) for k, v in unit["fields"].items()}
+    return ShippedUnit(
+        recipe=CircuitRecipe(**circuit["recipe"]),
+        fingerprint=circuit["fingerprint"],
+        unit=cls(**fields_),
+        warehouse=body["engine"]["warehouse"],
+        catalog_conn_id=connections["catalog"]["conn_id"],
+        serving_conn_id=connections["serving"]["conn_id"],
+    )
+
+
+def _url_of(conn_id: str | None, variable: str, environ: Mapping[str, str]) -> str | None:
+    if conn_id is None:
+        return None
+    url = environ.get(variable)
+    if not url:
+        raise UnitFileError(
+            f"the unit uses the Airflow connection {conn_id!r}, whose URL the submitting "
+            f"task passes to the driver in {variable}; it is not set"
+        )
+    return url
+
+
+def run_unit_file(
+    path: Path, spark: Any, environ: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """Run a unit written by ``write_unit_file`` and write its result beside it (JSON,
+    with an HMAC under the same key, mode 0600). The key and the databases' URLs come
+    from ``environ`` (default: this process's environment)."""
+    from dbspark.engine.spark.executor import SparkEngine, circuit_fingerprint
+
+    environ = os.environ if environ is None else environ
+    key = unit_key_from_environment(environ)
+    shipped = read_unit_file(path, key)
+    circuit = shipped.recipe.build()
+    if circuit_fingerprint(circuit) != shipped.fingerprint:
+        raise UnitFileError(
+            f"the circuit built from {shipped.recipe} is not the one the task ran (another "
+            "version of the code on the driver?): deploy the same code to both"
+        )
+    unit = shipped.unit
+    if isinstance(unit, PublishUnit) and shipped.serving_conn_id:
+        serving_url = _url_of(shipped.serving_conn_id, SERVING_URL_VARIABLE, environ)
+        unit = dataclasses.replace(unit, serving_url=serving_url)
     engine = SparkEngine(
-        shipped["circuit"],
-        options["warehouse"],
+        circuit,
+        shipped.warehouse,
         spark=spark,
-        catalog_url=options["catalog_url"],
+        catalog_url=_url_of(shipped.catalog_conn_id, CATALOG_URL_VARIABLE, environ),
         resident_bytes=0,  # one unit per process: nothing to keep across epochs
     )
     try:
-        result = execute_unit(engine, shipped["unit"])
+        result = execute_unit(engine, unit)
     finally:
         engine.catalog.close()
-    result_path(path).write_text(json.dumps(result, default=str))
+    body = json.loads(json.dumps(result, default=str))
+    document = {"format": RESULT_FORMAT, "body": body, "hmac_sha256": _mac(key, body)}
+    _write_private(result_path(path), json.dumps(document))
     return result
 
 
+def read_result_file(unit_file: Path, key: bytes) -> dict[str, Any]:
+    """The result the driver wrote for ``unit_file``, checked as the unit file is."""
+    return _verified_body(result_path(unit_file), key, RESULT_FORMAT, "the unit's result")
+
+
 def result_path(unit_file: Path) -> Path:
-    return unit_file.with_suffix(".result.json")
+    return unit_file.with_name(unit_file.name.removesuffix(".unit.json") + ".result.json")

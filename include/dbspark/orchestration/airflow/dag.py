@@ -43,6 +43,7 @@ from dbspark.circuit.builder import Circuit
 from dbspark.orchestration.airflow.deployment import DeploymentOptions
 from dbspark.orchestration.airflow.tasks import REBUILD, VERIFY, EpochTasks
 from dbspark.orchestration.sources import LandingDirectory, SourceConnector
+from dbspark.orchestration.units import CircuitRecipe
 from dbspark.sql import compile_files, explain
 
 #: Mapped iteration tasks per loop when ``build_dag`` is not told otherwise.
@@ -124,6 +125,7 @@ def build_dag(
     retry_delay: timedelta = timedelta(seconds=30),
     catchup: bool = True,
     tags: list[str] | None = None,
+    circuit_recipe: CircuitRecipe | None = None,
     **dag_kwargs: Any,
 ) -> Any:
     """The Airflow DAG that runs ``circuit`` one epoch per data interval.
@@ -134,11 +136,17 @@ def build_dag(
     ``min(iteration_tasks, max_iterations)`` mapped iteration tasks; the last one
     carries on inline if the loop needs more. Each view is an Asset that ``publish``
     updates (``view_asset``); the DAG's params ``verify`` and ``rebuild``
-    (:func:`run_params`) come on top of any ``params`` given.
+    (:func:`run_params`) come on top of any ``params`` given. Under spark-submit the
+    driver builds the circuit again from ``circuit_recipe``, by default the recipe of
+    ``circuit`` when it is an importable module-level function (``units.CircuitRecipe``).
     """
     from airflow.sdk import DAG
 
-    circuit = circuit() if callable(circuit) and not isinstance(circuit, Circuit) else circuit
+    if callable(circuit) and not isinstance(circuit, Circuit):
+        recipe = circuit_recipe or CircuitRecipe.of_factory(circuit)
+        circuit = circuit()
+    else:
+        recipe = circuit_recipe
     start_date = _aware(start_date)
     _check_connectors(circuit, sources)
     if iteration_tasks < 1:
@@ -156,6 +164,7 @@ def build_dag(
         ),
         start_date=start_date,
         iteration_tasks=iteration_tasks,
+        recipe=recipe,
     )
     params = dict(dag_kwargs.pop("params", None) or {})
     taken = sorted({VERIFY, REBUILD} & set(params))
@@ -212,12 +221,18 @@ def sql_dag(
     """
     folder = _caller_folder()
     circuit = compile_files(folder / sql, folder / sources, name)
+    recipe = CircuitRecipe(sql=str(folder / sql), sources=str(folder / sources), name=name)
     if connectors is None:
         connectors = LandingDirectory()
     if isinstance(connectors, SourceConnector):
         connectors = dict.fromkeys(circuit.sources, connectors)
     return build_dag(
-        circuit, schedule=schedule, start_date=start_date, sources=connectors, **options
+        circuit,
+        schedule=schedule,
+        start_date=start_date,
+        sources=connectors,
+        circuit_recipe=recipe,
+        **options,
     )
 
 

@@ -58,6 +58,9 @@ class Deployment:
     spark_submit_conn_id: str | None
     serving_url: str | None
     serving_table_prefix: str
+    #: The Airflow connections the URLs came from (a spark-submit unit file names these).
+    catalog_conn_id: str | None = None
+    serving_conn_id: str | None = None
 
     def describe(self) -> str:
         spark = "local Spark in the worker"
@@ -107,6 +110,8 @@ class CatalogLocation:
 
     warehouse: Path
     url: str | None
+    #: The Airflow connection of ``url`` (None with SQLite in the warehouse).
+    conn_id: str | None = None
 
     @property
     def sqlite_file(self) -> Path | None:
@@ -128,7 +133,9 @@ def resolve_catalog(options: DeploymentOptions | None = None) -> CatalogLocation
     # An explicitly named connection must exist; the default name is optional.
     catalog_id = options.catalog_conn_id or _config("catalog_conn_id")
     catalog = _connection(catalog_id or DEFAULT_CATALOG_CONN_ID, required=bool(catalog_id))
-    return CatalogLocation(warehouse, _database_url(catalog))
+    return CatalogLocation(
+        warehouse, _database_url(catalog), catalog.conn_id if catalog is not None else None
+    )
 
 
 def resolve(options: DeploymentOptions) -> Deployment:
@@ -163,6 +170,8 @@ def resolve(options: DeploymentOptions) -> Deployment:
         spark_submit_conn_id=submit,
         serving_url=_database_url(serving),
         serving_table_prefix=options.serving_table_prefix,
+        catalog_conn_id=catalog.conn_id,
+        serving_conn_id=serving.conn_id if serving is not None else None,
     )
 
 

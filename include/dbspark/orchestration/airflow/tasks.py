@@ -44,16 +44,23 @@ from dbspark.orchestration.intervals import Interval
 from dbspark.orchestration.sources.base import source_columns
 from dbspark.orchestration.sources.records import IngestRecords, late_changes
 from dbspark.orchestration.units import (
+    CATALOG_URL_VARIABLE,
+    SERVING_URL_VARIABLE,
+    UNIT_KEY_VARIABLE,
+    CircuitRecipe,
     CloseUnit,
     IngestUnit,
     IterateUnit,
     PublishUnit,
     RebuildUnit,
+    ShippedUnit,
     StageUnit,
     Unit,
     VerifyUnit,
     execute_unit,
+    read_result_file,
     result_path,
+    unit_directory,
     write_unit_file,
 )
 from dbspark.storage.catalog import Catalog
@@ -149,6 +156,8 @@ class EpochTasks:
     options: DeploymentOptions
     start_date: datetime
     iteration_tasks: int
+    #: How a spark-submit driver builds the circuit again (None: it cannot).
+    recipe: CircuitRecipe | None = None
     plan: Plan = field(init=False)
     #: Each view's Airflow Asset, by view name: the outlets of ``publish``.
     assets: dict[str, Any] = field(init=False)
@@ -252,33 +261,57 @@ class EpochTasks:
             return execute_unit(engine, unit)
 
     def _submit(self, deployment: Deployment, unit: Unit) -> dict[str, Any]:
-        """``spark-submit spark_jobs/run_unit.py`` with the unit in a file the job reads
-        (the driver must see the warehouse and this file: client mode or shared storage)."""
+        """``spark-submit spark_jobs/run_unit.py`` with the unit in a private JSON file
+        the job reads (``units.write_unit_file``; the driver must see the warehouse:
+        client mode or shared storage). The file names connections; their URLs and the
+        file's HMAC key reach the driver in its environment only."""
         import json
         import os
+        import secrets
         import sys
-        import uuid
 
         from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
-        stage = deployment.warehouse / "_units" / self.name / f"{uuid.uuid4().hex}.unit"
-        options = {"warehouse": str(deployment.warehouse), "catalog_url": deployment.catalog_url}
-        write_unit_file(stage, self.circuit, unit, options)
+        from dbspark.engine.spark.executor import circuit_fingerprint
+
+        if self.recipe is None:
+            raise _fail(
+                f"circuit {self.name!r} cannot run under spark-submit: the driver builds the "
+                "circuit again, and it was given to build_dag as an object (or a function a "
+                "new process cannot import). Pass build_dag a module-level function that "
+                "returns the circuit, importable where the driver runs, or use sql_dag"
+            )
+        key = secrets.token_bytes(32)
+        shipped = ShippedUnit(
+            recipe=self.recipe,
+            fingerprint=circuit_fingerprint(self.circuit),
+            unit=unit,
+            warehouse=str(deployment.warehouse),
+            catalog_conn_id=deployment.catalog_conn_id if deployment.catalog_url else None,
+            serving_conn_id=deployment.serving_conn_id if deployment.serving_url else None,
+        )
+        stage = write_unit_file(unit_directory(deployment.warehouse, self.name), shipped, key)
         venv_bin = os.path.dirname(sys.executable)
+        env_vars = {
+            "PATH": venv_bin + os.pathsep + os.environ.get("PATH", ""),
+            # The job imports dbspark: it runs on this interpreter, found first on PATH.
+            "PYSPARK_PYTHON": sys.executable,
+            "PYSPARK_DRIVER_PYTHON": sys.executable,
+            UNIT_KEY_VARIABLE: key.hex(),
+        }
+        if deployment.catalog_url:
+            env_vars[CATALOG_URL_VARIABLE] = deployment.catalog_url
+        if deployment.serving_url:
+            env_vars[SERVING_URL_VARIABLE] = deployment.serving_url
         hook = SparkSubmitHook(
             conn_id=deployment.spark_submit_conn_id,
             name=f"dbspark-{self.name}-{unit.kind}-{unit.epoch}",
             application_args=["--unit-file", str(stage)],
-            # The job imports dbspark: it runs on this interpreter, found first on PATH.
-            env_vars={
-                "PATH": venv_bin + os.pathsep + os.environ.get("PATH", ""),
-                "PYSPARK_PYTHON": sys.executable,
-                "PYSPARK_DRIVER_PYTHON": sys.executable,
-            },
+            env_vars=env_vars,
         )
         try:
             hook.submit(application=str(SPARK_JOB))
-            return json.loads(result_path(stage).read_text())
+            return json.loads(json.dumps(read_result_file(stage, key)))
         finally:
             for leftover in (stage, result_path(stage)):
                 leftover.unlink(missing_ok=True)
