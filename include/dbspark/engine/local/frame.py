@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import duckdb
@@ -84,23 +84,33 @@ def sql_literal(value: Any) -> str:
 
 
 class LocalColumn:
-    """A SQL expression, with the name it takes in a ``select``."""
+    """A SQL expression, with the name it takes in a ``select``.
 
-    __slots__ = ("name", "sql")
+    ``arrow``, when set, computes the same column from an Arrow table without a query
+    (or returns None when it cannot): set for a column reference, a typed literal and a
+    cast that changes nothing or widens an integer. A frame over an Arrow table whose
+    selection is all such columns is derived in Arrow (``LocalFrame._derive``).
+    """
 
-    def __init__(self, sql: str, name: str | None = None) -> None:
+    __slots__ = ("arrow", "name", "sql")
+
+    def __init__(self, sql: str, name: str | None = None, arrow: ArrowColumn | None = None) -> None:
         self.sql = sql
         self.name = name
+        self.arrow = arrow
 
     def __repr__(self) -> str:
         return f"LocalColumn({self.sql!r} AS {self.name!r})"
 
     # naming and types ------------------------------------------------------------------
     def alias(self, name: str) -> LocalColumn:
-        return LocalColumn(self.sql, name)
+        return LocalColumn(self.sql, name, self.arrow)
 
     def cast(self, type_name: Any) -> LocalColumn:
-        return LocalColumn(f"CAST({self.sql} AS {duck_type(type_name)})", self.name)
+        target = duck_type(type_name)
+        return LocalColumn(
+            f"CAST({self.sql} AS {target})", self.name, _arrow_cast(self, _ARROW_TYPES.get(target))
+        )
 
     # predicates --------------------------------------------------------------------------
     def isNull(self) -> LocalColumn:
@@ -203,6 +213,70 @@ def _sql(value: Any) -> str:
     return value.sql if isinstance(value, LocalColumn) else sql_literal(value)
 
 
+#: Computes a column from an Arrow table, or None when it cannot.
+ArrowColumn = Callable[[pa.Table], "pa.Array | pa.ChunkedArray | None"]
+
+#: Arrow types of the DuckDB types a query returns, for columns computed without one.
+_ARROW_TYPES = {
+    "BIGINT": pa.int64(),
+    "INTEGER": pa.int32(),
+    "DOUBLE": pa.float64(),
+    "BOOLEAN": pa.bool_(),
+    "VARCHAR": pa.string(),
+}
+
+
+def _arrow_cast(column: LocalColumn, target: pa.DataType | None) -> ArrowColumn | None:
+    """``CAST(column AS target)`` in Arrow, where that is exact: a literal of the target
+    type, a column already of it, or an integer column widened to it. Anything else
+    (narrowing, float to integer, text) keeps DuckDB's meaning by running the query."""
+    if target is None:
+        return None
+    if isinstance(column, _Literal):
+        value = column.value
+        if value is not None and not isinstance(value, (bool, int, float, str)):
+            return None
+        if isinstance(value, bool) != pa.types.is_boolean(target):
+            return None
+        if isinstance(value, str) != pa.types.is_string(target) or (
+            isinstance(value, float) and not pa.types.is_floating(target)
+        ):
+            return None
+        try:
+            scalar = pa.scalar(value, target)
+        except (pa.ArrowInvalid, OverflowError):  # out of range: DuckDB's error, as Spark's
+            return None
+        return lambda table: pa.repeat(scalar, table.num_rows)
+    source = column.arrow
+    if source is None:
+        return None
+
+    def cast(table: pa.Table) -> pa.Array | pa.ChunkedArray | None:
+        values = source(table)
+        if values is None:
+            return None
+        if values.type == target:
+            return values
+        widened = (
+            pa.types.is_integer(values.type)
+            and pa.types.is_signed_integer(target)
+            and target.bit_width > values.type.bit_width
+        )
+        return values.cast(target) if widened else None
+
+    return cast
+
+
+class _Literal(LocalColumn):
+    """A literal value (``lit``): its SQL text and the value itself."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        super().__init__(sql_literal(value))
+        self.value = value
+
+
 def _column(value: str | LocalColumn) -> LocalColumn:
     return col(value) if isinstance(value, str) else value
 
@@ -215,11 +289,18 @@ def col(name: str) -> LocalColumn:
     if name == "*":
         return LocalColumn("*", "*")
     parts = name.split(".")
-    return LocalColumn(".".join(quote(p) for p in parts), parts[-1])
+    if len(parts) > 1:
+        return LocalColumn(".".join(quote(p) for p in parts), parts[-1])
+    return LocalColumn(quote(name), name, lambda table: _column_of(table, name))
+
+
+def _column_of(table: pa.Table, name: str) -> pa.ChunkedArray | None:
+    names = table.column_names
+    return table.column(name) if names.count(name) == 1 else None
 
 
 def lit(value: Any) -> LocalColumn:
-    return value if isinstance(value, LocalColumn) else LocalColumn(sql_literal(value))
+    return value if isinstance(value, LocalColumn) else _Literal(value)
 
 
 def when(condition: Any, value: Any) -> LocalCase:
@@ -349,6 +430,15 @@ class LocalSession:
         self._names = itertools.count()
         self._registered: set[str] = set()
 
+    def prepare(self) -> None:
+        """Run one small query over an Arrow table now: a connection's first query
+        costs tens of milliseconds more than the ones after (DuckDB sets up its Arrow
+        scan and executor once), which a worker's start should pay, not its first
+        epoch."""
+        sample = pa.table({"k": pa.array([1, 2], pa.int64()), "v": pa.array(["a", None])})
+        frame = self.frame(sample)
+        frame.where(f"{quote('k')} > 1").groupBy("v").agg(count("k")).toArrow()
+
     def table_name(self) -> str:
         return f"__dbspark_t{next(self._names)}"
 
@@ -426,12 +516,17 @@ class LocalFrame:
         query = f"(SELECT {', '.join(parts)} FROM {self.source} AS {alias}{tail})"
         derived = LocalFrame(self.session, query, names, {**self.tables, **(tables or {})})
         if self.table is not None and not tail:
-            # Columns of an Arrow table picked and renamed (a key set under the other
-            # side's names, say) need no query: Arrow does it without copying.
-            plain = {quote(c): c for c in self.columns}
-            picked = [plain.get(c.sql) for c in select]
-            if all(p is not None for p in picked):
-                derived.table = self.table.select(picked).rename_columns(names)
+            # Columns of an Arrow table picked, renamed, cast to their own type or set to
+            # a literal (a key set under the other side's names, the time columns of a
+            # written batch) need no query: Arrow does it, mostly without copying.
+            arrays: list[Any] = []
+            for column in select:
+                if column.sql == "*":
+                    arrays.extend(self.table.columns)
+                else:
+                    arrays.append(column.arrow(self.table) if column.arrow else None)
+            if all(a is not None for a in arrays):
+                derived.table = pa.Table.from_arrays(arrays, names=names)
         return derived
 
     def __getitem__(self, name: str) -> LocalColumn:
@@ -465,7 +560,18 @@ class LocalFrame:
 
     def distinct(self) -> LocalFrame:
         query = f"(SELECT DISTINCT * FROM {self.source})"
-        return LocalFrame(self.session, query, self.columns, self.tables)
+        distinct = LocalFrame(self.session, query, self.columns, self.tables)
+        table = self.table
+        if (
+            table is not None
+            and len(set(table.column_names)) == table.num_columns
+            and all(_groups_exactly(f.type) for f in table.schema)
+        ):
+            # Arrow's hash grouping finds the same rows as DuckDB's DISTINCT for these
+            # types (NULL a value of its own); floats are left to DuckDB, where NaN and
+            # -0.0 follow SQL's equality.
+            distinct.table = table.group_by(table.column_names, use_threads=False).aggregate([])
+        return distinct
 
     def groupBy(self, *keys: str | LocalColumn) -> LocalGrouped:
         return LocalGrouped(self, [_column(k) for k in keys])
@@ -507,6 +613,18 @@ class LocalFrame:
         table = self.toArrow()
         columns = [table.column(i).to_pylist() for i in range(table.num_columns)]
         return [LocalRow(values, self.columns) for values in zip(*columns, strict=True)]
+
+
+def _groups_exactly(type_: pa.DataType) -> bool:
+    return (
+        pa.types.is_integer(type_)
+        or pa.types.is_string(type_)
+        or pa.types.is_large_string(type_)
+        or pa.types.is_boolean(type_)
+        or pa.types.is_date(type_)
+        or pa.types.is_timestamp(type_)
+        or pa.types.is_decimal(type_)
+    )
 
 
 class LocalGrouped:

@@ -250,7 +250,8 @@ class Ingest:
                 f"upsert source {spec.source!r}: the set-based check found {problems[:5]}, "
                 "which core/upsert.py accepts"
             )
-        return ops.upsert_delta(spec, batch, current, state_columns)
+        # Computed once: the state trace's append and the fused chain both read it.
+        return tier.checkpoint(ops.upsert_delta(spec, batch, current, state_columns))
 
 
 def _weight_field(node: Node) -> list[tuple[str, str]]:
