@@ -84,6 +84,55 @@ def test_a_file_of_many_chunks_is_searched_as_one() -> None:
     assert got.column("k").to_pylist() == [0, 199, 499]
 
 
+ORIGINS = st.one_of(st.none(), st.sampled_from(["EWR", "JFK", "LGA", "ß"]))
+HOURS = st.one_of(st.none(), st.integers(0, 5))
+KEY_PAIRS = st.lists(st.tuples(ORIGINS, HOURS), max_size=40)
+
+
+@settings(max_examples=150, deadline=None)
+@given(stored=KEY_PAIRS, wanted=st.lists(st.tuples(ORIGINS, HOURS), max_size=10))
+def test_a_composite_index_finds_exactly_the_rows_of_every_key_column(
+    stored: list, wanted: list
+) -> None:
+    """A key that leads with a column of few values (``origin``) is matched on all its
+    columns at once, NULL equal to NULL, with nothing left for the caller to check."""
+    origins, hours = (list(c) for c in zip(*stored, strict=True)) if stored else ([], [])
+    table = pa.table(
+        {
+            "origin": pa.array(origins, pa.string()),
+            "hour": pa.array(hours, pa.int64()),
+            "row": pa.array(range(len(stored))),
+        }
+    )
+    w_origins, w_hours = (list(c) for c in zip(*wanted, strict=True)) if wanted else ([], [])
+    probe = KeyProbe(pa.array(w_origins, pa.string()), pa.array(w_hours, pa.int32()))
+    resident = ResidentFile(table)
+    got = resident.rows_with(("origin", "hour"), probe)
+    assert resident.covers(("origin", "hour"))
+    expected = [i for i, key in enumerate(stored) if key in set(wanted)]
+    assert got.column("row").to_pylist() == expected
+
+
+def test_a_float_key_column_is_left_to_the_caller() -> None:
+    """Codes stop at a float column (NaN, -0.0): the index covers the columns before it,
+    and the rows it finds hold every match."""
+    table = pa.table({"k": pa.array([1, 1, 2, 2]), "v": pa.array([0.0, 1.5, 0.0, float("nan")])})
+    resident = ResidentFile(table)
+    assert not resident.covers(("k", "v")) and resident.covers("k")
+    got = resident.rows_with(("k", "v"), KeyProbe(pa.array([2]), pa.array([-0.0])))
+    assert got.column("k").to_pylist() == [2, 2]
+
+
+def test_probe_values_outside_an_integer_range_find_nothing() -> None:
+    """A probe far outside the file's range (where subtracting the minimum would wrap)
+    matches no row."""
+    table = pa.table({"k": pa.array([10, 11, None], pa.int64())})
+    resident = ResidentFile(table)
+    probe = KeyProbe(pa.array([-(2**63), 2**63 - 1, 9, 12], pa.int64()))
+    assert resident.rows_with("k", probe).num_rows == 0
+    assert resident.rows_with("k", KeyProbe(pa.array([None, 11], pa.int64()))).num_rows == 2
+
+
 def test_the_store_keeps_within_its_budget_least_recently_used_first(tmp_path: Path) -> None:
     paths = []
     for i in range(3):

@@ -14,18 +14,24 @@ the old ones in the catalog). Which files are live is still asked of the catalog
 every read; the store only answers "what does this path hold". Files the catalog has
 superseded are simply no longer asked for, and fall out as the least recently used.
 
-The index of a file is on the first key column of a lookup. Batches are written
-key-sorted per bucket, so for integer and temporal keys the column is searched as it
-stands (``np.searchsorted``); a file that is not sorted is sorted once, by a
-permutation kept with it. Other key types (strings, decimals, floats) are matched by
-Arrow's hash ``is_in`` over the column. The candidates are exact for a one-column key;
-the caller checks the remaining key columns of the (few) candidate rows.
+The index of a file is on the key columns of a lookup, all of them together: each
+column's values become small integers (an integer or temporal value minus the file's
+minimum; a string, decimal or boolean its position among the file's distinct values),
+combined in mixed radix into one int64 per row and sorted, so a lookup is
+``np.searchsorted`` of the probe keys' codes. Indexing the first key column alone is not
+enough: a key such as ``(origin, time_hour)`` or ``(carrier, month)`` leads with a column
+of a handful of values, whose rows are a third of the file. Codes are exact (NULL a
+value of its own), so the rows found match every covered key column and need no second
+check; float columns (NaN, -0.0) and radixes whose product would overflow end the
+covered prefix, and the caller checks the columns left over. A first column with no
+code falls back to Arrow's hash ``is_in`` over the column.
 """
 
 from __future__ import annotations
 
 import os
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -54,61 +60,143 @@ def default_resident_bytes() -> int:
 
 
 class KeyProbe:
-    """The wanted values of a lookup's first key column, prepared once per type for
-    the many files (one per bucket) a lookup searches."""
+    """The wanted keys of a lookup, one array per key column, cast once per type for the
+    many files (one per bucket) a lookup searches."""
 
-    def __init__(self, wanted: pa.Array | pa.ChunkedArray) -> None:
-        self.wanted = wanted
-        self._as: dict[pa.DataType, tuple[pa.Array | pa.ChunkedArray, np.ndarray, bool]] = {}
+    def __init__(self, *columns: pa.Array | pa.ChunkedArray) -> None:
+        self.columns = columns
+        self._as: dict[tuple[int, pa.DataType], pa.Array | pa.ChunkedArray] = {}
 
-    def cast(self, kind: pa.DataType) -> tuple[pa.Array | pa.ChunkedArray, np.ndarray, bool]:
-        """The values as ``kind``; for a searchable type also their distinct non-NULL
-        values as sorted integers; and whether NULL is wanted."""
-        found = self._as.get(kind)
+    @property
+    def num_rows(self) -> int:
+        return len(self.columns[0])
+
+    def cast(self, position: int, kind: pa.DataType) -> pa.Array | pa.ChunkedArray:
+        found = self._as.get((position, kind))
         if found is None:
-            values = self.wanted.cast(kind)
-            plain = (
-                np.unique(_searchable(values.drop_null()))
-                if _searchable_type(kind)
-                else np.empty(0, np.int64)
-            )
-            found = self._as[kind] = (values, plain, values.null_count > 0)
+            found = self._as[(position, kind)] = self.columns[position].cast(kind)
         return found
 
 
-@dataclass
-class _SortedColumn:
-    """A column's non-NULL values in ascending order, as integers NumPy can search."""
+#: The largest product of radixes a key code may reach (it stays an exact int64).
+_CODE_LIMIT = 1 << 62
 
-    values: np.ndarray
-    positions: np.ndarray | None  # row of each sorted value; None when the file is sorted
-    nulls: np.ndarray  # rows whose value is NULL
+
+class _ColumnCodes:
+    """A key column's values as small integers, the same for a file's rows and a probe:
+    an integer or temporal value minus the file's minimum (NULL one past the maximum),
+    any other hashable value its position among the file's distinct values (NULL
+    included). ``radix`` is how many codes there are; a probe value the file does not
+    hold gets -1."""
+
+    def __init__(self, values: pa.ChunkedArray) -> None:
+        self.kind = values.type
+        self.dictionary: pa.Array | None = None
+        self.low = 0
+        if _searchable_type(self.kind) and values.null_count < len(values):
+            present = _searchable(values.drop_null())
+            low, high = int(present.min()), int(present.max())
+            if high - low + 2 <= _CODE_LIMIT:
+                self.low, self.radix = low, high - low + 2
+                self.rows = self._integer_codes(values)
+                return
+        self.dictionary = pc.unique(values)
+        self.radix = max(len(self.dictionary), 1)
+        self.rows = self._dictionary_codes(values)
+
+    def _integer_codes(self, values: pa.Array | pa.ChunkedArray) -> np.ndarray:
+        valid = pc.is_valid(values).to_numpy(zero_copy_only=False)
+        codes = np.full(len(values), self.radix - 1, dtype=np.int64)  # NULL's code
+        present = _searchable(values.drop_null())
+        # Outside the file's range (tested before subtracting, which could wrap): -1.
+        outside = (present < self.low) | (present > self.low + self.radix - 2)
+        codes[valid] = np.where(outside, -1, present - self.low)
+        return codes
+
+    def _dictionary_codes(self, values: pa.Array | pa.ChunkedArray) -> np.ndarray:
+        found = pc.index_in(values, value_set=self.dictionary, skip_nulls=False)
+        return np.asarray(found.fill_null(-1).to_numpy(zero_copy_only=False), dtype=np.int64)
+
+    def probe(self, values: pa.Array | pa.ChunkedArray) -> np.ndarray:
+        if self.dictionary is not None:
+            return self._dictionary_codes(values)
+        return self._integer_codes(values)
+
+
+def _encodable(kind: pa.DataType) -> bool:
+    """Whether values of ``kind`` are equal exactly when their codes are: floats are not
+    (NaN and -0.0), and are matched by Arrow's ``is_in`` on the first key column."""
+    return not pa.types.is_floating(kind) and not pa.types.is_nested(kind)
+
+
+@dataclass
+class _KeyIndex:
+    """Each row's key as one int64, its columns' codes combined in mixed radix, sorted.
+    ``covered`` key columns are matched exactly (the leading ones whose radixes fit)."""
+
+    covered: tuple[str, ...]
+    encoders: list[_ColumnCodes]
+    strides: list[int]
+    sorted_codes: np.ndarray
+    positions: np.ndarray | None  # the row of each sorted code; None when rows are sorted
+
+    @classmethod
+    def build(cls, table: pa.Table, columns: tuple[str, ...]) -> _KeyIndex | None:
+        encoders: list[_ColumnCodes] = []
+        product = 1
+        for name in columns:
+            values = table.column(name)
+            if not _encodable(values.type):
+                break
+            codes = _ColumnCodes(values)
+            if product * codes.radix > _CODE_LIMIT:
+                break
+            encoders.append(codes)
+            product *= codes.radix
+        if not encoders:
+            return None
+        strides = [
+            int(np.prod([e.radix for e in encoders[i + 1 :]], dtype=object))
+            for i in range(len(encoders))
+        ]
+        combined = _combine([e.rows for e in encoders], strides)
+        if len(combined) < 2 or bool(np.all(combined[1:] >= combined[:-1])):
+            positions = None
+        else:
+            positions = np.argsort(combined, kind="stable")
+            combined = combined[positions]
+        covered = tuple(columns[: len(encoders)])
+        return cls(covered, encoders, strides, combined, positions)
 
     @property
     def nbytes(self) -> int:
         extra = 0 if self.positions is None else self.positions.nbytes
-        return self.values.nbytes + self.nulls.nbytes + extra
+        return self.sorted_codes.nbytes + extra
 
-    def rows_of(self, plain: np.ndarray, null_wanted: bool) -> np.ndarray:
-        """Rows (ascending) whose value is one of ``plain`` (distinct, sorted), and
-        the NULL rows when ``null_wanted``."""
-        found = []
-        if len(plain):
-            lo = np.searchsorted(self.values, plain, side="left")
-            hi = np.searchsorted(self.values, plain, side="right")
-            hit = hi > lo
-            lo, hi = lo[hit], hi[hit]
-            if len(lo):
-                counts = hi - lo
-                # Every index of every [lo, hi) range, without a Python loop.
-                starts = np.repeat(lo - np.cumsum(counts) + counts, counts)
-                ranks = starts + np.arange(counts.sum())
-                found.append(ranks if self.positions is None else self.positions[ranks])
-        if null_wanted and len(self.nulls):
-            found.append(self.nulls)
-        if not found:
+    def rows_of(self, probe: KeyProbe) -> np.ndarray:
+        """Rows (ascending) whose covered key columns equal a probe key's (NULL = NULL)."""
+        codes = [e.probe(probe.cast(i, e.kind)) for i, e in enumerate(self.encoders)]
+        held = np.logical_and.reduce([c >= 0 for c in codes])
+        wanted = np.unique(_combine([c[held] for c in codes], self.strides))
+        if not len(wanted):
             return np.empty(0, np.int64)
-        return np.sort(np.concatenate(found))
+        lo = np.searchsorted(self.sorted_codes, wanted, side="left")
+        hi = np.searchsorted(self.sorted_codes, wanted, side="right")
+        hit = hi > lo
+        lo, hi = lo[hit], hi[hit]
+        if not len(lo):
+            return np.empty(0, np.int64)
+        counts = hi - lo
+        # Every index of every [lo, hi) range, without a Python loop.
+        ranks = np.repeat(lo - np.cumsum(counts) + counts, counts) + np.arange(counts.sum())
+        return ranks if self.positions is None else np.sort(self.positions[ranks])
+
+
+def _combine(codes: list[np.ndarray], strides: list[int]) -> np.ndarray:
+    combined = np.zeros(len(codes[0]), dtype=np.int64)
+    for column, stride in zip(codes, strides, strict=True):
+        combined += column * np.int64(stride)
+    return combined
 
 
 def _searchable_type(kind: pa.DataType) -> bool:
@@ -138,36 +226,35 @@ class ResidentFile:
         # chunks first, which would make each lookup cost the whole file again.
         self.table = table.combine_chunks()
         self.nbytes = self.table.nbytes
-        self._sorted: dict[str, _SortedColumn] = {}
+        self._indexes: dict[tuple[str, ...], _KeyIndex | None] = {}
 
-    def index(self, column: str) -> None:
-        """Build the index of ``column`` now, if its type has one."""
-        values = self.table.column(column)
-        if _searchable_type(values.type) and column not in self._sorted:
-            self._sorted[column] = index = _sort(values)
-            self.nbytes += index.nbytes
+    def index(self, columns: str | Sequence[str]) -> _KeyIndex | None:
+        """The index of the key ``columns`` (built now if it was not), or None when the
+        first column's type has none."""
+        key = (columns,) if isinstance(columns, str) else tuple(columns)
+        if key not in self._indexes:
+            index = self._indexes[key] = _KeyIndex.build(self.table, key)
+            if index is not None:
+                self.nbytes += index.nbytes
+        return self._indexes[key]
 
-    def rows_with(self, column: str, probe: KeyProbe) -> pa.Table:
-        """The rows whose ``column`` equals a value of the probe (NULL matches NULL), in
-        file order."""
-        values = self.table.column(column)
-        wanted, plain, null_wanted = probe.cast(values.type)
-        if not _searchable_type(values.type):
+    def covers(self, columns: str | Sequence[str]) -> bool:
+        """Whether ``rows_with(columns, ...)`` matches every one of ``columns`` exactly
+        (else only the leading ones, or the first: the caller checks the rest)."""
+        key = (columns,) if isinstance(columns, str) else tuple(columns)
+        index = self.index(key)
+        return index is not None and index.covered == key
+
+    def rows_with(self, columns: str | Sequence[str], probe: KeyProbe) -> pa.Table:
+        """The rows whose key equals a key of the probe (NULL matches NULL), in file
+        order: on every key column the index covers (``covers``), at least the first."""
+        index = self.index(columns)
+        if index is None:
+            first = (columns,) if isinstance(columns, str) else tuple(columns)
+            values = self.table.column(first[0])
+            wanted = probe.cast(0, values.type)
             return self.table.filter(pc.is_in(values, value_set=wanted, skip_nulls=False))
-        self.index(column)
-        return self.table.take(pa.array(self._sorted[column].rows_of(plain, null_wanted)))
-
-
-def _sort(values: pa.ChunkedArray) -> _SortedColumn:
-    valid = pc.is_valid(values).to_numpy(zero_copy_only=False)
-    nulls = np.flatnonzero(~valid)
-    plain = _searchable(values.drop_null())
-    if len(plain) < 2 or bool(np.all(plain[1:] >= plain[:-1])):
-        positions = None if not len(nulls) else np.flatnonzero(valid)
-        return _SortedColumn(plain, positions, nulls)
-    order = np.argsort(plain, kind="stable")
-    rows = np.flatnonzero(valid)[order]
-    return _SortedColumn(plain[order], rows, nulls)
+        return self.table.take(pa.array(index.rows_of(probe)))
 
 
 class ResidentFiles:

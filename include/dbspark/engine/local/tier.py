@@ -298,15 +298,15 @@ class LocalTier:
         else:
             probes = _BucketProbes(keys.frame.toArrow(), [dict(fields)[k] for k in key_cols])
             parts = [
-                f.rows_with(key_cols[0], probes.of(file, buckets))
+                f.rows_with(key_cols, probes.of(file, buckets))
                 for f, file, buckets in zip(loaded, files, bucket_counts, strict=True)
             ]
         frame = self.session.frame(
             pa.concat_tables([_conform(part.select(names), fields) for part in parts])
         )
-        if keys is None or len(key_cols) == 1:
+        if keys is None or all(f.covers(key_cols) for f in loaded):
             return frame
-        # The index matched the first key column; the rest are checked on those rows.
+        # An index matched only the leading key columns; the rest are checked here.
         return semi_join(frame, self._typed_keys(keys, fields, key_cols).distinct(), key_cols)
 
     def _typed_keys(self, keys: KeySet, fields: Fields, key_cols: list[str]) -> LocalFrame:
@@ -319,13 +319,15 @@ class LocalTier:
         )
 
     def warm(self, traces: Iterable[tuple[BatchRecord, Sequence[str]]]) -> int:
-        """Decode the files of each batch into the resident store now, indexed by the
-        first of its key columns; returns the bytes resident after."""
+        """Decode the files of each batch into the resident store now, indexed by its key
+        columns, and run the connection's costly first query; returns the bytes
+        resident after."""
+        self.session.prepare()
         for record, key_columns in traces:
             for file in self._files_of(record, None):
                 resident = self.resident.load(file)  # None: larger than the whole budget
                 if resident is not None and key_columns:
-                    resident.index(key_columns[0])
+                    resident.index(key_columns)
         self.resident.settle()
         return self.resident.nbytes
 
@@ -519,12 +521,11 @@ def _sorted(table: pa.Table, keys: Sequence[str]) -> pa.Table:
 
 
 class _BucketProbes:
-    """A lookup's keys, split by the bucket they hash to (per bucket count), as probes
-    of their first column."""
+    """A lookup's keys, split by the bucket they hash to (per bucket count)."""
 
     def __init__(self, keys: pa.Table, types: Sequence[str]) -> None:
         self.columns = [keys.column(i).cast(arrow_type(kind)) for i, kind in enumerate(types)]
-        self.all = KeyProbe(self.columns[0])
+        self.all = KeyProbe(*self.columns)
         self._split: dict[int, dict[int, KeyProbe]] = {}
 
     def of(self, file: str, buckets: int) -> KeyProbe:
@@ -533,12 +534,11 @@ class _BucketProbes:
         split = self._split.get(buckets)
         if split is None:
             ids = bucket_ids(self.columns, buckets)
-            first = self.columns[0]
-            split = self._split[buckets] = {
-                int(b): KeyProbe(first.take(pa.array(np.flatnonzero(ids == b))))
-                for b in np.unique(ids)
-            }
-        return split.get(_bucket_of(file)) or KeyProbe(self.columns[0].slice(0, 0))
+            split = self._split[buckets] = {}
+            for bucket in np.unique(ids):
+                rows = pa.array(np.flatnonzero(ids == bucket))
+                split[int(bucket)] = KeyProbe(*(c.take(rows) for c in self.columns))
+        return split.get(_bucket_of(file)) or KeyProbe(*(c.slice(0, 0) for c in self.columns))
 
 
 def _bucket_of(file: str) -> int:

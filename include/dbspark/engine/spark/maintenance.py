@@ -59,9 +59,9 @@ class Maintenance:
 
     def warm(self) -> int:
         """Load the circuit's live traces, and their key indexes, into the local tier's
-        resident files (see ``resident_bytes``). A long-lived worker calls it at start so
-        that its first epoch looks keys up in memory as the ones after do. Returns the
-        bytes resident."""
+        resident files (see ``resident_bytes``), and readies its DuckDB connection. A
+        long-lived worker calls it at start so that its first epoch runs as the ones after
+        do. Returns the bytes resident."""
         if not self.local.resident.enabled:
             return 0
         keys = {collection: key_columns for collection, _, _, key_columns in self._traces()}
