@@ -29,7 +29,7 @@ Incremental rules, the same as the reference engine's:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import reduce
 from types import ModuleType
 from typing import Any
@@ -199,7 +199,6 @@ def aggregate_delta(
     per_row = rows.groupBy(*schema.names).agg(
         *[_accumulated(F, c).alias(f"__acc{i}") for i, (_, c) in enumerate(box)]
     )
-    outputs = []
     per_corner_aggs = []
     user_columns = []
     for i, _ in enumerate(box):
@@ -224,17 +223,30 @@ def aggregate_delta(
         # Read the trace once: the driver collects the touched groups, and the rest of the
         # kernel runs on the collected rows with the functions' results.
         grouped = d.evaluate_user_aggregates(grouped, user_columns)
-    for i, (sign, _) in enumerate(box):
-        values = [
-            F.col(f"{name}__{i}").cast(d.column_type(out_schema.type_of(name))).alias(name)
-            for name in aggregations
-        ]
-        outputs.append(
-            grouped.where(F.col(f"__present{i}") == 1).select(
-                *[F.col(k) for k in keys], *values, F.lit(sign).cast("bigint").alias(WEIGHT)
-            )
-        )
-    return consolidate(reduce(plus, outputs), out_schema.names)
+    # One row per group and corner, from a single pass over ``grouped``: a union of one
+    # select per corner would group the touched rows once per corner on an engine that
+    # does not share common subplans (DuckDB).
+    corner = F.col("__corner")
+    corners = grouped.select(
+        "*", F.explode(F.array(*[F.lit(i) for i in range(len(box))])).alias("__corner")
+    )
+
+    def at_corner(column_of: Callable[[int], Column]) -> Column:
+        case = F.when(corner == 0, column_of(0))
+        for i in range(1, len(box)):
+            case = case.when(corner == i, column_of(i))
+        return case
+
+    values = [
+        at_corner(lambda i, name=name: F.col(f"{name}__{i}"))
+        .cast(d.column_type(out_schema.type_of(name)))
+        .alias(name)
+        for name in aggregations
+    ]
+    sign = at_corner(lambda i: F.lit(box[i][0])).cast("bigint").alias(WEIGHT)
+    present = at_corner(lambda i: F.col(f"__present{i}")) == 1
+    changed = corners.where(present).select(*[F.col(k) for k in keys], *values, sign)
+    return consolidate(changed, out_schema.names)
 
 
 def _user_aggregate(

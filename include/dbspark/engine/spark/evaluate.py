@@ -233,6 +233,11 @@ class OperatorEvaluation:
             delta = self._delta(input_id, t, unit, frames)
             if delta is not None:
                 input_node = self.circuit.node(input_id)
+                if node.op == "distinct":
+                    # distinct reads back each touched row's whole weight, and its input
+                    # is typically a projection that repeats rows (routes of flights):
+                    # arranged consolidated, a row is one stored row, not one per copy.
+                    delta = consolidate(delta, list(input_node.schema.names))
                 record = unit.write(
                     with_time(delta, t),
                     coll.arranged(node.id, port),
