@@ -73,6 +73,7 @@ def run(bench: Bench, series: Series, loaded: Path, epoch: int) -> None:
     after the series ran ``epoch``, so that its views are the ones to match."""
     from dbspark.devtools.airflow import LocalAirflow
     from dbspark.devtools.demo import interval
+    from dbspark.orchestration import LandingDirectory
     from dbspark.storage.catalog import Catalog
 
     root = bench.work / "W1" / "airflow"
@@ -88,13 +89,17 @@ def run(bench: Bench, series: Series, loaded: Path, epoch: int) -> None:
     engine_side = [m for m in bench.results.of(series.workload, "incremental") if m.epoch == epoch][
         -1
     ]
+    landing = LandingDirectory(root / "landing")
     for source in circuit.sources:
         folder = epoch_folder(series.landing, source, epoch)
         if folder.is_dir():
-            target = root / "landing" / source / f"interval={interval(1).slug}"
+            target = landing.partition(source, interval(1))
             target.mkdir(parents=True)
             for file in folder.glob("*.parquet"):
                 os.link(file, target / file.name)
+        # As a writer does when an interval's files are all there (the second, empty).
+        landing.complete(source, interval(1))
+        landing.complete(source, interval(2))
     dags.mkdir(parents=True)
     (dags / "bench_w1_q3.py").write_text(DAG_FILE)
     env = {
