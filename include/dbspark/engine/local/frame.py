@@ -24,11 +24,13 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import duckdb
 import pyarrow as pa
+
+from dbspark.engine.local import in_arrow
 
 _TYPES = {
     "bigint": "BIGINT",
@@ -87,45 +89,77 @@ class LocalColumn:
     """A SQL expression, with the name it takes in a ``select``.
 
     ``arrow``, when set, computes the same column from an Arrow table without a query
-    (or returns None when it cannot): set for a column reference, a typed literal and a
-    cast that changes nothing or widens an integer. A frame over an Arrow table whose
-    selection is all such columns is derived in Arrow (``LocalFrame._derive``).
+    (or returns None when it cannot be sure: ``in_arrow.py`` says when). ``aggregate``
+    is set for an aggregate function that Arrow can group by. A frame over an Arrow table
+    whose step is all such columns is derived in Arrow (``LocalFrame._derive``).
     """
 
-    __slots__ = ("arrow", "name", "sql")
+    __slots__ = ("aggregate", "arrow", "elements", "name", "pairs", "reference", "sql")
 
-    def __init__(self, sql: str, name: str | None = None, arrow: ArrowColumn | None = None) -> None:
+    def __init__(
+        self,
+        sql: str,
+        name: str | None = None,
+        arrow: in_arrow.ArrowColumn | None = None,
+        aggregate: in_arrow.Aggregate | None = None,
+        *,
+        reference: str | None = None,
+        pairs: in_arrow.KeyPairs | None = None,
+    ) -> None:
         self.sql = sql
         self.name = name
         self.arrow = arrow
+        self.aggregate = aggregate
+        self.reference = reference  # a plain column reference: its name, maybe qualified
+        self.pairs = pairs  # a conjunction of column equalities: a join's keys
+        self.elements: tuple[LocalColumn, ...] | None = None  # of an array(...), or exploded
 
     def __repr__(self) -> str:
         return f"LocalColumn({self.sql!r} AS {self.name!r})"
 
     # naming and types ------------------------------------------------------------------
     def alias(self, name: str) -> LocalColumn:
-        return LocalColumn(self.sql, name, self.arrow)
+        aliased = LocalColumn(self.sql, name, self.arrow, self.aggregate)
+        aliased.elements = self.elements
+        return aliased
 
     def cast(self, type_name: Any) -> LocalColumn:
         target = duck_type(type_name)
-        return LocalColumn(
-            f"CAST({self.sql} AS {target})", self.name, _arrow_cast(self, _ARROW_TYPES.get(target))
-        )
+        arrow_target = in_arrow.ARROW_TYPES.get(target)
+        if isinstance(self, _Literal):
+            arrow = in_arrow.typed_literal(self.value, arrow_target) if arrow_target else None
+        else:
+            arrow = in_arrow.cast(self.arrow, arrow_target)
+        aggregate = self.aggregate.cast(arrow_target) if self.aggregate else None
+        return LocalColumn(f"CAST({self.sql} AS {target})", self.name, arrow, aggregate)
 
     # predicates --------------------------------------------------------------------------
     def isNull(self) -> LocalColumn:
-        return LocalColumn(f"({self.sql} IS NULL)")
+        return LocalColumn(f"({self.sql} IS NULL)", arrow=in_arrow.is_null(self.arrow))
 
     def isNotNull(self) -> LocalColumn:
-        return LocalColumn(f"({self.sql} IS NOT NULL)")
+        return LocalColumn(f"({self.sql} IS NOT NULL)", arrow=in_arrow.is_valid(self.arrow))
 
     def eqNullSafe(self, other: Any) -> LocalColumn:
-        return LocalColumn(f"({self.sql} IS NOT DISTINCT FROM {_sql(other)})")
+        other = lit(other)
+        return LocalColumn(
+            f"({self.sql} IS NOT DISTINCT FROM {other.sql})",
+            arrow=in_arrow.null_safe_equal(self.arrow, other.arrow),
+            pairs=_equality(self, other, null_safe=True),
+        )
 
     # operators ---------------------------------------------------------------------------
     def _binary(self, op: str, other: Any, reverse: bool = False) -> LocalColumn:
-        a, b = (_sql(other), self.sql) if reverse else (self.sql, _sql(other))
-        return LocalColumn(f"({a} {op} {b})")
+        other = lit(other)
+        a, b = (other, self) if reverse else (self, other)
+        pairs = None
+        if op == "=":
+            pairs = _equality(a, b, null_safe=False)
+        elif op == "AND" and a.pairs and b.pairs:
+            pairs = a.pairs + b.pairs
+        return LocalColumn(
+            f"({a.sql} {op} {b.sql})", arrow=in_arrow.binary(op, a.arrow, b.arrow), pairs=pairs
+        )
 
     def __add__(self, other: Any) -> LocalColumn:
         return self._binary("+", other)
@@ -149,7 +183,7 @@ class LocalColumn:
         return LocalColumn(f"(CAST({self.sql} AS DOUBLE) / CAST({_sql(other)} AS DOUBLE))")
 
     def __neg__(self) -> LocalColumn:
-        return LocalColumn(f"(- {self.sql})")
+        return LocalColumn(f"(- {self.sql})", arrow=in_arrow.negate(self.arrow))
 
     def __eq__(self, other: Any) -> LocalColumn:  # type: ignore[override]
         return self._binary("=", other)
@@ -176,7 +210,7 @@ class LocalColumn:
         return self._binary("OR", other)
 
     def __invert__(self) -> LocalColumn:
-        return LocalColumn(f"(NOT {self.sql})")
+        return LocalColumn(f"(NOT {self.sql})", arrow=in_arrow.invert(self.arrow))
 
     def desc_nulls_last(self) -> LocalColumn:
         return LocalColumn(f"{self.sql} DESC NULLS LAST")
@@ -195,76 +229,37 @@ class LocalCase(LocalColumn):
 
     __slots__ = ("branches", "default")
 
-    def __init__(self, branches: tuple[tuple[str, str], ...], default: str | None = None) -> None:
+    def __init__(
+        self,
+        branches: tuple[tuple[LocalColumn, LocalColumn], ...],
+        default: LocalColumn | None = None,
+    ) -> None:
         self.branches = branches
         self.default = default
-        whens = " ".join(f"WHEN {c} THEN {v}" for c, v in branches)
-        otherwise = f" ELSE {default}" if default is not None else ""
-        super().__init__(f"(CASE {whens}{otherwise} END)")
+        whens = " ".join(f"WHEN {c.sql} THEN {v.sql}" for c, v in branches)
+        otherwise = f" ELSE {default.sql}" if default is not None else ""
+        arrow = in_arrow.case(
+            [(c.arrow, v.arrow) for c, v in branches],
+            default.arrow if default is not None else None,
+            has_default=default is not None,
+        )
+        super().__init__(f"(CASE {whens}{otherwise} END)", arrow=arrow)
 
     def when(self, condition: Any, value: Any) -> LocalCase:
-        return LocalCase((*self.branches, (_sql(condition), _sql(value))), self.default)
+        return LocalCase((*self.branches, (lit(condition), lit(value))), self.default)
 
     def otherwise(self, value: Any) -> LocalColumn:
-        return LocalCase(self.branches, _sql(value))
+        return LocalCase(self.branches, lit(value))
 
 
 def _sql(value: Any) -> str:
     return value.sql if isinstance(value, LocalColumn) else sql_literal(value)
 
 
-#: Computes a column from an Arrow table, or None when it cannot.
-ArrowColumn = Callable[[pa.Table], "pa.Array | pa.ChunkedArray | None"]
-
-#: Arrow types of the DuckDB types a query returns, for columns computed without one.
-_ARROW_TYPES = {
-    "BIGINT": pa.int64(),
-    "INTEGER": pa.int32(),
-    "DOUBLE": pa.float64(),
-    "BOOLEAN": pa.bool_(),
-    "VARCHAR": pa.string(),
-}
-
-
-def _arrow_cast(column: LocalColumn, target: pa.DataType | None) -> ArrowColumn | None:
-    """``CAST(column AS target)`` in Arrow, where that is exact: a literal of the target
-    type, a column already of it, or an integer column widened to it. Anything else
-    (narrowing, float to integer, text) keeps DuckDB's meaning by running the query."""
-    if target is None:
+def _equality(a: LocalColumn, b: LocalColumn, *, null_safe: bool) -> in_arrow.KeyPairs | None:
+    if a.reference is None or b.reference is None:
         return None
-    if isinstance(column, _Literal):
-        value = column.value
-        if value is not None and not isinstance(value, (bool, int, float, str)):
-            return None
-        if isinstance(value, bool) != pa.types.is_boolean(target):
-            return None
-        if isinstance(value, str) != pa.types.is_string(target) or (
-            isinstance(value, float) and not pa.types.is_floating(target)
-        ):
-            return None
-        try:
-            scalar = pa.scalar(value, target)
-        except (pa.ArrowInvalid, OverflowError):  # out of range: DuckDB's error, as Spark's
-            return None
-        return lambda table: pa.repeat(scalar, table.num_rows)
-    source = column.arrow
-    if source is None:
-        return None
-
-    def cast(table: pa.Table) -> pa.Array | pa.ChunkedArray | None:
-        values = source(table)
-        if values is None:
-            return None
-        if values.type == target:
-            return values
-        widened = (
-            pa.types.is_integer(values.type)
-            and pa.types.is_signed_integer(target)
-            and target.bit_width > values.type.bit_width
-        )
-        return values.cast(target) if widened else None
-
-    return cast
+    return ((a.reference, b.reference, null_safe),)
 
 
 class _Literal(LocalColumn):
@@ -273,7 +268,7 @@ class _Literal(LocalColumn):
     __slots__ = ("value",)
 
     def __init__(self, value: Any) -> None:
-        super().__init__(sql_literal(value))
+        super().__init__(sql_literal(value), arrow=in_arrow.literal(value))
         self.value = value
 
 
@@ -289,9 +284,13 @@ def col(name: str) -> LocalColumn:
     if name == "*":
         return LocalColumn("*", "*")
     parts = name.split(".")
-    if len(parts) > 1:
-        return LocalColumn(".".join(quote(p) for p in parts), parts[-1])
-    return LocalColumn(quote(name), name, lambda table: _column_of(table, name))
+    if len(parts) == 2:  # a struct's field (or a column of an aliased frame, in a join)
+        arrow = in_arrow.struct_field(lambda table: _column_of(table, parts[0]), parts[1])
+        return LocalColumn(".".join(quote(p) for p in parts), parts[-1], arrow, reference=name)
+    if len(parts) > 2:
+        return LocalColumn(".".join(quote(p) for p in parts), parts[-1], reference=name)
+    arrow = lambda table: _column_of(table, name)  # noqa: E731
+    return LocalColumn(quote(name), name, arrow, reference=name)
 
 
 def _column_of(table: pa.Table, name: str) -> pa.ChunkedArray | None:
@@ -304,27 +303,34 @@ def lit(value: Any) -> LocalColumn:
 
 
 def when(condition: Any, value: Any) -> LocalCase:
-    return LocalCase(((_sql(condition), _sql(value)),))
+    return LocalCase(((lit(condition), lit(value)),))
 
 
 def _function(name: str, *args: Any) -> LocalColumn:
     return LocalColumn(f"{name}({', '.join(_sql(_column(a)) for a in args)})")
 
 
+def _aggregate(name: str, column: Any) -> LocalColumn:
+    argument = _column(column) if isinstance(column, str) else lit(column)
+    return LocalColumn(
+        f"{name}({argument.sql})", aggregate=in_arrow.Aggregate(name, argument.arrow)
+    )
+
+
 def sum(column: Any) -> LocalColumn:
-    return _function("sum", column)
+    return _aggregate("sum", column)
 
 
 def max(column: Any) -> LocalColumn:
-    return _function("max", column)
+    return _aggregate("max", column)
 
 
 def min(column: Any) -> LocalColumn:
-    return _function("min", column)
+    return _aggregate("min", column)
 
 
 def count(column: Any) -> LocalColumn:
-    return _function("count", column)
+    return _aggregate("count", column)
 
 
 def coalesce(*columns: Any) -> LocalColumn:
@@ -375,7 +381,10 @@ def collect_list(column: Any) -> LocalColumn:
 
 
 def array(*columns: Any) -> LocalColumn:
-    return LocalColumn(f"[{', '.join(_sql(_column(c)) for c in columns)}]")
+    items = tuple(lit(_column(c) if isinstance(c, str) else c) for c in columns)
+    array = LocalColumn(f"[{', '.join(c.sql for c in items)}]")
+    array.elements = items
+    return array
 
 
 def struct(*columns: Any) -> LocalColumn:
@@ -384,16 +393,26 @@ def struct(*columns: Any) -> LocalColumn:
         column = _column(c)
         if not column.name:
             raise ValueError(f"a struct field needs a name: {column!r}")
-        fields.append(f"{quote(column.name)} := {column.sql}")
-    return LocalColumn(f"struct_pack({', '.join(fields)})")
+        fields.append(column)
+    sql = ", ".join(f"{quote(c.name)} := {c.sql}" for c in fields)  # type: ignore[arg-type]
+    arrow = in_arrow.struct([(c.name, c.arrow) for c in fields])  # type: ignore[misc]
+    return LocalColumn(f"struct_pack({sql})", arrow=arrow)
 
 
 def element_at(column: Any, index: Any) -> LocalColumn:
-    return LocalColumn(f"list_extract({_sql(_column(column))}, {_sql(index)})")
+    array, position = _column(column), lit(index)
+    arrow = None
+    if array.elements is not None and all(isinstance(e, _Literal) for e in array.elements):
+        values = [e.value for e in array.elements]  # type: ignore[attr-defined]
+        arrow = in_arrow.pick(values, position.arrow)
+    return LocalColumn(f"list_extract({array.sql}, {position.sql})", arrow=arrow)
 
 
 def explode(column: Any) -> LocalColumn:
-    return LocalColumn(f"unnest({_sql(_column(column))})")
+    array = _column(column)
+    exploded = LocalColumn(f"unnest({array.sql})")
+    exploded.elements = array.elements  # a row per element, derived in Arrow from these
+    return exploded
 
 
 # --- rows -----------------------------------------------------------------------------------
@@ -519,15 +538,42 @@ class LocalFrame:
             # Columns of an Arrow table picked, renamed, cast to their own type or set to
             # a literal (a key set under the other side's names, the time columns of a
             # written batch) need no query: Arrow does it, mostly without copying.
-            arrays: list[Any] = []
-            for column in select:
-                if column.sql == "*":
-                    arrays.extend(self.table.columns)
-                else:
-                    arrays.append(column.arrow(self.table) if column.arrow else None)
-            if all(a is not None for a in arrays):
-                derived.table = pa.Table.from_arrays(arrays, names=names)
+            derived.table = self._select_in_arrow(select, names)
         return derived
+
+    def _select_in_arrow(self, select: Sequence[LocalColumn], names: list[str]) -> pa.Table | None:
+        """The selection over ``self.table`` in Arrow; None when a column is not exact
+        there. An ``explode(array(...))`` gives each row once per element."""
+        table = self.table
+        assert table is not None
+        exploding = [i for i, c in enumerate(select) if c.sql.startswith("unnest(")]
+        if len(exploding) > 1 or (exploding and select[exploding[0]].elements is None):
+            return None
+        arrays: list[Any] = []
+        at = -1  # where the exploded column is among the arrays
+        for index, column in enumerate(select):
+            if column.sql == "*":
+                arrays.extend(table.columns)
+            elif index in exploding:
+                at = len(arrays)
+                arrays.append(None)  # filled per element below
+            else:
+                arrays.append(column.arrow(table) if column.arrow else None)
+        if any(a is None for i, a in enumerate(arrays) if i != at):
+            return None
+        if not exploding:
+            return pa.Table.from_arrays(arrays, names=names)
+        copies = []
+        for element in select[exploding[0]].elements or ():
+            values = element.arrow(table) if element.arrow else None
+            if values is None:
+                return None
+            copy = list(arrays)
+            copy[at] = values
+            copies.append(pa.Table.from_arrays(copy, names=names))
+        if not copies or len({c.schema for c in copies}) > 1:
+            return None  # elements of different types: DuckDB unifies them
+        return pa.concat_tables(copies)
 
     def __getitem__(self, name: str) -> LocalColumn:
         if name not in self.columns:
@@ -543,7 +589,13 @@ class LocalFrame:
 
     def where(self, condition: LocalColumn | str) -> LocalFrame:
         text = condition if isinstance(condition, str) else condition.sql
-        return self._derive([col(c) for c in self.columns], f" WHERE {text}")
+        derived = self._derive([col(c) for c in self.columns], f" WHERE {text}")
+        arrow = None if isinstance(condition, str) else condition.arrow
+        if self.table is not None and arrow is not None:
+            mask = arrow(self.table)
+            if mask is not None and pa.types.is_boolean(mask.type):
+                derived.table = self.table.filter(mask)  # a NULL condition drops the row
+        return derived
 
     def withColumn(self, name: str, column: Any) -> LocalFrame:
         column = lit(column)
@@ -556,21 +608,16 @@ class LocalFrame:
         return self._derive([col(c) for c in self.columns if c not in dropped])
 
     def alias(self, name: str) -> LocalFrame:
-        return LocalFrame(self.session, self.source, self.columns, self.tables, name)
+        aliased = LocalFrame(self.session, self.source, self.columns, self.tables, name)
+        aliased.table = self.table
+        return aliased
 
     def distinct(self) -> LocalFrame:
         query = f"(SELECT DISTINCT * FROM {self.source})"
         distinct = LocalFrame(self.session, query, self.columns, self.tables)
         table = self.table
-        if (
-            table is not None
-            and len(set(table.column_names)) == table.num_columns
-            and all(_groups_exactly(f.type) for f in table.schema)
-        ):
-            # Arrow's hash grouping finds the same rows as DuckDB's DISTINCT for these
-            # types (NULL a value of its own); floats are left to DuckDB, where NaN and
-            # -0.0 follow SQL's equality.
-            distinct.table = table.group_by(table.column_names, use_threads=False).aggregate([])
+        if table is not None:
+            distinct.table = in_arrow.distinct(table)
         return distinct
 
     def groupBy(self, *keys: str | LocalColumn) -> LocalGrouped:
@@ -592,14 +639,29 @@ class LocalFrame:
             f"ON {on.sql})"
         )
         columns = list(self.columns) if how == "left_semi" else [*self.columns, *other.columns]
-        return LocalFrame(self.session, query, columns, {**self.tables, **other.tables})
+        joined = LocalFrame(self.session, query, columns, {**self.tables, **other.tables})
+        if (
+            on.pairs
+            and self.table is not None
+            and other.table is not None
+            and self.table.column_names == self.columns
+            and other.table.column_names == other.columns
+        ):
+            aliases = (self.alias_name or "__l", other.alias_name or "__r")
+            joined.table = in_arrow.join(self.table, other.table, aliases, on.pairs, how)
+        return joined
 
     def unionByName(self, other: LocalFrame) -> LocalFrame:
         if sorted(self.columns) != sorted(other.columns):
             raise ValueError(f"unionByName of {self.columns} and {other.columns}")
         right = other.select(*self.columns)
         query = f"(SELECT * FROM {self.source} UNION ALL SELECT * FROM {right.source})"
-        return LocalFrame(self.session, query, list(self.columns), {**self.tables, **right.tables})
+        union = LocalFrame(self.session, query, list(self.columns), {**self.tables, **right.tables})
+        tables = (self.table, right.table)
+        # Tables of different types are left to DuckDB, which unifies them.
+        if tables[0] is not None and tables[1] is not None and tables[0].schema == tables[1].schema:
+            union.table = pa.concat_tables(tables)
+        return union
 
     def localCheckpoint(self) -> LocalFrame:
         """The rows computed once and kept as an Arrow table (as Spark's checkpoint)."""
@@ -615,18 +677,6 @@ class LocalFrame:
         return [LocalRow(values, self.columns) for values in zip(*columns, strict=True)]
 
 
-def _groups_exactly(type_: pa.DataType) -> bool:
-    return (
-        pa.types.is_integer(type_)
-        or pa.types.is_string(type_)
-        or pa.types.is_large_string(type_)
-        or pa.types.is_boolean(type_)
-        or pa.types.is_date(type_)
-        or pa.types.is_timestamp(type_)
-        or pa.types.is_decimal(type_)
-    )
-
-
 class LocalGrouped:
     def __init__(self, frame: LocalFrame, keys: list[LocalColumn]) -> None:
         self.frame = frame
@@ -634,4 +684,11 @@ class LocalGrouped:
 
     def agg(self, *aggregates: LocalColumn) -> LocalFrame:
         group = f" GROUP BY {', '.join(k.sql for k in self.keys)}" if self.keys else ""
-        return self.frame._derive([*self.keys, *aggregates], group)
+        derived = self.frame._derive([*self.keys, *aggregates], group)
+        table = self.frame.table
+        if table is not None:
+            names = derived.columns
+            keys = [(n, k.arrow) for n, k in zip(names, self.keys, strict=False)]
+            found = [(n, a.aggregate) for n, a in zip(names[len(keys) :], aggregates, strict=True)]
+            derived.table = in_arrow.aggregate(table, keys, found)
+        return derived
