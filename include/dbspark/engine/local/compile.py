@@ -32,6 +32,7 @@ import pyarrow as pa
 
 from dbspark.circuit.expressions import (
     NULL_TYPE,
+    Column,
     Expr,
     infer_type,
     like_regex,
@@ -62,6 +63,7 @@ from dbspark.engine.expression_compiler import (
     widens,
 )
 from dbspark.engine.local.frame import LocalColumn, duck_type, quote, sql_literal
+from dbspark.engine.local.frame import col as frame_column
 
 #: Python's ``str.isspace`` characters, as an RE2 character class.
 _WS = (
@@ -107,6 +109,10 @@ def compile_typed(expr: Expr, schema: Schema) -> tuple[LocalColumn, str]:
     target = output_type(infer_type(expr, schema, "local compile"))
     compiler = _Compiler(schema)
     sql, kind = compiler.compile(expr)
+    if isinstance(expr, Column) and kind == target != NULL_TYPE:
+        # The same SQL, as a column a frame over Arrow can also pick without a query
+        # (a projection that renames or keeps a column, as most do).
+        return frame_column(expr.name).cast(target), target
     return LocalColumn(compiler.typed(sql, kind, target)), target
 
 
