@@ -1,14 +1,17 @@
 """A local frame over an Arrow table derives what it can in Arrow, with DuckDB's answer.
 
 ``LocalFrame`` skips the DuckDB query for a pick, rename, exact cast, typed literal,
-``distinct``, filter, grouped or global aggregate and union of Arrow tables
-(``engine/local/in_arrow.py``). Each case here is computed both ways, the shortcut and
-the same frame's query run by DuckDB, and must agree in rows and types.
+``distinct``, filter, grouped or global aggregate, union, equi-join and the kernels'
+corner stacking of Arrow tables (``engine/local/in_arrow.py``). Each pipeline here is
+built twice: over frames that hold their Arrow tables (every step Arrow can take is
+taken there), and over frames that only name the same tables (every step is DuckDB
+SQL). The two must agree in rows and types, and the first must not have run a query.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -22,6 +25,8 @@ from dbspark.engine.local.frame import LocalFrame, LocalSession
 SMALL_INTS = st.one_of(st.none(), st.integers(-3, 3))
 TEXT = st.one_of(st.none(), st.sampled_from(["a", "b", "", "ß"]))
 ROWS = st.lists(st.tuples(SMALL_INTS, TEXT, st.booleans()), max_size=12)
+WEIGHTS = st.one_of(st.none(), st.integers(-3, 3), st.sampled_from([2**40, -(2**40)]))
+WEIGHTED = st.lists(st.tuples(SMALL_INTS, TEXT, WEIGHTS), max_size=14)
 
 
 @pytest.fixture(scope="module")
@@ -31,53 +36,72 @@ def session() -> Any:
     session.close()
 
 
-def _table(rows: list[tuple]) -> pa.Table:
+def _table(rows: list[tuple], third: tuple[str, pa.DataType]) -> pa.Table:
+    """Columns ``k`` (int32) and ``s`` (string), then ``third``."""
     columns = list(zip(*rows, strict=True)) if rows else [(), (), ()]
+    kinds = [("k", pa.int32()), ("s", pa.string()), third]
     return pa.table(
         {
-            "k": pa.array(list(columns[0]), pa.int32()),
-            "s": pa.array(list(columns[1]), pa.string()),
-            "b": pa.array(list(columns[2]), pa.bool_()),
+            name: pa.array(list(values), kind)
+            for (name, kind), values in zip(kinds, columns, strict=True)
         }
     )
 
 
-def _both_ways(frame: LocalFrame) -> tuple[pa.Table, pa.Table]:
-    """The frame's table as derived in Arrow, and its query's answer from DuckDB."""
-    assert frame.table is not None, f"no Arrow shortcut for {frame.query()}"
-    by_query = LocalFrame(frame.session, frame.source, frame.columns, frame.tables)
-    return frame.table, by_query.toArrow()
+def _flagged(rows: list[tuple]) -> pa.Table:
+    return _table(rows, ("b", pa.bool_()))
 
 
-def _same(shortcut: pa.Table, queried: pa.Table) -> None:
-    assert shortcut.schema == queried.schema
+def _weighted(rows: list[tuple]) -> pa.Table:
+    return _table(rows, ("w", pa.int64()))
+
+
+def _query_only(session: LocalSession, table: pa.Table) -> LocalFrame:
+    """A frame that names ``table`` for DuckDB but does not hold it: nothing derived
+    from it is computed in Arrow."""
+    frame = session.frame(table)
+    frame.table = None
+    return frame
+
+
+def _same(session: LocalSession, build: Callable[..., LocalFrame], *tables: pa.Table) -> None:
+    """``build`` over the tables computed in Arrow equals it computed by DuckDB."""
+    shortcut = build(*(session.frame(t) for t in tables))
+    assert shortcut.table is not None, f"no Arrow shortcut for {shortcut.query()}"
+    queried = build(*(_query_only(session, t) for t in tables))
+    assert queried.table is None
+    got, want = shortcut.table, queried.toArrow()
+    assert got.schema == want.schema
     # repr: a struct's value is a dict, which cannot be counted as it stands
-    assert Counter(map(repr, shortcut.to_pylist())) == Counter(map(repr, queried.to_pylist()))
+    assert Counter(map(repr, got.to_pylist())) == Counter(map(repr, want.to_pylist()))
 
 
 @settings(max_examples=25, deadline=None, derandomize=True)
 @given(ROWS)
 def test_picks_casts_and_literals_match_duckdb(session: LocalSession, rows: list[tuple]) -> None:
-    frame = session.frame(_table(rows))
-    derived = frame.select(
-        F.col("k").cast("bigint").alias("k64"),  # an integer widened
-        F.col("s").cast("string"),  # a cast to the type it has
-        F.col("b").alias("flag"),
-        F.lit(7).cast("bigint").alias("__epoch"),
-        F.lit(None).cast("int").alias("nothing"),
-        F.lit("x").cast("string").alias("tag"),
+    table = _flagged(rows)
+    _same(
+        session,
+        lambda frame: frame.select(
+            F.col("k").cast("bigint").alias("k64"),  # an integer widened
+            F.col("s").cast("string"),  # a cast to the type it has
+            F.col("b").alias("flag"),
+            F.lit(7).cast("bigint").alias("__epoch"),
+            F.lit(None).cast("int").alias("nothing"),
+            F.lit("x").cast("string").alias("tag"),
+        ),
+        table,
     )
-    _same(*_both_ways(derived))
-    _same(*_both_ways(frame.withColumn("__iter", F.lit(2).cast("int"))))
-    _same(*_both_ways(frame.select("*", F.lit(True).cast("boolean").alias("t"))))
+    _same(session, lambda frame: frame.withColumn("__iter", F.lit(2).cast("int")), table)
+    _same(session, lambda frame: frame.select("*", F.lit(True).cast("boolean").alias("t")), table)
 
 
 @settings(max_examples=25, deadline=None, derandomize=True)
 @given(ROWS)
 def test_distinct_matches_duckdb(session: LocalSession, rows: list[tuple]) -> None:
-    frame = session.frame(_table(rows))
-    _same(*_both_ways(frame.distinct()))
-    _same(*_both_ways(frame.select("s", "k").distinct()))
+    table = _flagged(rows)
+    _same(session, lambda frame: frame.distinct(), table)
+    _same(session, lambda frame: frame.select("s", "k").distinct(), table)
 
 
 def test_inexact_casts_and_floats_run_the_query(session: LocalSession) -> None:
@@ -94,56 +118,47 @@ def test_inexact_casts_and_floats_run_the_query(session: LocalSession) -> None:
     assert values.toArrow().num_rows == 1  # 0.0 = -0.0 in SQL
 
 
-WEIGHTS = st.one_of(st.none(), st.integers(-3, 3), st.sampled_from([2**40, -(2**40)]))
-WEIGHTED = st.lists(st.tuples(SMALL_INTS, TEXT, WEIGHTS), max_size=14)
-
-
-def _weighted(rows: list[tuple]) -> pa.Table:
-    columns = list(zip(*rows, strict=True)) if rows else [(), (), ()]
-    return pa.table(
-        {
-            "k": pa.array(list(columns[0]), pa.int32()),
-            "s": pa.array(list(columns[1]), pa.string()),
-            "w": pa.array(list(columns[2]), pa.int64()),
-        }
-    )
-
-
 @settings(max_examples=40, deadline=None, derandomize=True)
 @given(WEIGHTED)
 def test_filters_match_duckdb(session: LocalSession, rows: list[tuple]) -> None:
-    frame = session.frame(_weighted(rows))
     conditions = [
-        F.col("k") > 0,
-        (F.col("k") == 1) | F.col("s").isNull(),  # NULL OR TRUE is TRUE
-        ~(F.col("s") == "a") & (F.col("w") != 0),  # NOT NULL is NULL: the row goes
-        F.col("k").eqNullSafe(F.col("w")),
-        (F.col("k") + 1) * 2 >= F.col("w"),
-        F.col("s").isNotNull() & (F.col("s") < "b"),
+        lambda: F.col("k") > 0,
+        lambda: (F.col("k") == 1) | F.col("s").isNull(),  # NULL OR TRUE is TRUE
+        lambda: ~(F.col("s") == "a") & (F.col("w") != 0),  # NOT NULL is NULL: the row goes
+        lambda: ~((F.col("k") > 0) & (F.col("s") == "a")),  # NULL AND FALSE is FALSE
+        lambda: F.col("k").eqNullSafe(F.col("w")),
+        lambda: (F.col("k") + 1) * 2 >= F.col("w"),
+        lambda: F.col("s").isNotNull() & (F.col("s") < "b"),
     ]
     for condition in conditions:
-        _same(*_both_ways(frame.where(condition)))
+        _same(session, lambda frame, c=condition: frame.where(c()), _weighted(rows))
 
 
 @settings(max_examples=40, deadline=None, derandomize=True)
 @given(WEIGHTED)
 def test_aggregates_and_cases_match_duckdb(session: LocalSession, rows: list[tuple]) -> None:
-    frame = session.frame(_weighted(rows))
-    flagged = F.when(F.col("w") > 0, F.lit(1)).when(F.col("w") < 0, -1).otherwise(F.lit(0))
-    grouped = frame.groupBy("k", "s").agg(
-        F.sum("w").cast("bigint").alias("total"),
-        F.count("w").alias("n"),
-        F.count(F.lit(1)).alias("rows"),
-        F.max(flagged).alias("flag"),
-        F.min("s").alias("least"),
-        F.max(F.when(F.col("w") != 0, F.col("k"))).alias("top"),  # no ELSE: NULL
-    )
-    _same(*_both_ways(grouped))
-    everything = frame.agg(
-        F.sum("w").cast("bigint").alias("total"), F.max("k").alias("top"), F.count("s")
-    )
-    _same(*_both_ways(everything))  # one row, even over no rows
-    _same(*_both_ways(frame.unionByName(frame.where(F.col("k") > 0))))
+    table = _weighted(rows)
+
+    def grouped(frame: LocalFrame) -> LocalFrame:
+        flagged = F.when(F.col("w") > 0, F.lit(1)).when(F.col("w") < 0, -1).otherwise(F.lit(0))
+        return frame.groupBy("k", "s").agg(
+            F.sum("w").cast("bigint").alias("total"),
+            F.count("w").alias("n"),
+            F.count(F.lit(1)).alias("rows"),
+            F.max(flagged).alias("flag"),
+            F.min("s").alias("least"),
+            F.max(F.when(F.col("w") != 0, F.col("k"))).alias("top"),  # no ELSE: NULL
+        )
+
+    _same(session, grouped, table)
+    _same(
+        session,
+        lambda frame: frame.agg(
+            F.sum("w").cast("bigint").alias("total"), F.max("k").alias("top"), F.count("s")
+        ),
+        table,
+    )  # one row, even over no rows
+    _same(session, lambda frame: frame.unionByName(frame.where(F.col("k") > 0)), table)
 
 
 def test_what_arrow_could_get_wrong_runs_the_query(session: LocalSession) -> None:
@@ -164,27 +179,33 @@ def test_what_arrow_could_get_wrong_runs_the_query(session: LocalSession) -> Non
 def test_joins_match_duckdb(session: LocalSession, left: list[tuple], right: list[tuple]) -> None:
     """Inner, left outer and semi-joins on plain and NULL-safe equalities (NULL keys on
     both sides, duplicates, an integer key of two widths), by name and by alias."""
-    lhs = session.frame(_weighted(left)).select(
-        F.col("k").alias("lk"), F.col("s").alias("ls"), F.col("w").alias("lw")
-    )
-    rhs = session.frame(_weighted(right))
-    plain = F.col("lk") == F.col("w")  # int32 against int64
-    both = (F.col("ls") == F.col("s")) & F.col("lk").eqNullSafe(F.col("k"))
-    for condition in (plain, both):
+
+    def renamed(frame: LocalFrame) -> LocalFrame:
+        return frame.select(F.col("k").alias("lk"), F.col("s").alias("ls"), F.col("w").alias("lw"))
+
+    conditions = [
+        lambda: F.col("lk") == F.col("w"),  # int32 against int64
+        lambda: (F.col("ls") == F.col("s")) & F.col("lk").eqNullSafe(F.col("k")),
+    ]
+    for condition in conditions:
         for how in ("inner", "left", "left_semi"):
-            _same(*_both_ways(lhs.join(rhs, condition, how)))
-    keys = rhs.select("k", "s").distinct()
-    aliased = (
-        session.frame(_weighted(left))
-        .alias("__data")
-        .join(
+            _same(
+                session,
+                lambda lhs, rhs, c=condition, h=how: renamed(lhs).join(rhs, c(), h),
+                _weighted(left),
+                _weighted(right),
+            )
+
+    def aliased(lhs: LocalFrame, rhs: LocalFrame) -> LocalFrame:
+        keys = rhs.select("k", "s").distinct()
+        return lhs.alias("__data").join(
             keys.alias("__keys"),
             F.col("__data.k").eqNullSafe(F.col("__keys.k"))
             & F.col("__data.s").eqNullSafe(F.col("__keys.s")),
             "left_semi",
         )
-    )
-    _same(*_both_ways(aliased))
+
+    _same(session, aliased, _weighted(left), _weighted(right))
 
 
 @settings(max_examples=25, deadline=None, derandomize=True)
@@ -192,20 +213,28 @@ def test_joins_match_duckdb(session: LocalSession, left: list[tuple], right: lis
 def test_exploded_corners_match_duckdb(session: LocalSession, rows: list[tuple]) -> None:
     """The kernels' stacking: a row per corner from ``explode(array(struct(...)))``, its
     fields read back, and a sign picked per corner with ``element_at``."""
-    frame = session.frame(_weighted(rows))
-    stacked = frame.select(
-        "k",
-        F.explode(
-            F.array(
-                F.struct(F.lit(0).alias("corner"), F.col("w").alias("w")),
-                F.struct(F.lit(1).alias("corner"), (F.col("w") * 2).alias("w")),
-            )
-        ).alias("__c"),
+    table = _weighted(rows)
+
+    def stacked(frame: LocalFrame) -> LocalFrame:
+        corners = F.array(
+            F.struct(F.lit(0).alias("corner"), F.col("w").alias("w")),
+            F.struct(F.lit(1).alias("corner"), (F.col("w") * 2).alias("w")),
+        )
+        return frame.select("k", F.explode(corners).alias("__c"))
+
+    def fields(frame: LocalFrame) -> LocalFrame:
+        return stacked(frame).select(
+            "k", F.col("__c.corner").alias("corner"), F.col("__c.w").alias("w")
+        )
+
+    def signed(frame: LocalFrame) -> LocalFrame:
+        sign = F.element_at(F.array(F.lit(1), F.lit(-1)), F.col("corner") + 1)
+        return fields(frame).select("k", (F.col("w") * sign).alias("w"))
+
+    for build in (stacked, fields, signed):
+        _same(session, build, table)
+    _same(
+        session,
+        lambda frame: frame.select("*", F.explode(F.array(F.lit(0), F.lit(1))).alias("i")),
+        table,
     )
-    _same(*_both_ways(stacked))
-    fields = stacked.select("k", F.col("__c.corner").alias("corner"), F.col("__c.w").alias("w"))
-    _same(*_both_ways(fields))
-    signs = F.array(F.lit(1), F.lit(-1))
-    signed = fields.select("k", (F.col("w") * F.element_at(signs, F.col("corner") + 1)).alias("w"))
-    _same(*_both_ways(signed))
-    _same(*_both_ways(frame.select("*", F.explode(F.array(F.lit(0), F.lit(1))).alias("i"))))

@@ -458,6 +458,11 @@ class LocalSession:
         frame = self.frame(sample)
         frame.where(f"{quote('k')} > 1").groupBy("v").agg(count("k")).toArrow()
 
+    def settled(self, lazy: LocalFrame, rows: pa.Table | None) -> LocalFrame:
+        """``lazy``; or, when its rows were derived in Arrow, a frame over those rows, so
+        that a later step's query reads them instead of recomputing the steps before."""
+        return lazy if rows is None else self.frame(rows)
+
     def table_name(self) -> str:
         return f"__dbspark_t{next(self._names)}"
 
@@ -538,7 +543,7 @@ class LocalFrame:
             # Columns of an Arrow table picked, renamed, cast to their own type or set to
             # a literal (a key set under the other side's names, the time columns of a
             # written batch) need no query: Arrow does it, mostly without copying.
-            derived.table = self._select_in_arrow(select, names)
+            return self.session.settled(derived, self._select_in_arrow(select, names))
         return derived
 
     def _select_in_arrow(self, select: Sequence[LocalColumn], names: list[str]) -> pa.Table | None:
@@ -594,7 +599,8 @@ class LocalFrame:
         if self.table is not None and arrow is not None:
             mask = arrow(self.table)
             if mask is not None and pa.types.is_boolean(mask.type):
-                derived.table = self.table.filter(mask)  # a NULL condition drops the row
+                # a NULL condition drops the row
+                return self.session.settled(derived, self.table.filter(mask))
         return derived
 
     def withColumn(self, name: str, column: Any) -> LocalFrame:
@@ -615,9 +621,8 @@ class LocalFrame:
     def distinct(self) -> LocalFrame:
         query = f"(SELECT DISTINCT * FROM {self.source})"
         distinct = LocalFrame(self.session, query, self.columns, self.tables)
-        table = self.table
-        if table is not None:
-            distinct.table = in_arrow.distinct(table)
+        if self.table is not None:
+            return self.session.settled(distinct, in_arrow.distinct(self.table))
         return distinct
 
     def groupBy(self, *keys: str | LocalColumn) -> LocalGrouped:
@@ -648,7 +653,8 @@ class LocalFrame:
             and other.table.column_names == other.columns
         ):
             aliases = (self.alias_name or "__l", other.alias_name or "__r")
-            joined.table = in_arrow.join(self.table, other.table, aliases, on.pairs, how)
+            found = in_arrow.join(self.table, other.table, aliases, on.pairs, how)
+            return self.session.settled(joined, found)
         return joined
 
     def unionByName(self, other: LocalFrame) -> LocalFrame:
@@ -660,7 +666,7 @@ class LocalFrame:
         tables = (self.table, right.table)
         # Tables of different types are left to DuckDB, which unifies them.
         if tables[0] is not None and tables[1] is not None and tables[0].schema == tables[1].schema:
-            union.table = pa.concat_tables(tables)
+            return self.session.settled(union, pa.concat_tables(tables))
         return union
 
     def localCheckpoint(self) -> LocalFrame:
@@ -690,5 +696,5 @@ class LocalGrouped:
             names = derived.columns
             keys = [(n, k.arrow) for n, k in zip(names, self.keys, strict=False)]
             found = [(n, a.aggregate) for n, a in zip(names[len(keys) :], aggregates, strict=True)]
-            derived.table = in_arrow.aggregate(table, keys, found)
+            return self.frame.session.settled(derived, in_arrow.aggregate(table, keys, found))
         return derived
