@@ -26,8 +26,6 @@ from one module per concern: ``unit`` (a unit's writes and its one commit), ``in
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -36,6 +34,7 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from dbspark.circuit.builder import Circuit, Node
+from dbspark.circuit.fingerprint import circuit_fingerprint
 from dbspark.circuit.planner import Plan, Stage, plan
 from dbspark.core.columns import WEIGHT, time_columns, time_fields
 from dbspark.core.timestamps import Time
@@ -66,28 +65,6 @@ from dbspark.storage.traces import TraceStore
 from dbspark.storage.warehouse import KeySet, Warehouse
 
 log = logging.getLogger("dbspark.engine")
-
-
-def circuit_fingerprint(circuit: Circuit) -> str:
-    """A stable hash of a circuit's definition (callables by qualified name)."""
-
-    def normal(value: Any) -> Any:
-        if callable(value) and not isinstance(value, type):
-            return (
-                f"callable:{getattr(value, '__module__', '')}.{getattr(value, '__qualname__', '')}"
-            )
-        if isinstance(value, dict):
-            return {str(k): normal(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
-        if isinstance(value, (list, tuple)):
-            return [normal(v) for v in value]
-        return repr(value)
-
-    payload = [
-        (n.op, list(n.inputs), str(n.schema), n.scope, normal(n.params)) for n in circuit.nodes
-    ]
-    payload.append(sorted(circuit.views.items()))
-    text = json.dumps(payload, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 #: Epochs whose input has at most this many rows run every unit on the local tier. On
