@@ -93,3 +93,28 @@ def test_postgres_catalog(spark, warehouse_path: Path, postgres_url: str) -> Non
         engine.step(inputs)
         assert rows(engine) == expected[epoch]
     assert not (warehouse_path / "catalog.db").exists()
+
+
+def test_a_rebuild_while_an_epoch_is_open_keeps_that_epochs_change(
+    spark, warehouse_path: Path
+) -> None:
+    """Issue 18, finding 7: a rebuild (as of the last committed epoch) between an open
+    epoch's publish and its close replaced the open epoch's published change as well, so
+    the close committed the epoch without it."""
+    vector, expected = load("word_count_retractions.json")
+    engine = SparkEngine(vector.circuit, warehouse_path, spark=spark)
+    engine.step(vector.epochs[0])
+    # Epoch 1 runs up to its publish; its close is still to come (a failed close task).
+    assert engine.open_epoch(1)
+    for stage in engine.plan.stages_in_scope(0):
+        anchor = engine.circuit.node(stage.anchor)
+        if anchor.op in ("zset_source", "upsert_source"):
+            engine.ingest(anchor.label, 1, vector.epochs[1].get(anchor.label))
+        else:
+            engine.run_stage(stage.id, (1,))
+    engine.publish(1)
+    assert engine.rebuild("counts") == len(expected[0]["counts"])
+    assert rows(engine) == expected[0]  # as of epoch 0, rebuilt
+    engine.close_epoch(1)
+    assert rows(engine) == expected[1]
+    assert all(not diff for diff in engine.verify().values())

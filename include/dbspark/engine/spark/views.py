@@ -157,11 +157,18 @@ class Views:
         return differences
 
     def rebuild(self, name: str) -> int:
-        """Replace a view's published contents with its full refresh; returns its rows."""
+        """Replace a view's published contents with its full refresh; returns its rows.
+
+        The refresh is as of the last committed epoch, so it replaces the batches of that
+        epoch and before only: an open epoch's published change (its publish ran, its
+        close did not) stays, and its close adds it to the rebuilt view, as if the
+        rebuild had run before the epoch opened. Replacing it too would erase that
+        epoch's change for good, since its close commits whatever is left."""
         epoch = self.last_committed_epoch()
         fresh = self.full_refresh(epoch)[name]
         record = self.traces.write(coll.view(name), fresh, (epoch,))
-        old = [r.id for r in self.catalog.batches(self.circuit.name, coll.view(name)) if r.id]
+        replaced = self.catalog.batches(self.circuit.name, coll.view(name), max_epoch=epoch)
+        old = [r.id for r in replaced if r.id]
         stage = f"rebuild:view.{name}@{uuid.uuid4().hex[:8]}"
         self.catalog.commit(
             self.circuit.name, stage, (epoch,), [record] if record else [], supersede=old
