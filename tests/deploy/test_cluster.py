@@ -8,9 +8,9 @@ Then, through the REST API only:
 
 1. the example DAGs are unpaused and backfilled over two daily intervals (the UI's
    backfill dialog), both DAGs at once, then a third interval is triggered by hand;
-2. every epoch's published views (snapshot and change) equal the pure-Python reference
-   engine's full refresh of everything landed up to then, and the catalog in
-   PostgreSQL has the epochs committed in order;
+2. every epoch's published views (the Delta table as of the epoch, and the change)
+   equal the pure-Python reference engine's full refresh of everything landed up to
+   then, and the catalog in PostgreSQL has the epochs committed in order;
 3. the Spark work ran on the standalone workers' executors (the driver's REST API
    counts their tasks; the driver itself ran none) and the Airflow tasks were only
    Spark Connect clients (their logs say so, and they ran on the Celery workers);
@@ -35,7 +35,8 @@ from dbspark.devtools.engine_demo import SCENARIOS, engine_inputs, verify_views
 from dbspark.engine.reference.full_refresh import full_refresh
 from dbspark.examples.circuits import orders, reachability
 from dbspark.orchestration.intervals import Interval
-from dbspark.orchestration.sinks.files import CHANGES, SNAPSHOT, output_dir, read_change_rows
+from dbspark.orchestration.sinks.files import CHANGES, output_dir, read_change_rows
+from dbspark.orchestration.sinks.tables import table_path, table_rows
 from dbspark.orchestration.sources import LandingDirectory
 from dbspark.storage.catalog import epochs_table
 
@@ -55,23 +56,26 @@ def day(n: int) -> Interval:
     return Interval(START + timedelta(days=n), START + timedelta(days=n + 1))
 
 
-def published(cluster, circuit, view: str, kind: str, epoch: int) -> ZSet:
+def published(cluster, circuit, view: str, epoch: int) -> ZSet:
+    """The view as of ``epoch``, read from its published Delta table."""
     schema = circuit.node(circuit.views[view]).schema
-    where = output_dir(cluster.outputs, circuit.name, view, kind, epoch)
+    return ZSet(table_rows(table_path(cluster.outputs, circuit.name, view), schema, epoch))
+
+
+def published_change(cluster, circuit, view: str, epoch: int) -> ZSet:
+    """The change directory of ``epoch``."""
+    schema = circuit.node(circuit.views[view]).schema
+    where = output_dir(cluster.outputs, circuit.name, view, CHANGES, epoch)
     return ZSet(read_change_rows(where, schema))
 
 
 def check_views(cluster, circuit, history, epoch: int) -> None:
-    snapshots = {v: published(cluster, circuit, v, SNAPSHOT, epoch) for v in circuit.views}
-    assert verify_views(full_refresh, circuit, history, epoch, snapshots) == [], epoch
-    before = (
-        {v: published(cluster, circuit, v, SNAPSHOT, epoch - 1) for v in circuit.views}
-        if epoch
-        else {}
-    )
-    for view, snapshot in snapshots.items():
-        change = published(cluster, circuit, view, CHANGES, epoch)
-        assert change == snapshot - before.get(view, ZSet()), (circuit.name, view, epoch)
+    views = {v: published(cluster, circuit, v, epoch) for v in circuit.views}
+    assert verify_views(full_refresh, circuit, history, epoch, views) == [], epoch
+    before = {v: published(cluster, circuit, v, epoch - 1) for v in circuit.views} if epoch else {}
+    for view, rows in views.items():
+        change = published_change(cluster, circuit, view, epoch)
+        assert change == rows - before.get(view, ZSet()), (circuit.name, view, epoch)
 
 
 def committed_epochs(cluster, circuit_name: str) -> list[tuple[int, datetime]]:

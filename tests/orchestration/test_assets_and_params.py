@@ -21,6 +21,7 @@ from dbspark.orchestration.airflow.dag import circuit_of
 from dbspark.orchestration.airflow.tasks import maintenance_of
 from dbspark.orchestration.intervals import Interval
 from dbspark.orchestration.sinks.files import CHANGES, output_dir, read_change_rows
+from dbspark.orchestration.sinks.tables import table_path
 from dbspark.storage.catalog import Catalog
 
 pytestmark = pytest.mark.slow
@@ -192,7 +193,7 @@ def test_publish_emits_one_event_per_view_with_the_epochs_change(test_dags, plac
                 "rows_changed": len(change),
                 "rows_inserted": sum(w for _, w in change.items() if w > 0),
                 "rows_deleted": -sum(w for _, w in change.items() if w < 0),
-                "snapshot": str(feed.parent.parent / "snapshot" / f"epoch={epoch}"),
+                "table": str(table_path(place.outputs, "orders", view)),
                 "changes": str(feed),
             }
     totals = events["dbspark://orders/region_totals"]

@@ -12,7 +12,8 @@ from dbspark.core.zset import ZSet
 from dbspark.engine.reference.full_refresh import full_refresh
 from dbspark.orchestration.airflow.dag import circuit_of
 from dbspark.orchestration.intervals import Interval
-from dbspark.orchestration.sinks.files import CHANGES, SNAPSHOT, output_dir, read_change_rows
+from dbspark.orchestration.sinks.files import CHANGES, output_dir, read_change_rows
+from dbspark.orchestration.sinks.tables import table_path, table_rows
 from dbspark.storage.catalog import Catalog
 
 pytestmark = pytest.mark.slow
@@ -41,19 +42,27 @@ def run(dag, epoch: int):
     return str(getattr(dag_run.state, "value", dag_run.state)), states
 
 
-def published(place, circuit, view: str, kind: str, epoch: int) -> ZSet:
+def published(place, circuit, view: str, epoch: int) -> ZSet:
+    """The view as of ``epoch``, read from its published Delta table."""
     schema = circuit.node(circuit.views[view]).schema
-    return ZSet(
-        read_change_rows(output_dir(place.outputs, circuit.name, view, kind, epoch), schema)
-    )
+    return ZSet(table_rows(table_path(place.outputs, circuit.name, view), schema, epoch))
+
+
+def published_change(place, circuit, view: str, epoch: int) -> ZSet:
+    """The change directory of ``epoch``."""
+    schema = circuit.node(circuit.views[view]).schema
+    where = output_dir(place.outputs, circuit.name, view, CHANGES, epoch)
+    return ZSet(read_change_rows(where, schema))
 
 
 def check_against_full_refresh(place, circuit, history, epoch):
     expected = full_refresh(circuit, history, epoch)
     for view in circuit.views:
-        assert published(place, circuit, view, SNAPSHOT, epoch) == expected[view], view
+        assert published(place, circuit, view, epoch) == expected[view], view
         before = full_refresh(circuit, history, epoch - 1)[view] if epoch else ZSet()
-        assert published(place, circuit, view, CHANGES, epoch) == expected[view] - before, view
+        assert published_change(place, circuit, view, epoch) == expected[view] - before, view
+        # The table replaces the whole-view snapshot, which publish no longer writes.
+        assert not (place.outputs / circuit.name / view / "snapshot").exists(), view
 
 
 def test_reachability_epochs_with_edge_deletions_equal_full_refresh(test_dags, place):
@@ -83,7 +92,7 @@ def test_reachability_epochs_with_edge_deletions_equal_full_refresh(test_dags, p
         # One mapped instance per iteration slot; those after convergence skip.
         assert len(iterations) == 6 and "skipped" in iterations, iterations
         check_against_full_refresh(place, circuit, history, epoch)
-    reach = published(place, circuit, "reach", SNAPSHOT, 2)
+    reach = published(place, circuit, "reach", 2)
     assert reach == ZSet({("a",): 1, ("c",): 1, ("d",): 1, ("e",): 1, ("b",): 0})
 
     catalog = Catalog.for_warehouse(place.warehouse)
@@ -152,7 +161,7 @@ def test_bad_input_fails_its_ingest_task_and_the_fixed_input_completes_the_epoch
         {"customers": [(2, "US", 2, True)], "orders": [(12, 1, 3, 2, None)]},
     ]
     check_against_full_refresh(place, circuit, history, 1)
-    totals = published(place, circuit, "region_totals", SNAPSHOT, 1)
+    totals = published(place, circuit, "region_totals", 1)
     assert totals == ZSet({("EU", 2, 8, 5): 1})
 
 
@@ -199,7 +208,7 @@ def test_a_file_landed_after_its_interval_committed_is_refused_or_reported(
     late.rename(place.landing.partition("words", day(1)) / late.name)
     state, tasks = run(dag, 1)
     assert state == "success", tasks
-    assert published(place, circuit, "counts", SNAPSHOT, 1) == ZSet(
+    assert published(place, circuit, "counts", 1) == ZSet(
         {("a", 1): 1, ("b", 1): 1, ("late", 1): 1}
     )
 
@@ -237,5 +246,5 @@ def test_partitions_are_named_by_the_utc_start_of_intervals_across_a_dst_change(
     catalog = Catalog.for_warehouse(place.warehouse)
     assert catalog.epoch_labels(circuit.name) == {0: intervals[0].label, 1: intervals[1].label}
     catalog.close()
-    counts = published(place, circuit, "counts", SNAPSHOT, 1)
+    counts = published(place, circuit, "counts", 1)
     assert counts == ZSet({("w0", 1): 1, ("w1", 1): 1})

@@ -1,4 +1,5 @@
-"""Exported views: Parquet snapshots and change feeds per epoch, and SQL serving tables.
+"""Exported views: Delta tables (read by Spark here), change feeds per epoch, Parquet
+snapshots when asked for, and SQL serving tables.
 
 The SQL tests feed changes straight to a ``ServingTarget`` (SQLite, and PostgreSQL when
 the ``postgres_url`` fixture finds a server); the Spark tests run a few epochs of real
@@ -40,7 +41,13 @@ from dbspark.orchestration.sinks.serving import (
     ServingTarget,
     initialize_serving,
 )
-from dbspark.orchestration.sinks.tables import read_table, table_path, table_versions
+from dbspark.orchestration.sinks.tables import (
+    publish_table,
+    read_table,
+    spark_table,
+    table_path,
+    table_versions,
+)
 
 SCHEMA = Schema.of(
     {"tag": "string", "n": "bigint", "x": "double", "ok": "boolean", "xs": "array<bigint>"},
@@ -175,6 +182,14 @@ def table_zset(table: Any, schema: Schema) -> ZSet:
     )
 
 
+def spark_zset(spark: Any, path: Path, schema: Schema, epoch: int | None = None) -> ZSet:
+    """A published table as Spark reads it (``spark_table``), copies as weights."""
+    from dbspark.engine.spark.frames import frame_to_zset
+
+    frame = spark_table(spark, path, epoch).withColumnRenamed("__copies", "__w")
+    return frame_to_zset(frame, schema)
+
+
 def tags() -> Circuit:
     """A view with multiplicities above 1 and NULLs: the tags of items."""
     c = Circuit("tags")
@@ -236,7 +251,7 @@ def test_export_epochs_of_a_view_with_multiplicities(spark: Any, tmp_path: Path)
             engine,
             epoch,
             {"items": batch},
-            main={"root": root, "serving": serving},
+            main={"root": root, "serving": serving, "snapshots": True},
             alone={"serving": alone},
         )
         view = engine.view("tags")
@@ -284,11 +299,12 @@ def test_export_epochs_of_a_view_with_multiplicities(spark: Any, tmp_path: Path)
     assert table_versions(table) == {0: 0, 1: 1, 2: 2}
     for epoch in range(3):
         assert table_zset(read_table(table, epoch), schema) == want[epoch], f"as of {epoch}"
+        assert spark_zset(spark, table, schema, epoch) == want[epoch], f"Spark, as of {epoch}"
     assert "table " in report.describe() and "version 2" in report.describe()
 
     # A retried task, even after the epoch closed, finds every output done.
     before = {p: p.stat().st_mtime_ns for p in root.rglob("*")}
-    retried = export_epoch(engine, 2, root=root, serving=serving)
+    retried = export_epoch(engine, 2, root=root, serving=serving, snapshots=True)
     item = retried.views["tags"]
     assert item.snapshot.skipped and item.changes.skipped and item.serving.skipped
     assert item.table.skipped
@@ -309,9 +325,42 @@ def test_export_epochs_of_a_view_with_multiplicities(spark: Any, tmp_path: Path)
     serving.engine.dispose()
 
 
+def test_spark_reads_a_table_whose_view_emptied(spark: Any, tmp_path: Path) -> None:
+    """A table version with no data file (every row deleted) still reads in Spark, as an
+    empty frame of the view's columns; the version before reads its rows."""
+    import pyarrow as pa
+
+    schema = Schema.of({"tag": "string", "n": "bigint"}, what="test")
+    path = tmp_path / "table"
+    rows = [(("a", 1), 2), ((None, 2), 1)]
+
+    def change(pairs: list[tuple[tuple[Any, ...], int]]) -> pa.Table:
+        return pa.table(
+            {
+                "tag": pa.array([r[0] for r, _ in pairs], pa.string()),
+                "n": pa.array([r[1] for r, _ in pairs], pa.int64()),
+                "__w": pa.array([w for _, w in pairs], pa.int64()),
+            }
+        )
+
+    for epoch, pairs in enumerate([rows, [(r, -w) for r, w in rows]]):
+        publish_table(
+            path,
+            circuit="c",
+            view="v",
+            schema=schema,
+            epoch=epoch,
+            change=change(pairs),
+            whole_view=lambda: change([]),
+        )
+    empty = spark_table(spark, path)
+    assert empty.columns == ["tag", "n", "__copies"] and empty.count() == 0
+    assert spark_zset(spark, path, schema, 0) == ZSet(rows)
+    assert spark_zset(spark, path, schema, 1) == ZSet()
+
+
 def test_export_upsert_deletions(spark: Any, tmp_path: Path) -> None:
     from dbspark.engine.spark.executor import SparkEngine
-    from dbspark.engine.spark.frames import frame_to_zset
 
     engine = SparkEngine(orders(), tmp_path / "wh", spark=spark)
     root = tmp_path / "out"
@@ -336,7 +385,8 @@ def test_export_upsert_deletions(spark: Any, tmp_path: Path) -> None:
         for name in engine.circuit.views:
             schema = engine.circuit.node(engine.circuit.views[name]).schema
             view = engine.view(name)
-            assert frame_to_zset(read_snapshot(spark, root, "orders", name, epoch), schema) == view
+            table = table_path(root, "orders", name)
+            assert spark_zset(spark, table, schema, epoch) == view, f"Spark: {name}, {epoch}"
             assert ZSet(no_root.contents("orders", name, schema)) == view, name
             published = read_table(table_path(root, "orders", name))
             assert table_zset(published, schema) == view, f"table {name}, epoch {epoch}"
@@ -393,9 +443,8 @@ def test_serving_holds_dates_instants_and_decimals(target: ServingTarget) -> Non
 
 def test_export_a_sql_view_over_typed_columns(spark: Any, tmp_path: Path) -> None:
     """The ledger's SQL views (a SUM of decimals per date, the latest instant) published
-    as Parquet snapshots and serving tables equal the engine's views."""
+    as Delta tables read by Spark and serving tables equal the engine's views."""
     from dbspark.engine.spark.executor import SparkEngine
-    from dbspark.engine.spark.frames import frame_to_zset
     from dbspark.sql import compile_circuit
 
     circuit = compile_circuit(
@@ -441,7 +490,8 @@ def test_export_a_sql_view_over_typed_columns(spark: Any, tmp_path: Path) -> Non
         for name in circuit.views:
             schema = circuit.stream(name).schema
             view = engine.view(name)
-            assert frame_to_zset(read_snapshot(spark, root, "ledger", name, epoch), schema) == view
+            table = table_path(root, "ledger", name)
+            assert spark_zset(spark, table, schema, epoch) == view, f"Spark: {name}, {epoch}"
             assert ZSet(serving.contents("ledger", name, schema)) == view, name
             published = read_table(table_path(root, "ledger", name))
             assert table_zset(published, schema) == view, f"table {name}, epoch {epoch}"

@@ -9,7 +9,7 @@ One scenario, in order, because each step continues the epochs of the one before
    update and tombstones), with the join stage of epoch 1 killed (SIGKILL) after it
    wrote its files and before it committed; the retry completes it;
 2. a run triggered through the REST API as the UI does, for the fourth interval;
-3. after each epoch the published views (snapshot and change) equal the reference
+3. after each epoch the published views (table and change) equal the reference
    engine's full refresh; at the end ``SparkEngine.verify`` agrees as well.
 """
 
@@ -31,7 +31,8 @@ from dbspark.devtools.spark_connect import LocalConnectServer
 from dbspark.engine.reference.full_refresh import full_refresh
 from dbspark.examples.circuits import orders
 from dbspark.orchestration.intervals import Interval
-from dbspark.orchestration.sinks.files import CHANGES, SNAPSHOT, output_dir, read_change_rows
+from dbspark.orchestration.sinks.files import CHANGES, output_dir, read_change_rows
+from dbspark.orchestration.sinks.tables import table_path, table_rows
 from dbspark.orchestration.sources import LandingDirectory
 from dbspark.storage.catalog import Catalog, epochs_table
 
@@ -129,23 +130,29 @@ def land(place, epoch: int) -> None:
         place.landing.land(source, day(epoch), rows, columns, "jsonl")
 
 
-def published(place, circuit, view: str, kind: str, epoch: int) -> ZSet:
+def published(place, circuit, view: str, epoch: int) -> ZSet:
+    """The view as of ``epoch``, read from its published Delta table."""
     schema = circuit.node(circuit.views[view]).schema
-    return ZSet(
-        read_change_rows(output_dir(place.outputs, circuit.name, view, kind, epoch), schema)
-    )
+    return ZSet(table_rows(table_path(place.outputs, circuit.name, view), schema, epoch))
+
+
+def published_change(place, circuit, view: str, epoch: int) -> ZSet:
+    """The change directory of ``epoch``."""
+    schema = circuit.node(circuit.views[view]).schema
+    where = output_dir(place.outputs, circuit.name, view, CHANGES, epoch)
+    return ZSet(read_change_rows(where, schema))
 
 
 def check_views(place, circuit, epoch: int) -> None:
-    """The published snapshot and change of every view at ``epoch`` equal the full
+    """The published table (as of ``epoch``) and change of every view equal the full
     refresh of everything landed up to then (and its difference to the epoch before)."""
     history = BATCHES[: epoch + 1]
     expected = full_refresh(circuit, history, epoch)
     before = full_refresh(circuit, history, epoch - 1) if epoch else {}
     for view in circuit.views:
-        assert published(place, circuit, view, SNAPSHOT, epoch) == expected[view], (epoch, view)
+        assert published(place, circuit, view, epoch) == expected[view], (epoch, view)
         change = expected[view] - before.get(view, ZSet())
-        assert published(place, circuit, view, CHANGES, epoch) == change, (epoch, view)
+        assert published_change(place, circuit, view, epoch) == change, (epoch, view)
 
 
 def committed(place, circuit) -> list[tuple[int, str, datetime]]:
@@ -245,7 +252,7 @@ def test_backfill_kill_and_retry_and_a_triggered_run_equal_full_refresh(deployme
     assert [(e, s) for e, s, _ in epochs][-1] == (3, "committed")
     assert epochs[3][2] > epochs[2][2]
     check_views(place, circuit, 3)
-    totals = published(place, circuit, "region_totals", SNAPSHOT, 3)
+    totals = published(place, circuit, "region_totals", 3)
     assert totals == ZSet({("US", 3, 60, 50): 1, ("APAC", 1, 3, 3): 1})
 
     # --- 3. Spark recomputes every view from the warehouse's input log: it agrees.

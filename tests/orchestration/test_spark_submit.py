@@ -13,7 +13,7 @@ import pytest
 
 from dbspark.core.zset import ZSet
 from dbspark.orchestration.intervals import Interval
-from dbspark.orchestration.sinks.files import SNAPSHOT, output_dir, read_change_rows
+from dbspark.orchestration.sinks.files import CHANGES, output_dir, read_change_rows
 from dbspark.orchestration.sinks.tables import table_path, table_rows
 from dbspark.orchestration.sources import LandingDirectory
 from dbspark.storage.catalog import Catalog
@@ -54,9 +54,9 @@ def test_an_epoch_through_spark_submit(airflow_db, tmp_path, monkeypatch, capfd)
     from dbspark.examples.circuits import word_count
 
     schema = word_count().node(word_count().views["counts"]).schema
-    counts = output_dir(tmp_path / "published", "word_count", "counts", SNAPSHOT, 0)
+    counts = output_dir(tmp_path / "published", "word_count", "counts", CHANGES, 0)
     want = ZSet({("to", 2): 1, ("be", 2): 1, ("or", 1): 1, ("not", 1): 1})
-    assert ZSet(read_change_rows(counts, schema)) == want
+    assert ZSet(read_change_rows(counts, schema)) == want  # epoch 0's change is the view
     # The Delta table the unit committed under spark-submit holds the same view.
     table = table_path(tmp_path / "published", "word_count", "counts")
     assert ZSet(table_rows(table, schema, epoch=0)) == want

@@ -7,7 +7,7 @@ upsert batches for several daily intervals in the landing directory, then has Ai
 run the DAG once per interval
 (``dag.test``: the real task runner, task instances and metadata database, in this
 process, without a scheduler). After each epoch it prints the input, every view as
-published (the Parquet snapshot), its change feed, and for the loop how many
+published (its Delta table as of the epoch), its change feed, and for the loop how many
 iterations ran and why it stopped; and it checks the published views against a full
 refresh: the pure-Python reference engine recomputing the views from every batch
 landed so far. At the end, ``SparkEngine.verify`` recomputes every view with Spark
@@ -203,8 +203,10 @@ def deployment_logs() -> Path:
 def show_epoch(
     circuit: Circuit, epoch: int, outputs: Path, catalog: Any, say: Any
 ) -> dict[str, ZSet]:
-    """Print what the epoch published (read back from the exported files)."""
-    from dbspark.orchestration.sinks.files import CHANGES, SNAPSHOT, output_dir, read_change_rows
+    """Print what the epoch published (read back from the view's table as of the epoch
+    and the epoch's change directory)."""
+    from dbspark.orchestration.sinks.files import CHANGES, output_dir, read_change_rows
+    from dbspark.orchestration.sinks.tables import table_path, table_rows
 
     for loop in _top_loops(circuit):
         iterations = catalog.loop_iterations(circuit.name, loop, (epoch,))
@@ -215,17 +217,15 @@ def show_epoch(
     views = {}
     for view, node_id in circuit.views.items():
         schema = circuit.node(node_id).schema
-        snapshot = ZSet(
-            read_change_rows(output_dir(outputs, circuit.name, view, SNAPSHOT, epoch), schema)
-        )
+        published = ZSet(table_rows(table_path(outputs, circuit.name, view), schema, epoch))
         change = ZSet(
             read_change_rows(output_dir(outputs, circuit.name, view, CHANGES, epoch), schema)
         )
-        views[view] = snapshot
+        views[view] = published
         plus = sum(w for _, w in change.items() if w > 0)
         minus = -sum(w for _, w in change.items() if w < 0)
-        say(f"  view {view}: {len(snapshot)} rows (change +{plus} -{minus})")
-        for line in format_table(schema, snapshot, indent="    "):
+        say(f"  view {view}: {len(published)} rows (change +{plus} -{minus})")
+        for line in format_table(schema, published, indent="    "):
             say(line)
     return views
 

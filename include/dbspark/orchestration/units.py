@@ -113,8 +113,9 @@ class IterateUnit:
 @dataclass(frozen=True)
 class PublishUnit:
     """Publish the epoch's view changes, then export them to ``outputs`` (each view's
-    Delta table, kept as ``DBSPARK_TABLE_*`` say, and change feed) and to the serving
-    database at ``serving_url``, when there is one."""
+    Delta table, kept as ``DBSPARK_TABLE_*`` say, and change feed; no whole-view
+    snapshot, which the table replaces) and to the serving database at ``serving_url``,
+    when there is one."""
 
     epoch: int
     outputs: str
@@ -138,6 +139,7 @@ class PublishUnit:
             root=self.outputs,
             serving=serving,
             tables=TableSettings.from_environment(),
+            snapshots=False,
         )
         log.info("epoch %s outputs:\n%s", self.epoch, exported.describe())
         # Per view, what its asset event tells consumers (orchestration/airflow/assets.py).
@@ -145,13 +147,12 @@ class PublishUnit:
         # outputs complete reports what the first attempt wrote.
         views = {}
         for name, item in exported.views.items():
-            changes, snapshot, table = item.changes, item.snapshot, item.table
+            changes, table = item.changes, item.table
             views[name] = {
                 "rows": changes.rows if changes else 0,
                 "inserted": changes.inserted if changes else 0,
                 "deleted": changes.deleted if changes else 0,
                 "changes": str(changes.path) if changes and changes.path else None,
-                "snapshot": str(snapshot.path) if snapshot and snapshot.path else None,
                 "table": str(table.path) if table else None,
             }
         return {"epoch": self.epoch, "view_changes": report.rows_out, "views": views}

@@ -67,7 +67,8 @@ def event_extra(
 
     ``export`` is what the publish unit reports per view (``PublishUnit.run``): the
     change's rows and sums of its positive and negative weights, read from the change
-    feed's marker, and where the snapshot and change directories are."""
+    feed's marker, and where the view's Delta table and the epoch's change directory
+    are."""
     return {
         "circuit": circuit,
         "view": view,
@@ -77,6 +78,6 @@ def event_extra(
         "rows_changed": export["rows"],
         "rows_inserted": export["inserted"],
         "rows_deleted": export["deleted"],
-        "snapshot": export["snapshot"],
+        "table": export["table"],
         "changes": export["changes"],
     }

@@ -84,12 +84,16 @@ def export_epoch(
     serving: ServingTarget | None = None,
     views: Collection[str] | None = None,
     tables: TableSettings | None = DEFAULT_TABLES,
-    snapshots: bool = True,
+    snapshots: bool = False,
 ) -> ExportReport:
     """Export every view (or ``views``) of ``engine``'s circuit for ``epoch``: under
     ``root`` the change directory, the Delta table kept as ``tables`` says (None: no
     table) and, with ``snapshots``, the snapshot directory; and the serving tables of
     ``serving``.
+
+    The publish task writes no snapshot: the table holds the view as of every epoch,
+    while a snapshot rewrites the whole view each epoch (kept for the benchmarks'
+    comparison and for readers of Parquet directories that ask for it).
 
     Call it after ``engine.publish(epoch)`` and before ``engine.close_epoch(epoch)``. Every
     output that is already complete is skipped, so a retried task redoes only what is

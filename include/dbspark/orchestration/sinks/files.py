@@ -2,7 +2,9 @@
 
 ``<root>/<circuit>/<view>/snapshot/epoch=<n>/``
     the whole view as of epoch ``n``: the view's columns plus ``__w``, the row's
-    multiplicity (never 0). Written by Spark's Parquet writer, never collected.
+    multiplicity (never 0). Written by Spark's Parquet writer, never collected, and only
+    when ``export_epoch(snapshots=True)`` asks: the publish task does not, since the
+    view's Delta table (``tables``) holds it as of every epoch without rewriting it.
 ``<root>/<circuit>/<view>/changes/epoch=<n>/``
     the epoch's change: the view's columns plus ``__w`` (positive: copies
     inserted, negative: copies deleted). An empty change is still written, as a

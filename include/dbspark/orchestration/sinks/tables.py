@@ -37,7 +37,7 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -48,6 +48,9 @@ from dbspark.core.columns import COPIES, WEIGHT
 from dbspark.core.types import BIGINT, Schema
 from dbspark.engine.local.tier import arrow_schema
 from dbspark.orchestration.sinks.files import WeightedRow, arrow_rows
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
 
 log = logging.getLogger("dbspark.outputs")
 
@@ -462,6 +465,19 @@ def table_rows(path: TablePath, schema: Schema, epoch: int | None = None) -> Ite
             f"the table at {path} as of epoch {epoch} can no longer be read: its files "
             f"were vacuumed (older than the retention setting) ({err})"
         ) from err
+
+
+def spark_table(spark: SparkSession, path: TablePath, epoch: int | None = None) -> DataFrame:
+    """The published view at ``path`` as of ``epoch`` as a Spark frame (its columns and
+    ``__copies``), without Delta Lake's Spark connector: the Parquet data files of that
+    version, as the Delta log lists them. Exact for dbspark's tables, which have no
+    partition columns, no column mapping and no deletion vectors (delta-rs writes
+    deletes copy-on-write); any other Delta table needs ``delta-spark``'s reader."""
+    table = open_table(path, epoch)
+    files = table.file_uris()
+    if not files:  # an empty view: no data file, only the table's schema
+        return spark.createDataFrame(pa.table(table.to_pyarrow_table()))
+    return spark.read.parquet(*files)
 
 
 def _ranges(versions: dict[int, int]) -> str:
