@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from deltalake import DeltaTable
 
 from dbspark.core.zset import ZSet
 from dbspark.examples.circuits import orders, word_count
@@ -21,7 +22,12 @@ from dbspark.orchestration.airflow.dag import circuit_of
 from dbspark.orchestration.airflow.tasks import maintenance_of
 from dbspark.orchestration.intervals import Interval
 from dbspark.orchestration.sinks.files import CHANGES, output_dir, read_change_rows
-from dbspark.orchestration.sinks.tables import table_path
+from dbspark.orchestration.sinks.tables import (
+    TableError,
+    read_table,
+    table_path,
+    table_versions,
+)
 from dbspark.storage.catalog import Catalog
 
 pytestmark = pytest.mark.slow
@@ -157,7 +163,15 @@ def test_an_unknown_view_to_rebuild_fails_naming_it_before_anything_is_written(t
 
 
 # ============================================================================ asset events
-def test_publish_emits_one_event_per_view_with_the_epochs_change(test_dags, place):
+def rows_of(table) -> list[str]:
+    return sorted(map(str, table.to_pylist()))
+
+
+def test_publish_emits_one_event_per_view_with_the_epochs_change(test_dags, place, monkeypatch):
+    # The tables' settings from [dbspark] in airflow.cfg: housekeeping after every
+    # epoch, keeping no old file, so the view as of epoch 0 is gone after epoch 1.
+    monkeypatch.setenv("AIRFLOW__DBSPARK__TABLE_MAINTAIN_EVERY", "1")
+    monkeypatch.setenv("AIRFLOW__DBSPARK__TABLE_RETENTION_HOURS", "0")
     dag = test_dags["test_orders"]
     circuit = circuit_of("test_orders")
     customers = ["cust_id", "region", "ts", "deleted"]
@@ -184,6 +198,7 @@ def test_publish_emits_one_event_per_view_with_the_epochs_change(test_dags, plac
             schema = circuit.node(circuit.views[view]).schema
             feed = output_dir(place.outputs, "orders", view, CHANGES, epoch)
             change = ZSet(read_change_rows(feed, schema))
+            table = table_path(place.outputs, "orders", view)
             assert extra == {
                 "circuit": "orders",
                 "view": view,
@@ -193,10 +208,18 @@ def test_publish_emits_one_event_per_view_with_the_epochs_change(test_dags, plac
                 "rows_changed": len(change),
                 "rows_inserted": sum(w for _, w in change.items() if w > 0),
                 "rows_deleted": -sum(w for _, w in change.items() if w < 0),
-                "table": str(table_path(place.outputs, "orders", view)),
+                "table": str(table),
+                "table_version": table_versions(table)[epoch],
                 "changes": str(feed),
             }
+            # The event's version is the view as of its epoch.
+            at_version = DeltaTable(str(table), version=extra["table_version"])
+            assert rows_of(at_version.to_pyarrow_table()) == rows_of(read_table(table, epoch))
     totals = events["dbspark://orders/region_totals"]
+    # The settings reached the publish: epoch 0's files of region_totals, which epoch
+    # 1 rewrote, were vacuumed.
+    with pytest.raises(TableError, match="vacuumed"):
+        read_table(table_path(place.outputs, "orders", "region_totals"), 0)
     # Epoch 1 moved customer 2 and its order from US to EU: EU's row replaced, US's gone.
     assert (totals["rows_inserted"], totals["rows_deleted"]) == (1, 2)
 

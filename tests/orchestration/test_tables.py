@@ -26,6 +26,7 @@ from dbspark.engine.local.tier import arrow_schema
 from dbspark.orchestration.sinks.tables import (
     EPOCH_KEY,
     INTERVAL_KEY,
+    SETTING_KEYS,
     TableEpochError,
     TableError,
     TableSettings,
@@ -146,10 +147,11 @@ def test_a_retried_publish_commits_once_and_a_gap_is_refused(tmp_path: Path) -> 
     publish(path, 0, EPOCHS[0])
     publish(path, 1, EPOCHS[1])
     retried = publish(path, 1, EPOCHS[1])
-    assert retried.skipped and retried.version is None
+    # A skip still names the version that holds the epoch (the asset event's extra).
+    assert retried.skipped and retried.version == 1
     assert "already holds epoch 1" in retried.describe()
     again = publish(path, 0, EPOCHS[0])
-    assert again.skipped
+    assert again.skipped and again.version == 0
     assert DeltaTable(str(path)).version() == 1
     assert as_zset(read_table(path)) == views_by_epoch()[1]
     with pytest.raises(TableEpochError, match=r"holds epochs up to 1; epoch 3 can only follow"):
@@ -307,3 +309,44 @@ def test_an_unwritable_location_fails_clearly_and_a_retry_completes(tmp_path: Pa
     blocked.unlink()
     assert publish(path, 0, EPOCHS[0]).loaded
     assert as_zset(read_table(str(path))) == views_by_epoch()[0]
+
+
+def test_settings_come_from_airflow_cfg_then_the_environment_then_defaults(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for _, variable, _ in SETTING_KEYS.values():
+        monkeypatch.delenv(variable, raising=False)
+    assert TableSettings.from_environment() == TableSettings()
+    monkeypatch.setenv("DBSPARK_TABLE_MAINTAIN_EVERY", "3")
+    monkeypatch.setenv("DBSPARK_TABLE_RETENTION_HOURS", "5")
+    configured = {"table_retention_hours": "0", "table_target_file_bytes": " 1024 "}
+    assert TableSettings.from_environment(configured) == TableSettings(
+        retention_hours=0, maintain_every=3, target_file_bytes=1024
+    )
+    # A blank key in airflow.cfg is unset: the variable applies.
+    assert TableSettings.from_environment({"table_maintain_every": ""}).maintain_every == 3
+    with pytest.raises(
+        ValueError, match=r"\[dbspark\] table_maintain_every must be an integer >= 0"
+    ):
+        TableSettings.from_environment({"table_maintain_every": "-1"})
+    with pytest.raises(ValueError, match=r"\[dbspark\] table_target_file_bytes .* got '1k'"):
+        TableSettings.from_environment({"table_target_file_bytes": "1k"})
+    monkeypatch.setenv("DBSPARK_TABLE_RETENTION_HOURS", "soon")
+    with pytest.raises(ValueError, match="DBSPARK_TABLE_RETENTION_HOURS must be an integer"):
+        TableSettings.from_environment()
+
+
+def test_airflow_cfg_keys_reach_the_publish_unit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``[dbspark] table_*`` (here as ``AIRFLOW__DBSPARK__*``) are what the deployment
+    hands the publish unit, and only the keys that are set."""
+    from dbspark.orchestration.airflow.deployment import table_settings
+
+    keys = [key for key, _, _ in SETTING_KEYS.values()]
+    for key in keys:
+        monkeypatch.delenv(f"AIRFLOW__DBSPARK__{key.upper()}", raising=False)
+    assert table_settings() == {}
+    monkeypatch.setenv("AIRFLOW__DBSPARK__TABLE_MAINTAIN_EVERY", "2")
+    assert table_settings() == {"table_maintain_every": "2"}
+    for key in keys:
+        monkeypatch.setenv(f"AIRFLOW__DBSPARK__{key.upper()}", "7")
+    assert set(table_settings()) == set(keys)

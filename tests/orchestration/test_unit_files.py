@@ -80,7 +80,12 @@ def test_the_unit_directory_is_private_even_where_the_warehouse_is_shared(tmp_pa
 
 def test_no_password_goes_into_the_file_and_every_value_comes_back(tmp_path):
     folder = unit_directory(tmp_path, "word_count")
-    publish = PublishUnit(3, "/outputs", serving_url=f"postgresql://u:{PASSWORD}@db/serving")
+    publish = PublishUnit(
+        3,
+        "/outputs",
+        serving_url=f"postgresql://u:{PASSWORD}@db/serving",
+        tables={"table_maintain_every": "2"},  # [dbspark] keys reach the driver
+    )
     path = write_unit_file(
         folder, shipped(publish, catalog_conn_id="dbspark_catalog", serving_conn_id="s"), KEY
     )
@@ -92,7 +97,9 @@ def test_no_password_goes_into_the_file_and_every_value_comes_back(tmp_path):
         "url_from": "DBSPARK_UNIT_CATALOG_URL",
     }
     back = read_unit_file(path, KEY)
-    assert back.unit == PublishUnit(3, "/outputs", serving_url=None)
+    assert back.unit == PublishUnit(
+        3, "/outputs", serving_url=None, tables={"table_maintain_every": "2"}
+    )
     assert (back.catalog_conn_id, back.serving_conn_id) == ("dbspark_catalog", "s")
     # Rows keep their types (JSON has no DECIMAL, DATE, tuple...), NaN included.
     ingest = read_unit_file(

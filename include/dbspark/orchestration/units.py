@@ -113,14 +113,16 @@ class IterateUnit:
 @dataclass(frozen=True)
 class PublishUnit:
     """Publish the epoch's view changes, then export them to ``outputs`` (each view's
-    Delta table, kept as ``DBSPARK_TABLE_*`` say, and change feed; no whole-view
-    snapshot, which the table replaces) and to the serving database at ``serving_url``,
-    when there is one."""
+    Delta table and change feed; no whole-view snapshot, which the table replaces) and to
+    the serving database at ``serving_url``, when there is one. The tables are kept as
+    ``tables`` (the ``[dbspark] table_*`` keys set in ``airflow.cfg``) and otherwise the
+    ``DBSPARK_TABLE_*`` variables say (``TableSettings.from_environment``)."""
 
     epoch: int
     outputs: str
     serving_url: str | None = None
     serving_prefix: str = "dbspark_"
+    tables: dict[str, str] | None = None
     kind: ClassVar[str] = "publish"
 
     def run(self, engine: Any) -> dict[str, Any]:
@@ -138,7 +140,7 @@ class PublishUnit:
             self.epoch,
             root=self.outputs,
             serving=serving,
-            tables=TableSettings.from_environment(),
+            tables=TableSettings.from_environment(self.tables),
             snapshots=False,
         )
         log.info("epoch %s outputs:\n%s", self.epoch, exported.describe())
@@ -154,6 +156,7 @@ class PublishUnit:
                 "deleted": changes.deleted if changes else 0,
                 "changes": str(changes.path) if changes and changes.path else None,
                 "table": str(table.path) if table else None,
+                "table_version": table.version if table else None,
             }
         return {"epoch": self.epoch, "view_changes": report.rows_out, "views": views}
 

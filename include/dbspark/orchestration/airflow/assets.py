@@ -67,8 +67,9 @@ def event_extra(
 
     ``export`` is what the publish unit reports per view (``PublishUnit.run``): the
     change's rows and sums of its positive and negative weights, read from the change
-    feed's marker, and where the view's Delta table and the epoch's change directory
-    are."""
+    feed's marker; where the view's Delta table is and the version that holds the epoch
+    (``DeltaTable(table, version=table_version)``, or ``open_table(table, epoch)``);
+    and where the epoch's change directory is."""
     return {
         "circuit": circuit,
         "view": view,
@@ -79,5 +80,6 @@ def event_extra(
         "rows_inserted": export["inserted"],
         "rows_deleted": export["deleted"],
         "table": export["table"],
+        "table_version": export["table_version"],
         "changes": export["changes"],
     }

@@ -12,6 +12,9 @@ Connections, so one DAG file serves a laptop and a cluster alike.
 | catalog | ``catalog_conn_id`` | ``catalog_conn_id`` | SQLite in the warehouse |
 | Spark | ``spark_conn_id`` | ``spark_conn_id`` | local Spark in the worker |
 | serving tables | ``serving_conn_id`` | ``serving_conn_id`` | none |
+| published tables | | ``table_retention_hours`` | ``DBSPARK_TABLE_*``, or 168 |
+| | | ``table_maintain_every`` | ``DBSPARK_TABLE_*``, or 10 |
+| | | ``table_target_file_bytes`` | ``DBSPARK_TABLE_*``, or 32 MiB |
 
 The Spark connection decides where Spark work runs: of type ``spark_connect`` (the
 Spark provider's), every task is a Spark Connect client of that server; of type
@@ -25,7 +28,7 @@ import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +64,9 @@ class Deployment:
     #: The Airflow connections the URLs came from (a spark-submit unit file names these).
     catalog_conn_id: str | None = None
     serving_conn_id: str | None = None
+    #: The ``[dbspark] table_*`` keys set in airflow.cfg, as text (checked by the publish
+    #: unit, ``TableSettings.from_environment``).
+    table_settings: dict[str, str] = field(default_factory=dict)
 
     def describe(self) -> str:
         spark = "local Spark in the worker"
@@ -172,7 +178,20 @@ def resolve(options: DeploymentOptions) -> Deployment:
         serving_table_prefix=options.serving_table_prefix,
         catalog_conn_id=catalog.conn_id,
         serving_conn_id=serving.conn_id if serving is not None else None,
+        table_settings=table_settings(),
     )
+
+
+def table_settings() -> dict[str, str]:
+    """The published tables' settings that ``[dbspark]`` in airflow.cfg sets (keys
+    ``table_retention_hours``, ``table_maintain_every``, ``table_target_file_bytes``:
+    ``tables.SETTING_KEYS``)."""
+    found = {
+        "table_retention_hours": _config("table_retention_hours"),
+        "table_maintain_every": _config("table_maintain_every"),
+        "table_target_file_bytes": _config("table_target_file_bytes"),
+    }
+    return {key: value for key, value in found.items() if value is not None}
 
 
 @contextmanager

@@ -429,6 +429,7 @@ class EpochTasks:
             outputs=str(deployment.outputs),
             serving_url=deployment.serving_url,
             serving_prefix=deployment.serving_table_prefix,
+            tables=deployment.table_settings or None,
         )
         result = self._execute(deployment, unit)
         events = context["outlet_events"]

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -88,23 +88,24 @@ class TableSettings:
     target_file_bytes: int = 32 * 1024 * 1024
 
     @classmethod
-    def from_environment(cls) -> TableSettings:
-        """``DBSPARK_TABLE_RETENTION_HOURS``, ``DBSPARK_TABLE_MAINTAIN_EVERY`` and
-        ``DBSPARK_TABLE_TARGET_FILE_BYTES``, each defaulting to the field's default."""
+    def from_environment(cls, configured: Mapping[str, str] | None = None) -> TableSettings:
+        """Each field from ``configured`` (the ``[dbspark]`` keys of ``airflow.cfg`` that
+        are set, by key: :data:`SETTING_KEYS`), else from its environment variable
+        (``DBSPARK_TABLE_RETENTION_HOURS``, ``DBSPARK_TABLE_MAINTAIN_EVERY``,
+        ``DBSPARK_TABLE_TARGET_FILE_BYTES``), else the field's default. A value that is
+        not an integer in range is a ``ValueError`` naming the key or variable."""
         from dbspark.engine.spark.session import int_setting
 
+        configured = configured or {}
         default = cls()
-        return cls(
-            retention_hours=int_setting(
-                "DBSPARK_TABLE_RETENTION_HOURS", default.retention_hours, minimum=0
-            ),
-            maintain_every=int_setting(
-                "DBSPARK_TABLE_MAINTAIN_EVERY", default.maintain_every, minimum=0
-            ),
-            target_file_bytes=int_setting(
-                "DBSPARK_TABLE_TARGET_FILE_BYTES", default.target_file_bytes, minimum=1
-            ),
-        )
+        values = {}
+        for name, (key, variable, minimum) in SETTING_KEYS.items():
+            raw = (configured.get(key) or "").strip()
+            if raw:
+                values[name] = _int_text(f"[dbspark] {key}", raw, minimum)
+            else:
+                values[name] = int_setting(variable, getattr(default, name), minimum=minimum)
+        return cls(**values)
 
     def __post_init__(self) -> None:
         if self.retention_hours < 0:
@@ -115,6 +116,25 @@ class TableSettings:
             raise ValueError(f"table target_file_bytes must be > 0, got {self.target_file_bytes}")
 
 
+#: Each field of :class:`TableSettings`: its ``[dbspark]`` key in ``airflow.cfg``, its
+#: environment variable and its least value.
+SETTING_KEYS = {
+    "retention_hours": ("table_retention_hours", "DBSPARK_TABLE_RETENTION_HOURS", 0),
+    "maintain_every": ("table_maintain_every", "DBSPARK_TABLE_MAINTAIN_EVERY", 0),
+    "target_file_bytes": ("table_target_file_bytes", "DBSPARK_TABLE_TARGET_FILE_BYTES", 1),
+}
+
+
+def _int_text(name: str, raw: str, minimum: int) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        value = minimum - 1
+    if value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {raw!r}")
+    return value
+
+
 @dataclass
 class TableCommit:
     """What one epoch's publish did to a view's table; ``describe()`` is for task logs."""
@@ -122,7 +142,7 @@ class TableCommit:
     view: str
     path: Path
     epoch: int
-    version: int | None = None  # None: skipped, the table already held the epoch
+    version: int | None = None  # the epoch's version (a skip: the one that committed it)
     skipped: bool = False
     loaded: bool = False  # the whole view was written (the table's first epoch)
     inserted: int = 0  # rows (distinct rows of the view) added
@@ -206,7 +226,7 @@ def publish_table(
     settings = settings or TableSettings()
     table, committed = _checked(path, circuit, view)
     if committed is not None and committed >= epoch:
-        return TableCommit(view, path, epoch, skipped=True)
+        return TableCommit(view, path, epoch, version=_epoch_version(path, epoch), skipped=True)
     try:
         result = _commit(
             path,
@@ -233,7 +253,7 @@ def publish_table(
                 f"(nothing was committed; a retry publishes it): {err}"
             ) from err
         log.info("view %s, epoch %s: another publisher committed it first (%s)", view, epoch, err)
-        return TableCommit(view, path, epoch, skipped=True)
+        return TableCommit(view, path, epoch, version=_epoch_version(path, epoch), skipped=True)
     if settings.maintain_every and epoch % settings.maintain_every == 0:
         result.maintenance = maintain_table(path, settings)
     log.info("view %s, epoch %s: %s", view, epoch, result.describe())
@@ -405,6 +425,11 @@ def _quoted(name: str) -> str:
 
 def _version(path: Path) -> int:
     return DeltaTable(str(path)).version()
+
+
+def _epoch_version(path: Path, epoch: int) -> int | None:
+    """The version that committed ``epoch`` (None when the log no longer lists it)."""
+    return table_versions(path).get(epoch)
 
 
 # ==================================================================================== reading
