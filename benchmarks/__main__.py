@@ -1,6 +1,6 @@
 """``python -m benchmarks``: run the benchmark suite and write its results.
 
-    python -m benchmarks [--quick] [--only W0,W1,W2,W3] [--out DIR] [--budget-minutes 25]
+    python -m benchmarks [--quick] [--only W0,P,W1,W2,W3] [--out DIR] [--budget-minutes 25]
                          [--no-sdp] [--no-airflow]
 
 Writes ``results.json``, ``summary.md`` and PNG plots into ``--out`` (default
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-WORKLOADS = ("W0", "W1", "W2", "W3")
+WORKLOADS = ("W0", "P", "W1", "W2", "W3")
 
 
 @dataclass
@@ -29,6 +29,11 @@ class Plan:
 
     w0_repeats: int = 3
     w0_airflow: bool = True
+    #: P: publishing a view of these many rows, as a Delta commit and as a snapshot,
+    #: with the table's data files kept at each of these sizes (the default, and small
+    #: files, which a merge rewrites less of).
+    publish_sizes: list[int] = field(default_factory=lambda: [100_000, 1_000_000])
+    publish_file_bytes: list[int] = field(default_factory=lambda: [32 * 2**20, 2**20])
     #: W1's first epoch at the largest scale factor through a real Airflow scheduler.
     w1_airflow: bool = True
     #: W1's first epoch at the largest SF and W2's at the smallest size, once more with
@@ -54,6 +59,8 @@ class Plan:
     def quick(cls) -> Plan:
         return cls(
             w0_repeats=1,
+            publish_sizes=[10_000],
+            publish_file_bytes=[32 * 2**20],
             w1_airflow=False,
             w1_scale_factors=[0.01],
             w1_fractions=[0.001],
@@ -131,6 +138,11 @@ def main(argv: list[str] | None = None) -> int:
 
             say("W0 calibration")
             w0_calibration.run(bench, repeats=plan.w0_repeats, airflow=plan.w0_airflow)
+        if "P" in args.only:
+            from benchmarks.workloads import publish_cost
+
+            say(f"P publish cost: views of {plan.publish_sizes} rows")
+            publish_cost.run(bench, sizes=plan.publish_sizes, file_bytes=plan.publish_file_bytes)
         if "W1" in args.only:
             from benchmarks.workloads import w1_tpch
 

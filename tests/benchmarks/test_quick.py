@@ -63,6 +63,11 @@ def test_quick_mode_checks_every_workload(tmp_path: Path) -> None:
             if m["workload"] == workload and m["variant"] == "sdp"
         ]
         assert sdp and all(m["ok"] for m in sdp), workload
+    # P: a view's Delta commits for a small and a large delta, next to its snapshot.
+    commits = [m for m in results["measurements"] if m["variant"] == "table_commit"]
+    assert len({m["delta"] for m in commits}) == 2 and all(m["ok"] for m in commits)
+    assert ("P", "snapshot_write") in measured
+    assert all(row["over_snapshot"] is not None for row in results["summary"]["P"])
     assert {
         ("W0", "trivial_job"),
         ("W0", "empty_epoch_engine"),
@@ -80,5 +85,6 @@ def test_quick_mode_checks_every_workload(tmp_path: Path) -> None:
     assert "| W1 |" in summary and "Spark Declarative Pipelines" in summary
     assert "The Spark tier alone" in summary
     assert "warm batch s" in summary
+    assert "## P: publishing an epoch, Delta commit against the whole-view snapshot" in summary
     for plot in ("ratio_R.png", "bytes.png", "sdp.png"):
         assert (out / plot).stat().st_size > 1000

@@ -42,3 +42,38 @@ def test_no_delta_plot_without_a_sweep(tmp_path: Path) -> None:
     results.add(Measurement("W1", "incremental", 0.3, 700_000, 600))
     assert report._delta_plot(results, plt) is None
     assert not (tmp_path / "delta.png").exists()
+
+
+def test_publish_cost_is_set_against_the_snapshot_of_the_same_view(tmp_path: Path) -> None:
+    results = Results(tmp_path, {})
+    results.add(Measurement("P", "snapshot_write", 0.2, size=1_000_000))
+    results.add(Measurement("P", "snapshot_write", 0.02, size=100_000))
+    results.add(Measurement("P", "table_load", 0.5, size=1_000_000, params={"file_bytes": 2**20}))
+    for delta, seconds, rewritten in ((1_000, 0.9, 999_000), (100_000, 0.8, 900_000)):
+        results.add(
+            Measurement(
+                "P",
+                "table_commit",
+                seconds,
+                size=1_000_000,
+                delta=delta,
+                ok=True,
+                params={
+                    "change": "spread",
+                    "file_bytes": 2**20,
+                    "rows_rewritten": rewritten,
+                    "files_rewritten": 11,
+                    "files_in_table": 12,
+                },
+            )
+        )
+    report.summarize(results)
+    small, large = results.summary["P"]
+    assert (small["delta_rows"], small["snapshot_s"], small["over_snapshot"]) == (1_000, 0.2, 4.5)
+    assert (large["over_snapshot"], large["load_s"], large["rows_rewritten"]) == (4.0, 0.5, 900_000)
+    text = report.write(results).read_text()
+    assert "## P: publishing an epoch" in text
+    assert (
+        "| 1000000 | 1048576 | 12 | spread | 1000 | 0.9 | 0.2 | 4.5 | 0.5 | 999000 | 11 | yes |"
+        in text
+    )
