@@ -8,6 +8,7 @@ import pytest
 import sqlalchemy as sa
 
 from dbspark.storage import BatchRecord, Catalog, CatalogError, LoopIteration
+from dbspark.storage.catalog import UncommittedUnits
 
 
 def batch(collection: str, time: tuple[int, ...], name: str, rows: int = 10) -> BatchRecord:
@@ -80,6 +81,35 @@ def test_epochs_open_commit_and_last_committed(cat: Catalog) -> None:
         cat.commit_epoch("c", 7)
     with pytest.raises(CatalogError, match="not registered"):
         cat.open_epoch("nope", 0)
+
+
+def test_an_epoch_commits_only_when_every_planned_unit_committed(cat: Catalog) -> None:
+    """Issue 18, finding 6: the close checks the epoch's planned units in its own
+    transaction, and names what is missing."""
+    planned = {"stages": ["ingest_a", "join_3", "publish"], "loops": ["reach"]}
+    cat.open_epoch("c", 0)
+    cat.commit("c", "ingest_a", (0,), [batch("n1.input", (0,), "a")])
+    cat.commit("c", "loop:reach", (0, 0), loop_iteration=LoopIteration("reach", (0,), 0, 4, False))
+    cat.commit("c", "join_3", (1,))  # another epoch's run does not count
+    before = snapshot(cat)
+    with pytest.raises(UncommittedUnits, match="epoch 0 of circuit 'c' cannot commit") as err:
+        cat.commit_epoch("c", 0, **planned)
+    assert err.value.missing == ["join_3", "publish", "loop:reach"]
+    assert "join_3, publish, loop:reach (not converged)" in str(err.value)
+    assert cat.epoch_state("c", 0) == "open" and snapshot(cat) == before
+    assert cat.missing_units("c", 0, **planned) == ["join_3", "publish", "loop:reach"]
+    with pytest.raises(UncommittedUnits, match="stage join_3 of circuit 'c' cannot run"):
+        cat.require_units("c", 0, "stage join_3", stages=["ingest_a"], loops=["reach"])
+
+    cat.commit("c", "loop:reach", (0, 1), loop_iteration=LoopIteration("reach", (0,), 1, 0, True))
+    cat.require_units("c", 0, "stage join_3", stages=["ingest_a"], loops=["reach"])
+    cat.commit("c", "join_3", (0,))
+    with pytest.raises(UncommittedUnits) as err:
+        cat.commit_epoch("c", 0, **planned)
+    assert err.value.missing == ["publish"]
+    cat.commit("c", "publish", (0,))
+    assert cat.commit_epoch("c", 0, **planned) is True
+    assert cat.commit_epoch("c", 0, **planned) is False  # already committed: a no-op
 
 
 def test_commit_registers_batches_once(cat: Catalog) -> None:

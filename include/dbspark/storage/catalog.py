@@ -52,6 +52,15 @@ class CatalogError(RuntimeError):
     """The catalog refuses an operation that would leave it inconsistent."""
 
 
+class UncommittedUnits(CatalogError):
+    """An epoch cannot commit, or a unit cannot run, because units it needs have not
+    committed (``missing``: stage names, ``loop:<name>`` for a loop not converged)."""
+
+    def __init__(self, message: str, missing: Sequence[str]) -> None:
+        super().__init__(message)
+        self.missing = list(missing)
+
+
 # --- schema ------------------------------------------------------------------------------
 
 metadata = sa.MetaData()
@@ -433,9 +442,23 @@ class Catalog:
                 ) from None
             return state
 
-    def commit_epoch(self, circuit: str, epoch: int) -> bool:
-        """Mark an open epoch committed. Returns False if it already was (a no-op)."""
+    def commit_epoch(
+        self,
+        circuit: str,
+        epoch: int,
+        *,
+        stages: Iterable[str] = (),
+        loops: Iterable[str] = (),
+    ) -> bool:
+        """Mark an open epoch committed. Returns False if it already was (a no-op).
+
+        ``stages`` are the units the epoch planned (stage names, ``publish``) and
+        ``loops`` its loops: in the same transaction, every stage must have committed at
+        ``(epoch,)`` and every loop recorded convergence there, or nothing changes and
+        ``UncommittedUnits`` names what is missing. A unit that never committed (its task
+        marked done without running) so never becomes part of a committed epoch."""
         t = epochs_table
+        stages, loops = list(stages), list(loops)
         with self._write() as conn:
             state = conn.execute(
                 sa.select(t.c.state).where(t.c.circuit == circuit, t.c.epoch == epoch)
@@ -444,12 +467,80 @@ class Catalog:
                 raise CatalogError(f"epoch {epoch} of circuit {circuit!r} was never opened")
             if state == "committed":
                 return False
+            missing = self._missing_units(conn, circuit, epoch, stages, loops)
+            if missing:
+                raise UncommittedUnits(
+                    f"epoch {epoch} of circuit {circuit!r} cannot commit: planned units have "
+                    f"not committed at epoch {epoch}: {_listed(missing)}. The epoch stays "
+                    "open and nothing was committed; run those units, then close it",
+                    missing,
+                )
             conn.execute(
                 t.update()
                 .where(t.c.circuit == circuit, t.c.epoch == epoch, t.c.state == "open")
                 .values(state="committed", committed_at=_now())
             )
             return True
+
+    def missing_units(
+        self, circuit: str, epoch: int, stages: Iterable[str] = (), loops: Iterable[str] = ()
+    ) -> list[str]:
+        """Of ``stages``, those not committed at ``(epoch,)``, then of ``loops``, those
+        not converged there (as ``loop:<name>``), in the order given."""
+        with self.engine.connect() as conn:
+            return self._missing_units(conn, circuit, epoch, list(stages), list(loops))
+
+    def require_units(
+        self,
+        circuit: str,
+        epoch: int,
+        what: str,
+        stages: Iterable[str] = (),
+        loops: Iterable[str] = (),
+    ) -> None:
+        """Raise ``UncommittedUnits`` unless every unit ``what`` reads (``stages`` and
+        ``loops``) committed at ``epoch``: a unit must not run on missing input, which
+        it would take for empty."""
+        missing = self.missing_units(circuit, epoch, stages, loops)
+        if missing:
+            raise UncommittedUnits(
+                f"{what} of circuit {circuit!r} cannot run at epoch {epoch}: the units it "
+                f"reads have not committed: {_listed(missing)}. Nothing was written; run "
+                "them first",
+                missing,
+            )
+
+    @staticmethod
+    def _missing_units(
+        conn: Connection, circuit: str, epoch: int, stages: list[str], loops: list[str]
+    ) -> list[str]:
+        time_text = encode_time((epoch,))
+        done: set[str] = set()
+        converged: set[str] = set()
+        if stages:
+            rt = stage_runs_table
+            done = set(
+                conn.execute(
+                    sa.select(rt.c.stage).where(
+                        rt.c.circuit == circuit, rt.c.time == time_text, rt.c.stage.in_(stages)
+                    )
+                ).scalars()
+            )
+        if loops:
+            lt = loop_iterations_table
+            converged = set(
+                conn.execute(
+                    sa.select(lt.c.loop).where(
+                        lt.c.circuit == circuit,
+                        lt.c.prefix == time_text,
+                        lt.c.converged.is_(True),
+                        lt.c.loop.in_(loops),
+                    )
+                ).scalars()
+            )
+        return [s for s in dict.fromkeys(stages) if s not in done] + [
+            f"loop:{name}" for name in dict.fromkeys(loops) if name not in converged
+        ]
 
     @staticmethod
     def _label_epoch(conn: Connection, circuit: str, epoch: int, label: str) -> None:
@@ -949,6 +1040,12 @@ def _loop_iteration(r: Any) -> LoopIteration:
         pending_depth=r.pending_depth,
         reason=r.reason,
         recorded_at=r.recorded_at,
+    )
+
+
+def _listed(missing: Sequence[str]) -> str:
+    return ", ".join(
+        f"{name} (not converged)" if name.startswith("loop:") else name for name in missing
     )
 
 

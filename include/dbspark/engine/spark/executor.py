@@ -48,6 +48,7 @@ from dbspark.engine.api import (
     require_sources,
 )
 from dbspark.engine.batches import upsert_spec
+from dbspark.engine.epoch_units import Units, epoch_units, stage_inputs
 from dbspark.engine.local.resident import default_resident_bytes
 from dbspark.engine.local.tier import LocalTier
 from dbspark.engine.spark import collection_names as coll
@@ -241,8 +242,14 @@ class SparkEngine(Ingest, OperatorEvaluation, Loops, Views, Maintenance):
         return f"warehouse {self.root} (catalog {catalog})"
 
     def close_epoch(self, epoch: int) -> None:
-        """Commit the epoch, then compact traces under the new frontier."""
-        self.catalog.commit_epoch(self.circuit.name, epoch)
+        """Commit the epoch, then compact traces under the new frontier. The commit checks,
+        in its transaction, that every unit the epoch planned committed (its stages,
+        ingests included, its loops converged, and ``publish``), and otherwise raises
+        ``UncommittedUnits`` naming the missing ones."""
+        planned = epoch_units(self.plan)
+        self.catalog.commit_epoch(
+            self.circuit.name, epoch, stages=planned.stages, loops=planned.loops
+        )
         self.compact(epoch)
         if self._local is not None:
             self._local.forget_files()
@@ -252,10 +259,20 @@ class SparkEngine(Ingest, OperatorEvaluation, Loops, Views, Maintenance):
         stage = self.plan.stages[stage_id]
         if self.catalog.stage_done(self.circuit.name, stage.name, t):
             return UnitReport(stage.name, t, skipped=True)
+        self.require_inputs(f"stage {stage.name}", t[0], stage_inputs(self.plan, stage))
         unit = self._epoch_unit(t[0])
         report = UnitReport(stage.name, t, tier=unit.tier.name)
         self._finish_stage(stage, t, {}, unit, report, start=0)
         return report
+
+    def require_inputs(self, what: str, epoch: int, units: Units) -> None:
+        """Refuse to run ``what`` before the ``units`` it reads committed at ``epoch``
+        (``UncommittedUnits``): a missing delta would read as empty, and the unit would
+        commit an answer without that input."""
+        if units:
+            self.catalog.require_units(
+                self.circuit.name, epoch, what, stages=units.stages, loops=units.loops
+            )
 
     def _finish_stage(
         self,

@@ -26,6 +26,7 @@ from dbspark.engine.api import (
     UnitReport,
 )
 from dbspark.engine.dialect import dialect_of
+from dbspark.engine.epoch_units import loop_inputs
 from dbspark.engine.kernels import consolidate
 from dbspark.engine.spark import collection_names as coll
 from dbspark.engine.spark.evaluate import keys_by_port, renamed
@@ -80,6 +81,8 @@ class Loops:
                 f"loop {loop.name!r} of circuit {self.circuit.name!r} did not converge at "
                 f"{list(prefix)} within max_iterations={loop.max_iterations}"
             )
+        if iteration == 0:  # later iterations follow one that found its inputs committed
+            self.require_inputs(f"loop {loop.name}", prefix[0], loop_inputs(self.plan, loop))
         unit = self._epoch_unit(prefix[0])
         t = (*prefix, iteration)
         report = self._iteration(loop, t, unit)

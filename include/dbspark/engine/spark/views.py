@@ -22,6 +22,7 @@ from dbspark.engine.api import (
     EpochOrderError,
     UnitReport,
 )
+from dbspark.engine.epoch_units import PUBLISH, publish_inputs
 from dbspark.engine.kernels import consolidate
 from dbspark.engine.spark import collection_names as coll
 from dbspark.engine.spark.compile import struct_type
@@ -37,10 +38,11 @@ class Views:
     def publish(self, epoch: int) -> UnitReport:
         """Append each view's delta for ``epoch`` to the view's published collection."""
         t = (epoch,)
-        if self.catalog.stage_done(self.circuit.name, "publish", t):
-            return UnitReport("publish", t, skipped=True)
+        if self.catalog.stage_done(self.circuit.name, PUBLISH, t):
+            return UnitReport(PUBLISH, t, skipped=True)
+        self.require_inputs(PUBLISH, epoch, publish_inputs(self.plan))
         unit = self._epoch_unit(epoch)
-        report = UnitReport("publish", t, tier=unit.tier.name)
+        report = UnitReport(PUBLISH, t, tier=unit.tier.name)
         for name, node_id in self.circuit.views.items():
             node = self.circuit.node(node_id)
             delta = self._delta(node_id, t, unit, {})
@@ -52,7 +54,7 @@ class Views:
                 )
             )
             report.rows_out[name] = record.rows if record else 0
-        unit.commit("publish", t)
+        unit.commit(PUBLISH, t)
         log.info("%s", report.describe())
         return report
 
@@ -104,7 +106,7 @@ class Views:
         return node, self.catalog.batches(self.circuit.name, coll.view(name), epoch=epoch)
 
     def _require_published(self, epoch: int) -> None:
-        if not self.catalog.stage_done(self.circuit.name, "publish", (epoch,)):
+        if not self.catalog.stage_done(self.circuit.name, PUBLISH, (epoch,)):
             raise EpochOrderError(
                 f"circuit {self.circuit.name!r}: the views of epoch {epoch} are not published"
             )

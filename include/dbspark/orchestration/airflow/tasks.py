@@ -32,6 +32,13 @@ from typing import Any
 from dbspark.circuit.builder import Circuit
 from dbspark.circuit.planner import LoopPlan, Plan, plan
 from dbspark.core.errors import REDACT_SETTING
+from dbspark.engine.epoch_units import (
+    Units,
+    epoch_units,
+    loop_inputs,
+    publish_inputs,
+    stage_inputs,
+)
 from dbspark.orchestration.airflow.assets import circuit_assets, event_extra
 from dbspark.orchestration.airflow.deployment import (
     Deployment,
@@ -39,6 +46,7 @@ from dbspark.orchestration.airflow.deployment import (
     resolve,
     spark_for,
 )
+from dbspark.orchestration.airflow.ui.status import task_of_stage
 from dbspark.orchestration.epochs import EpochOfRun, next_epoch, require_epoch
 from dbspark.orchestration.intervals import Interval
 from dbspark.orchestration.sources.base import source_columns
@@ -63,7 +71,7 @@ from dbspark.orchestration.units import (
     unit_directory,
     write_unit_file,
 )
-from dbspark.storage.catalog import Catalog
+from dbspark.storage.catalog import Catalog, UncommittedUnits
 
 log = logging.getLogger("dbspark.airflow")
 
@@ -83,6 +91,20 @@ def _fail(message: str) -> Exception:
 
     log.error("%s", message)
     return AirflowFailException(message)
+
+
+def _units(missing: list[str]) -> str:
+    return ", ".join(f"{m} (not converged)" if m.startswith("loop:") else m for m in missing)
+
+
+def _clear_hint(missing: list[str]) -> str:
+    """What to do about units that never committed, in the words of the DAG's tasks."""
+    tasks = list(dict.fromkeys(task_of_stage(name) or name for name in missing))
+    return (
+        f" Their tasks: {', '.join(tasks)}. A task marked success without running commits "
+        "nothing: clear those tasks (with their downstream tasks) so that they run, "
+        "instead of marking them success."
+    )
 
 
 def interval_of(context: Mapping[str, Any]) -> Interval:
@@ -258,7 +280,27 @@ class EpochTasks:
         if deployment.spark_submit_conn_id:
             return self._submit(deployment, unit)
         with self._engine(deployment) as engine:
-            return execute_unit(engine, unit)
+            try:
+                return execute_unit(engine, unit)
+            except UncommittedUnits as err:  # the engine's own check, in its transaction
+                raise _fail(f"{err}{_clear_hint(err.missing)}") from None
+
+    def _require(self, deployment: Deployment, run: EpochOfRun, what: str, units: Units) -> None:
+        """Fail this task at once, naming the units and their tasks, unless the units it
+        reads committed at the run's epoch. The engine checks again (the close in the
+        transaction that commits); this check also covers spark-submit, whose driver's
+        error reaches the task only as a failed submission, and starts no Spark."""
+        catalog = self._catalog(deployment)
+        try:
+            missing = catalog.missing_units(self.name, run.epoch, units.stages, units.loops)
+        finally:
+            catalog.close()
+        if missing:
+            raise _fail(
+                f"{what} of circuit {self.name!r} cannot run at epoch {run.epoch} "
+                f"{run.interval}: the units it reads have not committed: "
+                f"{_units(missing)}.{_clear_hint(missing)}"
+            )
 
     def _submit(self, deployment: Deployment, unit: Unit) -> dict[str, Any]:
         """``spark-submit spark_jobs/run_unit.py`` with the unit in a private JSON file
@@ -369,6 +411,8 @@ class EpochTasks:
 
     def stage(self, stage_id: int, context: Mapping[str, Any]) -> dict[str, Any]:
         deployment, run = self._current(context)
+        stage = self.plan.stages[stage_id]
+        self._require(deployment, run, f"stage {stage.name}", stage_inputs(self.plan, stage))
         return self._execute(deployment, StageUnit(run.epoch, stage_id))
 
     def iterate(self, scope: int, context: Mapping[str, Any]) -> dict[str, Any]:
@@ -386,6 +430,8 @@ class EpochTasks:
                 f"loop {loop.name} at epoch {run.epoch} reached max_iterations="
                 f"{loop.max_iterations} without converging (the convergence check fails)"
             )
+        if not done:
+            self._require(deployment, run, f"loop {loop.name}", loop_inputs(self.plan, loop))
         unit = IterateUnit(
             run.epoch,
             loop=scope,
@@ -424,6 +470,7 @@ class EpochTasks:
         ``extra``. Airflow records the events when this task succeeds; a run whose epoch
         is already committed skips here, and a skipped task emits no event."""
         deployment, run = self._current(context)
+        self._require(deployment, run, "publish", publish_inputs(self.plan))
         unit = PublishUnit(
             run.epoch,
             outputs=str(deployment.outputs),
@@ -447,7 +494,22 @@ class EpochTasks:
         return result
 
     def close_epoch(self, context: Mapping[str, Any]) -> int:
+        """Commit the epoch. It commits only if every unit it planned committed, checked
+        in the transaction that commits it: a task marked success without running
+        committed nothing, and this task then fails at once, naming it."""
         deployment, run = self._current(context)
+        planned = epoch_units(self.plan)
+        catalog = self._catalog(deployment)
+        try:
+            missing = catalog.missing_units(self.name, run.epoch, planned.stages, planned.loops)
+        finally:
+            catalog.close()
+        if missing:
+            raise _fail(
+                f"epoch {run.epoch} {run.interval} of circuit {self.name!r} cannot commit: "
+                f"planned units have not committed: {_units(missing)}. The epoch stays "
+                f"open and nothing was committed.{_clear_hint(missing)}"
+            )
         self._execute(deployment, CloseUnit(run.epoch))
         log.info("circuit %s: epoch %s %s committed", self.name, run.epoch, run.interval)
         return run.epoch
