@@ -62,6 +62,8 @@ from dbspark.engine.expression_compiler import (
     ExpressionCompiler,
     widens,
 )
+from dbspark.engine.local import in_arrow
+from dbspark.engine.local.compile_arrow import ArrowCompiler, when_true
 from dbspark.engine.local.frame import LocalColumn, duck_type, quote, sql_literal
 from dbspark.engine.local.frame import col as frame_column
 
@@ -101,7 +103,8 @@ def compile_expr(expr: Expr, schema: Schema) -> LocalColumn:
     """A column computing ``expr`` over rows of ``schema``."""
     infer_type(expr, schema, "local compile")
     sql, _ = _Compiler(schema).compile(expr)
-    return LocalColumn(sql)
+    arrow, _ = ArrowCompiler(schema).compile(expr)
+    return LocalColumn(sql, arrow=arrow)
 
 
 def compile_typed(expr: Expr, schema: Schema) -> tuple[LocalColumn, str]:
@@ -113,7 +116,10 @@ def compile_typed(expr: Expr, schema: Schema) -> tuple[LocalColumn, str]:
         # The same SQL, as a column a frame over Arrow can also pick without a query
         # (a projection that renames or keeps a column, as most do).
         return frame_column(expr.name).cast(target), target
-    return LocalColumn(compiler.typed(sql, kind, target)), target
+    arrow_compiler = ArrowCompiler(schema)
+    arrow, _ = arrow_compiler.compile(expr)
+    arrow = arrow_compiler.typed(arrow, kind, target)
+    return LocalColumn(compiler.typed(sql, kind, target), arrow=arrow), target
 
 
 def compile_projection(columns: Mapping[str, Expr], schema: Schema) -> list[LocalColumn]:
@@ -124,8 +130,9 @@ def compile_predicate(expr: Expr, schema: Schema) -> LocalColumn:
     """True only where ``expr`` is true (NULL counts as false)."""
     sql, kind = _Compiler(schema).compile(expr)
     if kind == NULL_TYPE:
-        return LocalColumn("FALSE")
-    return LocalColumn(f"coalesce({sql}, FALSE)")
+        return LocalColumn("FALSE", arrow=in_arrow.literal(False))
+    arrow, _ = ArrowCompiler(schema).compile(expr)
+    return LocalColumn(f"coalesce({sql}, FALSE)", arrow=when_true(arrow))
 
 
 # --- the compiler: DuckDB SQL for what ``ExpressionCompiler`` decides ----------------------
