@@ -396,3 +396,73 @@ def test_a_catalog_from_before_created_by_gains_the_column(catalog_url: str) -> 
     finally:
         catalog.close()
     Catalog(catalog_url).close()  # opening an upgraded catalog again changes nothing
+
+
+# ------------------------------------------------------------ timeouts (issue 18, finding 17)
+def test_a_statement_waits_for_a_lock_at_most_the_lock_timeout(catalog_url: str) -> None:
+    """A stuck lock fails the catalog's statement after ``lock_timeout`` (then the task's
+    retry takes over) instead of holding the task for as long as the lock is held."""
+    import sqlite3
+    import time
+
+    cat = Catalog(catalog_url, lock_timeout=0.5)
+    cat.register_circuit("c", "fp1")
+    holder = sa.create_engine(catalog_url)
+    try:
+        with holder.connect() as conn:
+            if conn.dialect.name == "sqlite":
+                raw = sqlite3.connect(sa.make_url(catalog_url).database)
+                raw.isolation_level = None
+                raw.execute("BEGIN IMMEDIATE")
+            else:
+                raw = None
+                conn.exec_driver_sql("BEGIN")
+                conn.exec_driver_sql("LOCK TABLE epochs IN ACCESS EXCLUSIVE MODE")
+            started = time.monotonic()
+            with pytest.raises(sa.exc.OperationalError, match=r"locked|lock timeout"):
+                cat.open_epoch("c", 0)
+            assert time.monotonic() - started < 10
+            if raw is not None:
+                raw.execute("ROLLBACK")
+                raw.close()
+            else:
+                conn.exec_driver_sql("ROLLBACK")
+        assert cat.open_epoch("c", 0) == "open"  # the lock released, it works again
+    finally:
+        holder.dispose()
+        cat.close()
+
+
+@pytest.mark.parametrize("catalog_url", ["postgresql"], indirect=True)
+def test_postgresql_sessions_have_statement_and_lock_timeouts(catalog_url: str) -> None:
+    cat = Catalog(catalog_url, lock_timeout=1.5, statement_timeout=2)
+    try:
+        with cat.engine.connect() as conn:
+            assert conn.exec_driver_sql("SHOW lock_timeout").scalar() == "1500ms"
+            assert conn.exec_driver_sql("SHOW statement_timeout").scalar() == "2s"
+            with pytest.raises(sa.exc.OperationalError, match="statement timeout"):
+                conn.exec_driver_sql("SELECT pg_sleep(5)")
+    finally:
+        cat.close()
+
+
+@pytest.mark.parametrize("catalog_url", ["postgresql"], indirect=True)
+def test_a_connection_the_server_closed_is_replaced_not_failed(catalog_url: str) -> None:
+    """``pool_pre_ping``: after a database restart (here: every session of the catalog's
+    database terminated), the next statement gets a new connection instead of an error."""
+    cat = Catalog(catalog_url)
+    admin = sa.create_engine(catalog_url, isolation_level="AUTOCOMMIT")
+    try:
+        cat.register_circuit("c", "fp1")
+        assert cat.epoch_state("c", 0) is None  # a pooled connection now exists
+        with admin.connect() as conn:
+            terminated = conn.exec_driver_sql(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            ).scalar()
+        assert terminated >= 1
+        assert cat.epoch_state("c", 0) is None
+        assert cat.open_epoch("c", 0) == "open"
+    finally:
+        admin.dispose()
+        cat.close()

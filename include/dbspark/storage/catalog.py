@@ -318,15 +318,67 @@ def _now() -> datetime:
 # --- the catalog -------------------------------------------------------------------------
 
 
-class Catalog:
-    """The trace catalog over any SQLAlchemy URL (tables are created if missing)."""
+#: How long a catalog statement waits for a lock (SQLite's busy timeout, PostgreSQL's
+#: ``lock_timeout``) and runs at most (PostgreSQL's ``statement_timeout``), in seconds;
+#: ``DBSPARK_CATALOG_LOCK_TIMEOUT`` and ``DBSPARK_CATALOG_STATEMENT_TIMEOUT`` override
+#: them. Catalog statements are small: a longer one is a stuck lock or a sick server,
+#: and failing lets the task's retry (``orchestration/airflow``) take over.
+LOCK_TIMEOUT_SECONDS = 30.0
+STATEMENT_TIMEOUT_SECONDS = 120.0
+#: How long a new PostgreSQL connection may take (libpq's ``connect_timeout``).
+CONNECT_TIMEOUT_SECONDS = 10
 
-    def __init__(self, url: str, *, engine_options: Mapping[str, Any] | None = None) -> None:
+
+def _seconds_setting(name: str, default: float) -> float:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ValueError(f"{name} must be a number of seconds > 0, got {raw!r}")
+    return value
+
+
+class Catalog:
+    """The trace catalog over any SQLAlchemy URL (tables are created if missing).
+
+    Connections are checked before use (``pool_pre_ping``), so a pooled connection
+    that a database restart closed is replaced instead of failing the next statement.
+    A statement waits at most ``lock_timeout`` seconds for a lock and, on PostgreSQL,
+    runs at most ``statement_timeout`` seconds (defaults above)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        engine_options: Mapping[str, Any] | None = None,
+        lock_timeout: float | None = None,
+        statement_timeout: float | None = None,
+    ) -> None:
         self.url = url
-        options = dict(engine_options or {})
+        self.lock_timeout = (
+            _seconds_setting("DBSPARK_CATALOG_LOCK_TIMEOUT", LOCK_TIMEOUT_SECONDS)
+            if lock_timeout is None
+            else lock_timeout
+        )
+        self.statement_timeout = (
+            _seconds_setting("DBSPARK_CATALOG_STATEMENT_TIMEOUT", STATEMENT_TIMEOUT_SECONDS)
+            if statement_timeout is None
+            else statement_timeout
+        )
+        options: dict[str, Any] = {"pool_pre_ping": True, **(engine_options or {})}
+        if sa.make_url(url).get_backend_name() == "postgresql":
+            connect_args = dict(options.get("connect_args") or {})
+            connect_args.setdefault("connect_timeout", CONNECT_TIMEOUT_SECONDS)
+            options["connect_args"] = connect_args
         self.engine: Engine = sa.create_engine(url, **options)
         if self.engine.dialect.name == "sqlite":
-            _configure_sqlite(self.engine)
+            _configure_sqlite(self.engine, self.lock_timeout)
+        elif self.engine.dialect.name == "postgresql":
+            _configure_postgresql(self.engine, self.lock_timeout, self.statement_timeout)
         self._create_tables()
 
     def _create_tables(self) -> None:
@@ -1077,8 +1129,25 @@ def _upgrade_schema(conn: Connection) -> None:
         conn.exec_driver_sql("CREATE INDEX ix_batches_created_by ON batches (created_by)")
 
 
-def _configure_sqlite(engine: Engine) -> None:
-    """Foreign keys on, a busy timeout, WAL for files, and real transactions.
+def _configure_postgresql(engine: Engine, lock_timeout: float, statement_timeout: float) -> None:
+    """Every session waits at most ``lock_timeout`` for a lock and runs a statement at
+    most ``statement_timeout`` (set per connection, so a server-wide default stays as
+    the database's owner set it)."""
+
+    @event.listens_for(engine, "connect")
+    def _connect(dbapi_conn: Any, _record: Any) -> None:
+        cur = dbapi_conn.cursor()
+        try:
+            cur.execute(f"SET lock_timeout = {int(lock_timeout * 1000)}")
+            cur.execute(f"SET statement_timeout = {int(statement_timeout * 1000)}")
+        finally:
+            cur.close()
+        dbapi_conn.commit()
+
+
+def _configure_sqlite(engine: Engine, lock_timeout: float) -> None:
+    """Foreign keys on, a busy timeout (``lock_timeout``), WAL for files, and real
+    transactions. SQLite has no statement timeout; its statements wait only on locks.
 
     pysqlite's own transaction handling begins transactions lazily (and not before
     SELECTs), so the read-check-write of ``commit`` would not be atomic across
@@ -1095,7 +1164,7 @@ def _configure_sqlite(engine: Engine) -> None:
         cur = dbapi_conn.cursor()
         try:
             cur.execute("PRAGMA foreign_keys = ON")
-            cur.execute("PRAGMA busy_timeout = 30000")
+            cur.execute(f"PRAGMA busy_timeout = {int(lock_timeout * 1000)}")
             if not in_memory:
                 cur.execute("PRAGMA journal_mode = WAL")
                 cur.execute("PRAGMA synchronous = NORMAL")
