@@ -122,6 +122,7 @@ OPTIONAL_DBSPARK_KEYS = {
     "serving_conn_id": "serving tables are optional: no serving database by default",
     "late_files": "late files are reported as warnings by default ('warn')",
     "redact_input_values": "off by default: an input error shows the offending values",
+    "execution_timeouts": "every task kind has a default timeout (orchestration/airflow/policy.py)",
     "table_retention_hours": "DBSPARK_TABLE_RETENTION_HOURS, else 168 hours",
     "table_maintain_every": "DBSPARK_TABLE_MAINTAIN_EVERY, else every 10th epoch",
     "table_target_file_bytes": "DBSPARK_TABLE_TARGET_FILE_BYTES, else 32 MiB",

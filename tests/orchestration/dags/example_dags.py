@@ -1,7 +1,8 @@
 """Airflow DAGs for the tests: the example circuits on landing directories, without
-retries (a failure must show at once), and one loop whose bound is too small."""
+retries (a failure must show at once), one loop whose bound is too small, and one DAG
+with retries (bad input must fail at once all the same)."""
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pendulum
 
@@ -69,4 +70,14 @@ berlin_word_count_dag = build_dag(
     start_date=pendulum.datetime(2026, 3, 28, tz="Europe/Berlin"),
     sources={"words": landing},
     retries=0,
+)
+# Retries, one second apart: bad input must fail without them, a retry would not help.
+retrying_word_count_dag = build_dag(
+    word_count,
+    dag_id="test_word_count_retrying",
+    schedule="@daily",
+    start_date=START,
+    sources={"words": landing},
+    retries=2,
+    retry_delay=timedelta(seconds=1),
 )

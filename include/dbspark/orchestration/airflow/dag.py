@@ -41,6 +41,14 @@ from typing import Any
 
 from dbspark.circuit.builder import Circuit
 from dbspark.orchestration.airflow.deployment import DeploymentOptions
+from dbspark.orchestration.airflow.policy import (
+    MAX_RETRY_DELAY,
+    RETRIES,
+    RETRY_BACKOFF,
+    RETRY_DELAY,
+    retry_policy,
+    task_timeouts,
+)
 from dbspark.orchestration.airflow.tasks import REBUILD, VERIFY, EpochTasks
 from dbspark.orchestration.sources import LandingDirectory, SourceConnector
 from dbspark.orchestration.units import CircuitRecipe
@@ -121,8 +129,9 @@ def build_dag(
     serving_conn_id: str | None = None,
     serving_table_prefix: str = "dbspark_",
     iteration_tasks: int = DEFAULT_ITERATION_TASKS,
-    retries: int = 2,
-    retry_delay: timedelta = timedelta(seconds=30),
+    retries: int = RETRIES,
+    retry_delay: timedelta = RETRY_DELAY,
+    execution_timeouts: Mapping[str, Any] | None = None,
     catchup: bool = True,
     tags: list[str] | None = None,
     circuit_recipe: CircuitRecipe | None = None,
@@ -139,6 +148,13 @@ def build_dag(
     (:func:`run_params`) come on top of any ``params`` given. Under spark-submit the
     driver builds the circuit again from ``circuit_recipe``, by default the recipe of
     ``circuit`` when it is an importable module-level function (``units.CircuitRecipe``).
+
+    Every task has an ``execution_timeout`` for its kind (``policy.py``: defaults,
+    ``[dbspark] execution_timeouts``, then ``execution_timeouts`` here, e.g.
+    ``{"ingest": timedelta(hours=4)}``). Retries back off exponentially from
+    ``retry_delay``, sized so that a catalog outage of minutes costs a delay, not the
+    run; bad input and units that never committed fail at once (``policy.retry_policy``).
+    ``default_args`` may override any of it.
     """
     from airflow.sdk import DAG
 
@@ -149,6 +165,7 @@ def build_dag(
         recipe = circuit_recipe
     start_date = _aware(start_date)
     _check_connectors(circuit, sources)
+    timeouts = task_timeouts(execution_timeouts)
     if iteration_tasks < 1:
         raise ValueError("iteration_tasks must be at least 1")
     runner = EpochTasks(
@@ -174,6 +191,9 @@ def build_dag(
         "depends_on_past": True,
         "retries": retries,
         "retry_delay": retry_delay,
+        "retry_exponential_backoff": RETRY_BACKOFF,
+        "max_retry_delay": MAX_RETRY_DELAY,
+        "retry_policy": retry_policy(),
         **dag_kwargs.pop("default_args", {}),
     }
     dag = DAG(
@@ -190,7 +210,7 @@ def build_dag(
     )
     _CIRCUITS[dag.dag_id] = circuit
     with dag:
-        _EpochGraph(runner, iteration_tasks).build()
+        _EpochGraph(runner, iteration_tasks, timeouts).build()
     return dag
 
 
@@ -270,8 +290,11 @@ class _EpochGraph:
     task waits for exactly the tasks that produce what it reads; ``publish`` waits for
     all of them (``every``)."""
 
-    def __init__(self, runner: EpochTasks, iteration_tasks: int) -> None:
+    def __init__(
+        self, runner: EpochTasks, iteration_tasks: int, timeouts: Mapping[str, timedelta]
+    ) -> None:
         self.runner = runner
+        self.timeouts = dict(timeouts)
         self.circuit = runner.circuit
         self.plan = runner.plan
         self.iteration_tasks = iteration_tasks
@@ -304,14 +327,18 @@ class _EpochGraph:
 
         runner = self.runner
 
-        @task(task_id="open_epoch")
+        @task(task_id="open_epoch", execution_timeout=self.timeouts["open"])
         def open_epoch(**context: Any) -> int:
             return runner.open_epoch(context)
 
         # A branch: it names the maintenance tasks the run's params ask for, and the
         # scheduler marks the others skipped without starting a process for them (two
         # task processes a run, about 2.4 s of every epoch through Airflow).
-        @task.branch(task_id="close_epoch", trigger_rule="all_success")
+        @task.branch(
+            task_id="close_epoch",
+            trigger_rule="all_success",
+            execution_timeout=self.timeouts["close"],
+        )
         def close_epoch(**context: Any) -> list[str]:
             runner.close_epoch(context)
             return runner.maintenance(context).tasks
@@ -329,7 +356,7 @@ class _EpochGraph:
                 if anchor.op not in ("zset_source", "upsert_source"):
                     continue
 
-                @task(task_id=anchor.label)
+                @task(task_id=anchor.label, execution_timeout=self.timeouts["ingest"])
                 def ingest(source: str = anchor.label, **context: Any) -> dict[str, Any]:
                     return runner.ingest(source, context)
 
@@ -347,11 +374,19 @@ class _EpochGraph:
         slots = min(self.iteration_tasks, loop.max_iterations)
         with TaskGroup(f"loop_{loop.name}", tooltip=f"fixed point {loop.name}"):
 
-            @task(task_id="iterate", max_active_tis_per_dagrun=1)
+            @task(
+                task_id="iterate",
+                max_active_tis_per_dagrun=1,
+                execution_timeout=self.timeouts["iterate"],
+            )
             def iterate(slot: int, scope: int = scope, **context: Any) -> dict[str, Any]:
                 return runner.iterate(scope, context)
 
-            @task(task_id="converged", trigger_rule="none_failed")
+            @task(
+                task_id="converged",
+                trigger_rule="none_failed",
+                execution_timeout=self.timeouts["converged"],
+            )
             def converged(scope: int = scope, **context: Any) -> dict[str, Any]:
                 return runner.check_convergence(scope, context)
 
@@ -372,7 +407,7 @@ class _EpochGraph:
 
         runner = self.runner
 
-        @task(task_id=self.plan.stages[stage_id].name)
+        @task(task_id=self.plan.stages[stage_id].name, execution_timeout=self.timeouts["stage"])
         def run_stage(stage_id: int = stage_id, **context: Any) -> dict[str, Any]:
             return runner.stage(stage_id, context)
 
@@ -383,7 +418,11 @@ class _EpochGraph:
 
         runner = self.runner
 
-        @task(task_id="publish", outlets=list(runner.assets.values()))
+        @task(
+            task_id="publish",
+            outlets=list(runner.assets.values()),
+            execution_timeout=self.timeouts["publish"],
+        )
         def publish(**context: Any) -> dict[str, Any]:
             return runner.publish(context)
 
@@ -400,11 +439,21 @@ class _EpochGraph:
 
         runner = self.runner
 
-        @task(task_id="rebuild", trigger_rule="none_failed", depends_on_past=False)
+        @task(
+            task_id="rebuild",
+            trigger_rule="none_failed",
+            depends_on_past=False,
+            execution_timeout=self.timeouts["rebuild"],
+        )
         def rebuild(**context: Any) -> dict[str, Any]:
             return runner.rebuild(context)
 
-        @task(task_id="verify", trigger_rule="none_failed", depends_on_past=False)
+        @task(
+            task_id="verify",
+            trigger_rule="none_failed",
+            depends_on_past=False,
+            execution_timeout=self.timeouts["verify"],
+        )
         def verify(**context: Any) -> dict[str, Any]:
             return runner.verify(context)
 
