@@ -64,6 +64,7 @@ def test_publish_cost_is_set_against_the_snapshot_of_the_same_view(tmp_path: Pat
                     "rows_rewritten": rewritten,
                     "files_rewritten": 11,
                     "files_in_table": 12,
+                    "scan_ms": 150,
                 },
             )
         )
@@ -74,6 +75,6 @@ def test_publish_cost_is_set_against_the_snapshot_of_the_same_view(tmp_path: Pat
     text = report.write(results).read_text()
     assert "## P: publishing an epoch" in text
     assert (
-        "| 1000000 | 1048576 | 12 | spread | 1000 | 0.9 | 0.2 | 4.5 | 0.5 | 999000 | 11 | yes |"
-        in text
+        "| 1000000 | 1048576 | 12 | spread | 1000 | 0.9 | 0.2 | 4.5 | 0.5 | 150 | 999000 | 11 "
+        "| yes |" in text
     )

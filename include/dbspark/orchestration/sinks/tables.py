@@ -24,8 +24,12 @@ already holds skips. An epoch beyond the next is refused, naming what is missing
 writes each epoch's inserted, deleted and updated rows (pre- and post-image of
 ``__copies``) beside the data, read with ``DeltaTable.load_cdf``.
 
-delta-rs writes deletes copy-on-write: a merge rewrites every file that holds a changed
-row (see ARCHITECTURE.md, "Published views as tables"). Files are therefore kept near
+**A merge reads only the files the change can touch.** Its predicate also bounds each
+column of an ordered type by the change's range (:func:`target_bounds`), from which
+delta-rs skips the files whose statistics lie outside it; the load writes the view
+sorted by those columns, so each file holds a narrow range of the first. delta-rs writes
+deletes copy-on-write: a merge rewrites every file that holds a changed row (see
+ARCHITECTURE.md, "Published views as tables"). Files are therefore kept near
 ``target_file_bytes`` by :func:`maintain_table`, which also vacuums files no version
 within ``retention_hours`` needs.
 """
@@ -45,7 +49,15 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError
 
 from dbspark.core.columns import COPIES, WEIGHT
-from dbspark.core.types import BIGINT, Schema
+from dbspark.core.types import (
+    BIGINT,
+    DATE,
+    STRING,
+    TIMESTAMP,
+    Schema,
+    decimal_parts,
+    is_decimal,
+)
 from dbspark.engine.local.tier import arrow_schema
 from dbspark.orchestration.sinks.files import WeightedRow, arrow_rows
 
@@ -151,6 +163,7 @@ class TableCommit:
     files_added: int = 0  # data files, and the change feed's files of a merge
     files_removed: int = 0
     rows_copied: int = 0  # unchanged rows rewritten because a file held a changed row
+    scan_ms: int = 0  # the merge's time reading the table (delta-rs's scan_time_ms)
     maintenance: dict[str, Any] = field(default_factory=dict)
 
     def describe(self) -> str:
@@ -334,7 +347,7 @@ def _load(
             f"view {view!r} at epoch {epoch} has rows of weight <= 0; a view to load "
             f"into a table holds each row a positive number of times"
         )
-    table = rows.rename_columns([*schema.names, COPIES])
+    table = _sorted_for_bounds(rows, schema).rename_columns([*schema.names, COPIES])
     write_deltalake(
         str(path),
         table,
@@ -378,10 +391,11 @@ def _merge(
         return TableCommit(view, path, epoch, version=_version(path))
     names = [_quoted(name) for name in schema.names]
     copies, weight = _quoted(COPIES), _quoted(WEIGHT)
+    matches = [f"(t.{n} IS NOT DISTINCT FROM s.{n})" for n in names]
     metrics = (
         table.merge(
             rows,
-            predicate=" AND ".join(f"(t.{n} IS NOT DISTINCT FROM s.{n})" for n in names),
+            predicate=" AND ".join([*matches, *target_bounds(rows, schema)]),
             source_alias="s",
             target_alias="t",
             commit_properties=metadata,
@@ -405,6 +419,7 @@ def _merge(
         files_added=metrics["num_target_files_added"],
         files_removed=metrics["num_target_files_removed"],
         rows_copied=metrics["num_target_rows_copied"],
+        scan_ms=metrics["scan_time_ms"],
     )
     applied = result.inserted + result.updated + result.deleted
     if applied != len(rows):
@@ -415,6 +430,80 @@ def _merge(
             f"copies it did not hold. Move the table away to reload it from the view"
         )
     return result
+
+
+def target_bounds(change: pa.Table, schema: Schema) -> list[str]:
+    """Conjuncts on the target alone, implied by the merge's match, that let delta-rs
+    skip files by their statistics: for each column of an ordered type, the change's
+    range of values (``t.c >= min AND t.c <= max``, ``OR t.c IS NULL`` when the change
+    has NULLs there). A row matches a change row only if it equals it in every column,
+    so it lies in every range and the bounds drop no match.
+
+    delta-rs infers such a filter itself from ``t.c = s.c``, but not from the NULL-safe
+    ``IS NOT DISTINCT FROM`` a multiset needs, so without these it read every file of
+    the table at each merge. Doubles (NaN, -0.0), booleans and arrays get no bound; a
+    string bound is written only when it has no control character or backslash (its
+    side of the range is left open otherwise: a wider range is still sound).
+    """
+    conjuncts = []
+    for name, kind in schema.fields:
+        literal = _literal_writer(kind)
+        if literal is None:
+            continue
+        column = change.column(name)
+        column_sql = f"t.{_quoted(name)}"
+        nulls = column.null_count > 0
+        if column.null_count == len(column):
+            conjuncts.append(f"({column_sql} IS NULL)")
+            continue
+        low, high = pc.min_max(column).values()
+        sides = [
+            f"{column_sql} {op} {text}"
+            for op, value in ((">=", low), ("<=", high))
+            if (text := literal(value.as_py())) is not None
+        ]
+        if not sides:
+            continue
+        bound = " AND ".join(sides)
+        conjuncts.append(f"(({bound}) OR {column_sql} IS NULL)" if nulls else f"({bound})")
+    return conjuncts
+
+
+def _literal_writer(kind: str) -> Callable[[Any], str | None] | None:
+    """How a value of ``kind`` is written as an exact delta-rs SQL literal (None: the
+    type gets no bound)."""
+    if kind == BIGINT:
+        return lambda value: str(int(value))
+    if kind == STRING:
+        return _string_literal
+    if kind == DATE:
+        return lambda value: f"CAST('{value.isoformat()}' AS DATE)"
+    if kind == TIMESTAMP:
+        # Text the column's type coerces (CAST AS TIMESTAMP would go through
+        # nanoseconds, which overflow outside 1677..2262).
+        return lambda value: (
+            f"'{value.year:04d}-{value.month:02d}-{value.day:02d}T{value.hour:02d}:"
+            f"{value.minute:02d}:{value.second:02d}.{value.microsecond:06d}Z'"
+        )
+    if is_decimal(kind):
+        precision, scale = decimal_parts(kind)
+        return lambda value: f"CAST('{value:f}' AS DECIMAL({precision},{scale}))"
+    return None
+
+
+def _string_literal(value: str) -> str | None:
+    if any(char < " " or "\x7f" <= char <= "\x9f" or char == "\\" for char in value):
+        return None
+    return "'" + value.replace("'", "''") + "'"
+
+
+def _sorted_for_bounds(rows: pa.Table, schema: Schema) -> pa.Table:
+    """``rows`` ordered by the columns :func:`target_bounds` bounds, in the view's
+    order (NULLs last), so that each file written holds a narrow range of the first."""
+    keys = [(name, "ascending", "at_end") for name, kind in schema.fields if _literal_writer(kind)]
+    if not keys or len(rows) < 2:
+        return rows
+    return rows.take(pc.sort_indices(rows, sort_keys=keys))
 
 
 def _quoted(name: str) -> str:
