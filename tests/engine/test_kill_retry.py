@@ -111,7 +111,7 @@ def test_a_killed_unit_retried_gives_the_same_committed_result(
     # and never a registered batch.
     registered = {b.path for b in engine.catalog.all_batches(name)}
     on_disk = batch_dirs(warehouse_path, name)
-    report = garbage_collect(engine.warehouse, engine.catalog, circuit=name)
+    report = garbage_collect(engine.warehouse, engine.catalog, circuit=name, min_age_seconds=0)
     assert set(report.unregistered_dirs) == on_disk - registered
     if when == "before" and not killed["stage"].startswith("compact:"):
         assert report.unregistered_dirs, "the dead unit wrote files before its commit"

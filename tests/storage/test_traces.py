@@ -125,7 +125,7 @@ def test_storage_tracks_the_collection_not_the_number_of_epochs(store: TraceStor
             rows += [(k, f"v{e - 1}", -1) for k in range(keys)]
         store.append("hot.trace", spark.createDataFrame(rows, DATA), (e,), ["k"])
         store.compact("hot.trace", Antichain([(e,)]), FLAT, ["k"], time_columns(1))
-        garbage_collect(store.warehouse, store.catalog)
+        garbage_collect(store.warehouse, store.catalog, min_age_seconds=0)
         batches = store.batches("hot.trace")
         live_batches.append(len(batches))
         live_rows.append(sum(b.rows for b in batches))

@@ -42,6 +42,8 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
+from dbspark.storage.durability import shared_filesystem, sync_trees
+
 Time = tuple[int, ...]
 
 KINDS = ("delta", "trace", "view", "changes")
@@ -192,6 +194,33 @@ loop_iterations_table = sa.Table(
     ),
 )
 
+# A lease: a unit (an Airflow task, a spark-submit driver) at work on a circuit, from
+# ``started_at`` until it releases it or ``expires_at`` passes, both on the database's
+# clock. Garbage collection keeps every unregistered path it first saw, and every batch
+# superseded, after the oldest live lease started: that unit may be writing it or may
+# have planned against it (``garbage_collect``).
+leases_table = sa.Table(
+    "leases",
+    metadata,
+    sa.Column("id", _Id, primary_key=True, autoincrement=True),
+    sa.Column("circuit", sa.String(200), sa.ForeignKey("circuits.name"), nullable=False),
+    sa.Column("holder", sa.String(500), nullable=False),
+    sa.Column("started_at", _Timestamp, nullable=False),
+    sa.Column("expires_at", _Timestamp, nullable=False),
+    sa.Index("ix_leases_circuit", "circuit"),
+)
+
+# Unregistered paths garbage collection found, and when it first did (database clock):
+# a path's age is measured from there, never from its mtime, which another host's clock
+# wrote.
+gc_marks_table = sa.Table(
+    "gc_marks",
+    metadata,
+    sa.Column("circuit", sa.String(200), sa.ForeignKey("circuits.name"), primary_key=True),
+    sa.Column("path", sa.String(1000), primary_key=True),
+    sa.Column("first_seen", _Timestamp, nullable=False),
+)
+
 
 # --- records -----------------------------------------------------------------------------
 
@@ -243,6 +272,17 @@ class LoopIteration:
     pending_depth: int | None = None
     reason: str = ""
     recorded_at: datetime | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A unit at work on a circuit (see ``leases_table``)."""
+
+    id: int
+    circuit: str
+    holder: str
+    started_at: datetime
+    expires_at: datetime
 
 
 @dataclass(frozen=True)
@@ -328,6 +368,17 @@ STATEMENT_TIMEOUT_SECONDS = 120.0
 #: How long a new PostgreSQL connection may take (libpq's ``connect_timeout``).
 CONNECT_TIMEOUT_SECONDS = 10
 
+#: Garbage collection deletes nothing younger than this (seconds, on the database's
+#: clock), leases or not: at least the longest default task timeout (rebuild and verify,
+#: 6 h), so a writer or reader that holds no lease is covered too.
+DEFAULT_GC_MIN_AGE_SECONDS = 6 * 3600.0
+#: How long a lease lasts unless its holder says (``Catalog.acquire_lease``).
+DEFAULT_LEASE_SECONDS = 24 * 3600.0
+
+#: Set to ``allow`` to open a SQLite catalog although the warehouse or the database
+#: file is on a shared (network) file system (``Catalog``'s ``allow_shared_sqlite``).
+SHARED_SQLITE_SETTING = "DBSPARK_SQLITE_ON_SHARED_FILESYSTEM"
+
 
 def _seconds_setting(name: str, default: float) -> float:
     raw = os.environ.get(name, "").strip()
@@ -348,17 +399,28 @@ class Catalog:
     Connections are checked before use (``pool_pre_ping``), so a pooled connection
     that a database restart closed is replaced instead of failing the next statement.
     A statement waits at most ``lock_timeout`` seconds for a lock and, on PostgreSQL,
-    runs at most ``statement_timeout`` seconds (defaults above)."""
+    runs at most ``statement_timeout`` seconds (defaults above).
+
+    ``warehouse`` is the root the batch paths are relative to: a commit then fsyncs the
+    files it registers first (``storage/durability.py``). A SQLite catalog is refused
+    when its file or ``warehouse`` is on a shared (network) file system, unless
+    ``allow_shared_sqlite`` (or ``DBSPARK_SQLITE_ON_SHARED_FILESYSTEM=allow``): use
+    PostgreSQL there."""
 
     def __init__(
         self,
         url: str,
         *,
+        warehouse: str | os.PathLike[str] | None = None,
         engine_options: Mapping[str, Any] | None = None,
         lock_timeout: float | None = None,
         statement_timeout: float | None = None,
+        allow_shared_sqlite: bool | None = None,
     ) -> None:
         self.url = url
+        self.warehouse = None if warehouse is None else Path(warehouse).resolve()
+        if sa.make_url(url).get_backend_name() == "sqlite":
+            _refuse_shared_sqlite(sa.make_url(url).database, self.warehouse, allow_shared_sqlite)
         self.lock_timeout = (
             _seconds_setting("DBSPARK_CATALOG_LOCK_TIMEOUT", LOCK_TIMEOUT_SECONDS)
             if lock_timeout is None
@@ -400,7 +462,28 @@ class Catalog:
         """The default catalog: a SQLite file ``<warehouse>/catalog.db`` (WAL mode)."""
         root = Path(path).resolve()
         root.mkdir(parents=True, exist_ok=True)
-        return cls(f"sqlite:///{root / 'catalog.db'}")
+        return cls(f"sqlite:///{root / 'catalog.db'}", warehouse=root)
+
+    # --- the database's clock ------------------------------------------------------------
+    @property
+    def _server_clock(self) -> bool:
+        """Whether the database has a clock of its own (PostgreSQL). SQLite's clock is
+        this host's, which is the database's: a SQLite catalog serves one host."""
+        return self.engine.dialect.name == "postgresql"
+
+    def _stamp(self) -> Any:
+        """The current time on the database's clock, as a value to write in a statement
+        (an expression the server evaluates, on PostgreSQL)."""
+        return sa.func.clock_timestamp() if self._server_clock else _now()
+
+    def clock(self, conn: Connection | None = None) -> datetime:
+        """The time now on the database's clock (aware, UTC on SQLite)."""
+        if not self._server_clock:
+            return _now()
+        if conn is not None:
+            return conn.execute(sa.select(sa.func.clock_timestamp())).scalar_one()
+        with self.engine.connect() as own:
+            return own.execute(sa.select(sa.func.clock_timestamp())).scalar_one()
 
     def close(self) -> None:
         self.engine.dispose()
@@ -530,7 +613,7 @@ class Catalog:
             conn.execute(
                 t.update()
                 .where(t.c.circuit == circuit, t.c.epoch == epoch, t.c.state == "open")
-                .values(state="committed", committed_at=_now())
+                .values(state="committed", committed_at=self._stamp())
             )
             return True
 
@@ -719,16 +802,29 @@ class Catalog:
                 )
             if b.kind not in KINDS:
                 raise CatalogError(f"batch kind must be one of {KINDS}, got {b.kind!r}")
-        now = _now()
+        if batches and self.warehouse is not None:
+            # Durable before visible: a crash after the commit must not leave the catalog
+            # naming files the kernel never wrote out.
+            sync_trees([self.warehouse / b.path for b in batches], up_to=self.warehouse)
         try:
             with self._write() as conn:
+                now = _now()  # inside the transaction: SQLite's writers are serialised
                 if self._stage_run_id(conn, circuit, stage, time_text) is not None:
                     return False
+                if supersede_ids:
+                    # Ordered against leases (acquire_lease): a reader's lease that started
+                    # before this commit's finished_at may have planned against the batches
+                    # it supersedes, and garbage collection keeps them while it lives.
+                    self._lock_circuit(conn, circuit, exclusive=False)
                 # The stage run goes first: a concurrent duplicate blocks on (or fails at)
                 # its unique key before doing anything else.
                 run_id = conn.execute(
                     stage_runs_table.insert().values(
-                        circuit=circuit, stage=stage, time=time_text, epoch=epoch, finished_at=now
+                        circuit=circuit,
+                        stage=stage,
+                        time=time_text,
+                        epoch=epoch,
+                        finished_at=self._stamp(),
                     )
                 ).inserted_primary_key[0]
                 for b in batches:
@@ -1025,20 +1121,135 @@ class Catalog:
             )
         )
 
+    # --- leases --------------------------------------------------------------------------
+    def _lock_circuit(self, conn: Connection, circuit: str, *, exclusive: bool) -> None:
+        """PostgreSQL: lock the circuit's row, shared by superseding commits, exclusive
+        (but not against the foreign keys of other inserts) for a lease's start. SQLite
+        serialises every write transaction already."""
+        if not self._server_clock:
+            return
+        ct = circuits_table
+        q = sa.select(ct.c.name).where(ct.c.name == circuit)
+        q = q.with_for_update(key_share=True) if exclusive else q.with_for_update(read=True)
+        conn.execute(q)
+
+    def acquire_lease(
+        self, circuit: str, holder: str, seconds: float = DEFAULT_LEASE_SECONDS
+    ) -> int:
+        """Start a lease on ``circuit`` for ``holder`` (who, for people), lasting
+        ``seconds`` on the database's clock unless released; returns its id. Take it
+        before reading or writing anything: garbage collection keeps whatever the holder
+        may be writing (unregistered paths first seen after the lease started) or may
+        have planned against (batches superseded after it started)."""
+        if not seconds > 0:
+            raise ValueError(f"a lease lasts a positive number of seconds, got {seconds}")
+        with self._write() as conn:
+            self._lock_circuit(conn, circuit, exclusive=True)
+            if self._server_clock:
+                started: Any = sa.func.clock_timestamp()
+                expires: Any = started + sa.func.make_interval(0, 0, 0, 0, 0, 0, float(seconds))
+            else:
+                started = _now()
+                expires = started + timedelta(seconds=seconds)
+            try:
+                return int(
+                    conn.execute(
+                        leases_table.insert().values(
+                            circuit=circuit,
+                            holder=holder[:500],
+                            started_at=started,
+                            expires_at=expires,
+                        )
+                    ).inserted_primary_key[0]
+                )
+            except sa.exc.IntegrityError:
+                raise CatalogError(
+                    f"cannot lease circuit {circuit!r}: it is not registered"
+                ) from None
+
+    def release_lease(self, lease: int) -> None:
+        """End a lease (a no-op if it expired and was removed)."""
+        with self._write() as conn:
+            conn.execute(leases_table.delete().where(leases_table.c.id == int(lease)))
+
+    def leases(self, circuit: str) -> list[Lease]:
+        """The live leases of ``circuit`` (not expired by the database's clock)."""
+        lt = leases_table
+        with self.engine.connect() as conn:
+            now = self.clock(conn)
+            q = sa.select(lt).where(lt.c.circuit == circuit, lt.c.expires_at > now)
+            return [
+                Lease(int(r.id), r.circuit, r.holder, _aware(r.started_at), _aware(r.expires_at))
+                for r in conn.execute(q.order_by(lt.c.started_at))
+            ]
+
     # --- garbage collection support ------------------------------------------------------
-    def _purge_superseded(self, before: datetime, circuit: str | None) -> list[BatchRecord]:
-        """Superseded batches whose superseding commit finished before ``before``."""
+    def _gc_horizon(self, circuit: str, min_age_seconds: float) -> tuple[datetime, datetime | None]:
+        """For garbage collection of ``circuit``, on the database's clock: the latest
+        time a deletable thing may date from (now - ``min_age_seconds``), and when the
+        oldest live lease started (None: no lease), before which it must also date.
+        Expired leases are removed."""
+        lt = leases_table
+        with self._write() as conn:
+            now = self.clock(conn)
+            conn.execute(lt.delete().where(lt.c.circuit == circuit, lt.c.expires_at <= now))
+            oldest = conn.execute(
+                sa.select(sa.func.min(lt.c.started_at)).where(lt.c.circuit == circuit)
+            ).scalar_one_or_none()
+        return now - timedelta(seconds=min_age_seconds), None if oldest is None else _aware(oldest)
+
+    def _purge_superseded(
+        self, circuit: str, cutoff: datetime, lease_start: datetime | None
+    ) -> list[BatchRecord]:
+        """Superseded batches of ``circuit`` whose superseding commit finished at or
+        before ``cutoff`` and before ``lease_start``."""
         bt, rt = batches_table, stage_runs_table
         q = (
             sa.select(bt)
             .join(rt, bt.c.superseded_by == rt.c.id)
-            .where(rt.c.finished_at < before)
+            .where(bt.c.circuit == circuit, rt.c.finished_at <= cutoff)
             .order_by(bt.c.id)
         )
-        if circuit is not None:
-            q = q.where(bt.c.circuit == circuit)
+        if lease_start is not None:
+            q = q.where(rt.c.finished_at < lease_start)
         with self.engine.connect() as conn:
             return [_batch_record(r) for r in conn.execute(q)]
+
+    def _gc_marks(self, circuit: str, paths: Sequence[str]) -> dict[str, datetime]:
+        """When garbage collection first saw each of ``paths`` unregistered: marks the
+        ones it had not seen now (database clock) and forgets marks of other paths (gone,
+        or registered since)."""
+        gt = gc_marks_table
+        with self._write() as conn:
+            now = self.clock(conn)
+            marks = {
+                r.path: _aware(r.first_seen)
+                for r in conn.execute(sa.select(gt).where(gt.c.circuit == circuit))
+            }
+            wanted = set(paths)
+            stale = [p for p in marks if p not in wanted]
+            for start in range(0, len(stale), 500):
+                conn.execute(
+                    gt.delete().where(
+                        gt.c.circuit == circuit, gt.c.path.in_(stale[start : start + 500])
+                    )
+                )
+            fresh = [p for p in paths if p not in marks]
+            if fresh:
+                conn.execute(
+                    gt.insert(), [{"circuit": circuit, "path": p, "first_seen": now} for p in fresh]
+                )
+            return {p: marks.get(p, now) for p in paths}
+
+    def _forget_marks(self, circuit: str, paths: Sequence[str]) -> None:
+        gt = gc_marks_table
+        with self._write() as conn:
+            for start in range(0, len(paths), 500):
+                conn.execute(
+                    gt.delete().where(
+                        gt.c.circuit == circuit, gt.c.path.in_(list(paths[start : start + 500]))
+                    )
+                )
 
     def _forget_batches(self, ids: Sequence[int]) -> None:
         if not ids:
@@ -1048,6 +1259,36 @@ class Catalog:
             for start in range(0, len(ids), 500):
                 chunk = list(ids[start : start + 500])
                 conn.execute(bt.delete().where(bt.c.id.in_(chunk), bt.c.superseded_by.is_not(None)))
+
+
+def _aware(value: datetime) -> datetime:
+    """A time read back from the catalog, aware (SQLite returns it naive, in UTC)."""
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value
+
+
+def _refuse_shared_sqlite(database: str | None, warehouse: Path | None, allow: bool | None) -> None:
+    """Refuse a SQLite catalog whose file, or warehouse, is on a shared file system."""
+    if database in (None, "", ":memory:"):
+        places = [("the warehouse", warehouse)]
+    else:
+        places = [("the catalog file", Path(database)), ("the warehouse", warehouse)]
+    if allow is None:
+        allow = os.environ.get(SHARED_SQLITE_SETTING, "").strip().lower() == "allow"
+    if allow:
+        return
+    for what, place in places:
+        if place is None:
+            continue
+        kind = shared_filesystem(place)
+        if kind is not None:
+            raise CatalogError(
+                f"refusing a SQLite catalog: {what} {place} is on a shared file system "
+                f"({kind}). SQLite's locks do not hold across hosts and its file on one "
+                "host is not the other hosts' catalog, so commits could be lost or "
+                "doubled. Use PostgreSQL for the catalog (the catalog_conn_id connection, "
+                "[dbspark] catalog_conn_id), or, if only this host uses the warehouse, set "
+                f"{SHARED_SQLITE_SETTING}=allow ([dbspark] sqlite_on_shared_filesystem = allow)"
+            )
 
 
 def _batch_values(b: BatchRecord, now: datetime) -> dict[str, Any]:
@@ -1167,7 +1408,9 @@ def _configure_sqlite(engine: Engine, lock_timeout: float) -> None:
             cur.execute(f"PRAGMA busy_timeout = {int(lock_timeout * 1000)}")
             if not in_memory:
                 cur.execute("PRAGMA journal_mode = WAL")
-                cur.execute("PRAGMA synchronous = NORMAL")
+                # FULL: a commit is on disk when it returns (NORMAL in WAL mode may lose
+                # the last commits on power loss, after their files were made durable).
+                cur.execute("PRAGMA synchronous = FULL")
         finally:
             cur.close()
 
@@ -1182,77 +1425,122 @@ def _configure_sqlite(engine: Engine, lock_timeout: float) -> None:
 
 @dataclass
 class GCReport:
-    """What :func:`garbage_collect` removed."""
+    """What :func:`garbage_collect` removed, and what it kept for now."""
 
     unregistered_dirs: list[str] = field(default_factory=list)
     superseded_batches: list[int] = field(default_factory=list)
+    #: Unit files (``_units/<circuit>/``) of submissions that never cleaned up.
+    unit_files: list[str] = field(default_factory=list)
     bytes_freed: int = 0
+    #: Unregistered paths seen but kept: too young, or a live lease may own them.
+    kept: list[str] = field(default_factory=list)
+
+    def describe(self) -> str:
+        return (
+            f"{len(self.unregistered_dirs)} unregistered batch directories, "
+            f"{len(self.superseded_batches)} superseded batches and {len(self.unit_files)} "
+            f"unit files removed ({self.bytes_freed} bytes); {len(self.kept)} unregistered "
+            "paths kept for now (younger than the minimum age, or a live lease may own them)"
+        )
+
+
+#: Where spark-submit unit files are written, under the warehouse (``orchestration/units``).
+UNITS_FOLDER = "_units"
 
 
 def garbage_collect(
     warehouse: Any,
     catalog: Catalog,
     *,
-    min_age_seconds: float = 0.0,
+    min_age_seconds: float | None = None,
     circuit: str | None = None,
 ) -> GCReport:
-    """Delete what no reader can see: unregistered batch directories and superseded batches.
+    """Delete what no reader can see and no unit at work can own: superseded batches,
+    unregistered batch directories (crashed or abandoned writes) and leftover unit files.
 
     ``warehouse`` is a :class:`~dbspark.storage.warehouse.Warehouse` or its root path.
-    Only directories at batch depth under the folders of registered circuits are
-    considered (``<circuit>/<collection>/<kind>/t=<time>/<uuid>``), never ``catalog.db``
-    or anything else under the root.
+    Only directories at batch depth under the folders of registered circuits
+    (``<circuit>/<collection>/<kind>/t=<time>/<uuid>``) and files in
+    ``_units/<circuit>/`` are considered, never ``catalog.db`` or anything else.
 
-    Unregistered directories are those of crashed or abandoned writes. A write in flight
-    is also unregistered until its commit: run with ``min_age_seconds`` larger than any
-    task's duration unless no task is running (e.g. between epochs). Superseded batches
-    are deleted (files, then their catalog rows) once the commit that replaced them is
-    at least ``min_age_seconds`` old, so that readers that planned against them are done.
+    Ages are on the database's clock (``Catalog.clock``), never a file's mtime, which
+    another host's clock wrote: an unregistered path's age counts from when a garbage
+    collection first saw it (``gc_marks``), a superseded batch's from the commit that
+    superseded it. Deleted: what is at least ``min_age_seconds`` old (default
+    ``DEFAULT_GC_MIN_AGE_SECONDS``) and dates from before the oldest live lease on the
+    circuit started (``Catalog.acquire_lease``): a unit holding a lease may be writing
+    any path first seen since, and may have listed any batch superseded since. So a
+    path is deleted at the earliest on a second run, unless ``min_age_seconds`` is 0
+    and no lease is live.
     """
-    root = Path(getattr(warehouse, "root", warehouse)).resolve()
+    # (a Path has a ``root`` too: "/")
+    root = Path(warehouse if isinstance(warehouse, (str, os.PathLike)) else warehouse.root)
+    root = root.resolve()
+    min_age = DEFAULT_GC_MIN_AGE_SECONDS if min_age_seconds is None else float(min_age_seconds)
+    if min_age < 0:
+        raise ValueError(f"min_age_seconds must be >= 0, got {min_age_seconds}")
     report = GCReport()
-    cutoff_epoch_s = _time.time() - min_age_seconds
-    cutoff = _now() - timedelta(seconds=min_age_seconds)
-
-    # 1. superseded batches: delete their files, then forget them.
-    purged = catalog._purge_superseded(cutoff, circuit)
-    for b in purged:
-        report.bytes_freed += _remove_tree(root / b.path)
-        report.superseded_batches.append(int(b.id or 0))
-    catalog._forget_batches([int(b.id) for b in purged if b.id is not None])
-
-    # 2. unregistered batch directories (after 1, so purged paths are not re-listed).
-    registered = {b.path for b in catalog.all_batches(circuit)}
     names = [circuit] if circuit is not None else catalog.circuits()
     for name in names:
+        # In this order, each step on the database's clock: list the unregistered
+        # candidates, mark when each was first seen, read the horizon (leases), then
+        # what is registered. A path seen before a lease started is not that unit's
+        # (it takes its lease before writing); a unit that committed after the horizon
+        # was read held a lease then, which keeps its paths.
         base = root / name
-        if not base.is_dir():
-            continue
-        for batch_dir in sorted(base.glob("*/*/t=*/*")):
-            if not batch_dir.is_dir():
-                continue
-            rel = batch_dir.relative_to(root).as_posix()
+        units = root / UNITS_FOLDER / name
+        listed: list[str] = []
+        if base.is_dir():
+            listed.extend(
+                p.relative_to(root).as_posix() for p in sorted(base.glob("*/*/t=*/*")) if p.is_dir()
+            )
+        if units.is_dir():
+            listed.extend(
+                p.relative_to(root).as_posix() for p in sorted(units.iterdir()) if p.is_file()
+            )
+        before = {b.path for b in catalog.all_batches(name)}
+        listed = [rel for rel in listed if rel not in before]
+        seen = catalog._gc_marks(name, listed)
+        cutoff, lease_start = catalog._gc_horizon(name, min_age)
+
+        def deletable(when: datetime, cutoff: datetime = cutoff, start: Any = lease_start) -> bool:
+            return when <= cutoff and (start is None or when < start)
+
+        # 1. superseded batches: delete their files, then forget them.
+        purged = catalog._purge_superseded(name, cutoff, lease_start)
+        for b in purged:
+            report.bytes_freed += _remove_tree(root / b.path)
+            report.superseded_batches.append(int(b.id or 0))
+        catalog._forget_batches([int(b.id) for b in purged if b.id is not None])
+
+        # 2. unregistered batch directories and unit files.
+        registered = {b.path for b in catalog.all_batches(name)}
+        removed = []
+        for rel in listed:
             if rel in registered:
                 continue
-            if _newest_mtime(batch_dir) > cutoff_epoch_s:
+            if not deletable(seen[rel]):
+                report.kept.append(rel)
                 continue
-            report.bytes_freed += _remove_tree(batch_dir)
-            report.unregistered_dirs.append(rel)
-        _remove_empty_dirs(base, min_age_seconds)
+            report.bytes_freed += _remove_tree(root / rel)
+            removed.append(rel)
+            unit_file = rel.startswith(UNITS_FOLDER + "/")
+            (report.unit_files if unit_file else report.unregistered_dirs).append(rel)
+        catalog._forget_marks(name, removed)
+        if lease_start is None and base.is_dir():
+            # A writer creates its folders before its files: with a unit at work, leave
+            # empty folders for a later run.
+            _remove_empty_dirs(base)
     return report
-
-
-def _newest_mtime(path: Path) -> float:
-    newest = path.stat().st_mtime
-    for dirpath, _dirs, files in os.walk(path):
-        for f in files:
-            with contextlib.suppress(FileNotFoundError):
-                newest = max(newest, os.stat(os.path.join(dirpath, f)).st_mtime)
-    return newest
 
 
 def _remove_tree(path: Path) -> int:
     size = 0
+    if path.is_file() or path.is_symlink():
+        with contextlib.suppress(FileNotFoundError):
+            size = path.lstat().st_size
+            path.unlink()
+        return size
     if not path.exists():
         return 0
     for dirpath, _dirs, files in os.walk(path):
@@ -1263,14 +1551,11 @@ def _remove_tree(path: Path) -> int:
     return size
 
 
-def _remove_empty_dirs(base: Path, min_age_seconds: float) -> None:
-    """Remove empty collection/kind/time folders not touched for ``min_age_seconds``
-    (a writer may just have created one); never ``base`` itself."""
-    cutoff = _time.time() - min_age_seconds
+def _remove_empty_dirs(base: Path) -> None:
+    """Remove empty collection/kind/time folders under ``base``; never ``base`` itself."""
     for dirpath, _dirs, _files in sorted(os.walk(base), key=lambda x: -len(x[0])):
         p = Path(dirpath)
         if p == base:
             continue
         with contextlib.suppress(OSError):
-            if min_age_seconds <= 0 or p.stat().st_mtime <= cutoff:
-                p.rmdir()
+            p.rmdir()

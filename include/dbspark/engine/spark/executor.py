@@ -113,7 +113,11 @@ class SparkEngine(Ingest, OperatorEvaluation, Loops, Views, Maintenance):
         self._spark = spark
         self.root = Path(warehouse)
         self.root.mkdir(parents=True, exist_ok=True)
-        self.catalog = Catalog(catalog_url) if catalog_url else Catalog.for_warehouse(self.root)
+        self.catalog = (
+            Catalog(catalog_url, warehouse=self.root)
+            if catalog_url
+            else Catalog.for_warehouse(self.root)
+        )
         self.warehouse = Warehouse(self.root)
         # The views after this engine's last ``step``, to give the next step its change.
         self._step_views: dict[str, ZSet] | None = None

@@ -1,0 +1,147 @@
+"""Durability of what the catalog registers (issue 18, finding 5).
+
+A catalog commit makes files visible; if the machine loses power after the commit but
+before the kernel wrote the files out, the catalog names files that are empty or gone.
+So every file and directory a commit registers is fsynced first (:func:`sync_tree`),
+then the directories above it up to the warehouse root, whose entries name it.
+
+SQLite's locks do not work on network file systems, and a SQLite file on one host's disk
+is not shared with the others: a warehouse on NFS, CIFS, a FUSE mount and the like means
+several hosts, which need PostgreSQL. :func:`shared_filesystem` tells from the mount
+table (``/proc/mounts``) which file system a path is on.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+#: The mount table read by :func:`filesystem_type` (Linux).
+MOUNTS = Path("/proc/mounts")
+
+#: File systems shared between hosts, or whose locking SQLite cannot trust. Any
+#: ``fuse.*`` type counts too (sshfs, s3fs, gcsfuse, Docker Desktop's grpcfuse), except
+#: ``fuseblk`` (a local disk through FUSE, such as ntfs-3g).
+SHARED_TYPES = frozenset(
+    {
+        "nfs",
+        "nfs4",
+        "cifs",
+        "smb3",
+        "smbfs",
+        "ncpfs",
+        "9p",
+        "afs",
+        "ceph",
+        "glusterfs",
+        "lustre",
+        "gpfs",
+        "ocfs2",
+        "gfs2",
+        "beegfs",
+        "fuse",
+        "virtiofs",
+    }
+)
+
+#: fsyncs run from this many threads: a journaling file system commits concurrent
+#: fsyncs together, so a batch of 16 bucket files costs about one journal commit.
+SYNC_THREADS = 8
+
+
+def _fsync(path: str, directory: bool) -> None:
+    fd = os.open(path, (os.O_RDONLY | os.O_DIRECTORY) if directory else os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def sync_tree(path: str | os.PathLike[str], *, up_to: str | os.PathLike[str]) -> None:
+    """fsync every file and directory under ``path`` (files first), then ``path``'s
+    parents up to and including ``up_to``, so a crash after this leaves the tree as it
+    is now. A missing ``path`` is an error: the caller is about to register it."""
+    sync_trees([path], up_to=up_to)
+
+
+def sync_trees(paths: Iterable[str | os.PathLike[str]], *, up_to: str | os.PathLike[str]) -> None:
+    """:func:`sync_tree` for several trees under one ``up_to``, each directory once."""
+    root = Path(up_to)
+    files: list[str] = []
+    directories: list[str] = []
+    parents: dict[str, None] = {}
+    for path in paths:
+        top = Path(path)
+        if not top.exists():
+            raise FileNotFoundError(f"cannot make {top} durable: it does not exist")
+        if top.is_file():
+            files.append(str(top))
+        else:
+            for dirpath, _dirs, names in os.walk(top):
+                files.extend(os.path.join(dirpath, n) for n in names)
+                directories.append(dirpath)
+        parent = top.parent
+        while True:
+            parents[str(parent)] = None
+            if parent == root or parent == parent.parent or root not in parent.parents:
+                break
+            parent = parent.parent
+    # Files before the directories that name them, deepest directories first.
+    jobs = [(f, False) for f in files] + [
+        (d, True) for d in sorted(directories, key=lambda d: -d.count(os.sep))
+    ]
+    if len(jobs) > 2:
+        with ThreadPoolExecutor(min(SYNC_THREADS, len(jobs))) as pool:
+            list(pool.map(lambda job: _fsync(*job), jobs))
+    else:
+        for job in jobs:
+            _fsync(*job)
+    for parent in sorted(parents, key=lambda d: -d.count(os.sep)):
+        _fsync(parent, True)
+
+
+def _unescape(field: str) -> str:
+    """A /proc/mounts field: spaces, tabs, newlines and backslashes are octal escapes."""
+    for code, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
+        field = field.replace(code, char)
+    return field
+
+
+def filesystem_type(path: str | os.PathLike[str], mounts: Path | None = None) -> str | None:
+    """The type of the file system ``path`` is on (the mount with the longest mount
+    point above it, of its nearest existing ancestor resolved), or None without a
+    readable mount table."""
+    table = MOUNTS if mounts is None else mounts
+    try:
+        lines = table.read_text().splitlines()
+    except OSError:
+        return None
+    target = Path(os.path.abspath(path))
+    while not target.exists() and target != target.parent:
+        target = target.parent
+    target = target.resolve()
+    best: tuple[int, str] | None = None
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = Path(_unescape(fields[1]))
+        if point == target or point in target.parents:
+            depth = len(point.parts)
+            if best is None or depth >= best[0]:
+                best = (depth, fields[2])
+    return None if best is None else best[1]
+
+
+def shared_filesystem(path: str | os.PathLike[str], mounts: Path | None = None) -> str | None:
+    """The file system type of ``path`` when it is shared between hosts (NFS, CIFS,
+    FUSE, ...: :data:`SHARED_TYPES`), else None."""
+    kind = filesystem_type(path, mounts)
+    if kind is None:
+        return None
+    base = kind.split(".", 1)[0]
+    if kind in SHARED_TYPES or (base == "fuse" and kind not in ("fuseblk", "fusectl")):
+        return kind
+    return None
