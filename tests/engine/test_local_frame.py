@@ -238,3 +238,50 @@ def test_exploded_corners_match_duckdb(session: LocalSession, rows: list[tuple])
         lambda frame: frame.select("*", F.explode(F.array(F.lit(0), F.lit(1))).alias("i")),
         table,
     )
+
+
+@st.composite
+def _ranked_rows(draw: Any) -> list[tuple]:
+    """Rows (k, s, w) whose marks ``w`` never tie within a partition (k, s), so the
+    numbering is determined; at most one NULL mark per partition."""
+    rows = draw(st.lists(st.tuples(SMALL_INTS, TEXT), max_size=14))
+    marks = draw(st.permutations(range(len(rows))))
+    seen_null: set[tuple] = set()
+    out = []
+    for (k, s), mark in zip(rows, marks, strict=True):
+        null = draw(st.booleans()) and (k, s) not in seen_null
+        if null:
+            seen_null.add((k, s))
+        out.append((k, s, None if null else mark - 5))
+    return out
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(_ranked_rows())
+def test_row_numbers_match_duckdb(session: LocalSession, rows: list[tuple]) -> None:
+    """The upsert's freshest row per key: ``row_number()`` over a partition ordered by a
+    mark descending with NULLs last, then rank 1, with the tombstone's ``coalesce``."""
+    table = _weighted(rows)
+
+    def numbered(frame: LocalFrame, *order: Any) -> LocalFrame:
+        window = F.Window.partitionBy("k", "s").orderBy(*order)
+        return frame.withColumn("r", F.row_number().over(window))
+
+    _same(session, lambda frame: numbered(frame, F.col("w").desc_nulls_last()), table)
+    _same(session, lambda frame: numbered(frame, F.col("w")), table)
+    _same(
+        session,
+        lambda frame: (
+            numbered(frame, F.col("w").desc_nulls_last())
+            .where(F.col("r") == 1)
+            .drop("r")
+            .withColumn("t", F.coalesce(F.col("k") == F.lit(1), F.lit(False)))
+        ),
+        table,
+    )
+
+
+def test_windows_over_floats_run_the_query(session: LocalSession) -> None:
+    table = pa.table({"k": pa.array([1, 1], pa.int64()), "v": [0.0, float("nan")]})
+    window = F.Window.partitionBy("k").orderBy(F.col("v").desc_nulls_last())
+    assert session.frame(table).withColumn("r", F.row_number().over(window)).table is None

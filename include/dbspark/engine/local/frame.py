@@ -94,7 +94,17 @@ class LocalColumn:
     whose step is all such columns is derived in Arrow (``LocalFrame._derive``).
     """
 
-    __slots__ = ("aggregate", "arrow", "elements", "name", "pairs", "reference", "sql")
+    __slots__ = (
+        "aggregate",
+        "arrow",
+        "descending",
+        "elements",
+        "name",
+        "ordered",
+        "pairs",
+        "reference",
+        "sql",
+    )
 
     def __init__(
         self,
@@ -113,6 +123,8 @@ class LocalColumn:
         self.reference = reference  # a plain column reference: its name, maybe qualified
         self.pairs = pairs  # a conjunction of column equalities: a join's keys
         self.elements: tuple[LocalColumn, ...] | None = None  # of an array(...), or exploded
+        self.ordered: LocalColumn | None = None  # the column a sort order is of
+        self.descending = False
 
     def __repr__(self) -> str:
         return f"LocalColumn({self.sql!r} AS {self.name!r})"
@@ -213,10 +225,21 @@ class LocalColumn:
         return LocalColumn(f"(NOT {self.sql})", arrow=in_arrow.invert(self.arrow))
 
     def desc_nulls_last(self) -> LocalColumn:
-        return LocalColumn(f"{self.sql} DESC NULLS LAST")
+        order = LocalColumn(f"{self.sql} DESC NULLS LAST")
+        order.ordered, order.descending = self, True
+        return order
 
     def over(self, window: LocalWindow) -> LocalColumn:
-        return LocalColumn(f"{self.sql} OVER ({window.sql()})")
+        arrow = None
+        if self.sql == "row_number()":
+            arrow = in_arrow.row_number(
+                [c.arrow for c in window.partition_columns],
+                [
+                    (c.ordered.arrow, c.descending) if c.ordered is not None else (c.arrow, False)
+                    for c in window.order_columns
+                ],
+            )
+        return LocalColumn(f"{self.sql} OVER ({window.sql()})", arrow=arrow)
 
     def __bool__(self) -> bool:
         raise TypeError("a column has no truth value; use & | ~ instead of and/or/not")
@@ -334,7 +357,9 @@ def count(column: Any) -> LocalColumn:
 
 
 def coalesce(*columns: Any) -> LocalColumn:
-    return _function("coalesce", *columns)
+    found = _function("coalesce", *columns)
+    found.arrow = in_arrow.coalesce([_column(c).arrow for c in columns])
+    return found
 
 
 def row_number() -> LocalColumn:
@@ -344,22 +369,24 @@ def row_number() -> LocalColumn:
 class LocalWindow:
     """A window specification (``Window.partitionBy(...).orderBy(...)``)."""
 
-    def __init__(self, partition: tuple[str, ...] = (), order: tuple[str, ...] = ()) -> None:
-        self.partition = partition
-        self.order = order
+    def __init__(
+        self, partition: tuple[LocalColumn, ...] = (), order: tuple[LocalColumn, ...] = ()
+    ) -> None:
+        self.partition_columns = partition
+        self.order_columns = order
 
     def partitionBy(self, *columns: Any) -> LocalWindow:
-        return LocalWindow(tuple(_sql(_column(c)) for c in columns), self.order)
+        return LocalWindow(tuple(_column(c) for c in columns), self.order_columns)
 
     def orderBy(self, *columns: Any) -> LocalWindow:
-        return LocalWindow(self.partition, tuple(_sql(_column(c)) for c in columns))
+        return LocalWindow(self.partition_columns, tuple(_column(c) for c in columns))
 
     def sql(self) -> str:
         parts = []
-        if self.partition:
-            parts.append("PARTITION BY " + ", ".join(self.partition))
-        if self.order:
-            parts.append("ORDER BY " + ", ".join(self.order))
+        if self.partition_columns:
+            parts.append("PARTITION BY " + ", ".join(c.sql for c in self.partition_columns))
+        if self.order_columns:
+            parts.append("ORDER BY " + ", ".join(c.sql for c in self.order_columns))
         return " ".join(parts)
 
 

@@ -35,6 +35,7 @@ import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -295,6 +296,67 @@ def case(
         return pc.case_when(
             pc.make_struct(*conditions, field_names=names), *map(_one_chunk, values)
         )
+
+    return run
+
+
+def coalesce(columns: Sequence[ArrowColumn | None]) -> ArrowColumn | None:
+    """``coalesce(a, b, ...)``: the first non-NULL value, over columns of one comparable
+    type (DuckDB would unify mixed types)."""
+    if not columns or any(c is None for c in columns):
+        return None
+
+    def run(table: pa.Table) -> ArrowValues | None:
+        values = _evaluated(table, *columns)
+        if values is None or len({v.type for v in values}) > 1:
+            return None
+        if not comparable(values[0].type):
+            return None
+        return pc.coalesce(*values)
+
+    return run
+
+
+def row_number(
+    partition: Sequence[ArrowColumn | None], order: Sequence[tuple[ArrowColumn | None, bool]]
+) -> ArrowColumn | None:
+    """``row_number() OVER (PARTITION BY p ORDER BY o [DESC] NULLS LAST)``: each row's
+    position within its partition, from 1. Rows that tie on the order are numbered in
+    some order, as SQL numbers them (the upsert rule refuses ties that differ)."""
+    if any(c is None for c in partition) or any(c is None for c, _ in order):
+        return None
+
+    def run(table: pa.Table) -> ArrowValues | None:
+        keys = _evaluated(table, *partition)
+        marks = _evaluated(table, *(c for c, _ in order))
+        if keys is None or marks is None:
+            return None
+        if not all(comparable(v.type) for v in (*keys, *marks)):
+            return None
+        rows = table.num_rows
+        names = [f"p{i}" for i in range(len(keys))] + [f"o{i}" for i in range(len(marks))]
+        frame = pa.Table.from_arrays([*keys, *marks], names=names)
+        sort_keys = [(f"p{i}", "ascending", "at_end") for i in range(len(keys))] + [
+            (f"o{i}", "descending" if descending else "ascending", "at_end")
+            for i, (_, descending) in enumerate(order)
+        ]
+        positions = pc.sort_indices(frame, sort_keys=sort_keys)
+        starts = np.zeros(rows, dtype=bool)
+        if rows:
+            starts[0] = True
+        for i in range(len(keys)):
+            values = frame.column(f"p{i}").take(positions)
+            before, after = values.slice(0, rows - 1), values.slice(1)
+            same = pc.or_(
+                pc.fill_null(pc.equal(before, after), False),
+                pc.and_(pc.is_null(before), pc.is_null(after)),
+            )
+            starts[1:] |= ~np.asarray(same.to_numpy(zero_copy_only=False), dtype=bool)
+        first = np.flatnonzero(starts)
+        group = np.cumsum(starts) - 1
+        numbers = np.empty(rows, dtype=np.int64)
+        numbers[positions.to_numpy()] = np.arange(rows) - first[group] + 1
+        return pa.array(numbers, pa.int64())
 
     return run
 
