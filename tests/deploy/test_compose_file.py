@@ -126,6 +126,10 @@ OPTIONAL_DBSPARK_KEYS = {
     "table_retention_hours": "DBSPARK_TABLE_RETENTION_HOURS, else 168 hours",
     "table_maintain_every": "DBSPARK_TABLE_MAINTAIN_EVERY, else every 10th epoch",
     "table_target_file_bytes": "DBSPARK_TABLE_TARGET_FILE_BYTES, else 32 MiB",
+    "maintain_every": "the maintain task runs after every 10th epoch by default",
+    "gc_min_age_hours": "garbage collection keeps what is younger than 6 hours by default",
+    "changes_retention_hours": "change directories are kept 168 hours by default",
+    "sqlite_on_shared_filesystem": "compose's catalog is PostgreSQL; only SQLite reads it",
 }
 #: Keys the scan must find, or the scan itself is broken.
 KNOWN_DBSPARK_KEYS = {"warehouse", "landing", "outputs", "catalog_conn_id", "spark_conn_id"}

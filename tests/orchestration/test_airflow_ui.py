@@ -47,10 +47,12 @@ def airflow(tmp_path_factory):
 def test_the_graph_view_of_every_example_dag_is_served(airflow, dag_id):
     graph = airflow.api.get(f"/ui/structure/structure_data?dag_id={dag_id}")
     ids = [node["id"] for node in graph["nodes"]]
-    assert ids[0] == "open_epoch" and ids[-3:] == ["close_epoch", "rebuild", "verify"]
+    assert ids[0] == "open_epoch" and ids[-5] == "close_epoch"
+    assert set(ids[-4:]) == {"rebuild", "verify", "serve", "maintain"}
     assert "ingest" in ids and "publish" in ids
     edges = {(edge["source_id"], edge["target_id"]) for edge in graph["edges"]}
     assert {("publish", "close_epoch"), ("close_epoch", "rebuild"), ("rebuild", "verify")} <= edges
+    assert {("close_epoch", "serve"), ("close_epoch", "maintain")} <= edges
 
 
 def test_the_graph_view_draws_the_loop_as_a_group_of_mapped_iterations(airflow):
@@ -65,7 +67,8 @@ def test_the_graph_view_draws_the_loop_as_a_group_of_mapped_iterations(airflow):
 def test_the_grid_view_of_every_example_dag_is_served(airflow, dag_id):
     structure = airflow.api.get(f"/ui/grid/structure/{dag_id}")
     ids = [node["id"] for node in structure]
-    assert ids[0] == "open_epoch" and ids[-3:] == ["close_epoch", "rebuild", "verify"]
+    assert ids[0] == "open_epoch" and ids[-5] == "close_epoch"
+    assert set(ids[-4:]) == {"rebuild", "verify", "serve", "maintain"}
 
 
 def test_the_dbspark_page_answers_a_logged_in_user_only(airflow):

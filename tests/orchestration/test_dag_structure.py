@@ -48,13 +48,20 @@ def test_orders_dag_follows_the_plan(example_dags):
         "close_epoch",
         "rebuild",
         "verify",
+        "serve",
+        "maintain",
     }
     assert dag.max_active_runs == 1
     assert dag.catchup is True
     assert type(dag.timetable).__name__ == "CronDataIntervalTimetable"
-    # After the epoch, rebuild and verify must not wait for the last run's (a failed
-    # verification would block every later epoch).
-    assert {t.task_id for t in dag.tasks if not t.depends_on_past} == {"rebuild", "verify"}
+    # After the epoch, rebuild, verify, serve and maintain must not wait for the last
+    # run's (a failed verification or serving table would block every later epoch).
+    assert {t.task_id for t in dag.tasks if not t.depends_on_past} == {
+        "rebuild",
+        "verify",
+        "serve",
+        "maintain",
+    }
     assert _upstream(dag, "ingest.orders") == {"open_epoch"}
     assert _upstream(dag, "join_6") == {"ingest.customers", "ingest.orders"}
     assert _upstream(dag, "aggregate_7") == {"join_6"}
@@ -62,6 +69,7 @@ def test_orders_dag_follows_the_plan(example_dags):
     assert _upstream(dag, "close_epoch") == {"publish"}
     assert _upstream(dag, "rebuild") == {"close_epoch"}
     assert _upstream(dag, "verify") == {"close_epoch", "rebuild"}  # close_epoch branches
+    assert _upstream(dag, "serve") == _upstream(dag, "maintain") == {"close_epoch"}
     assert set(dag.task_group.children) == {
         "open_epoch",
         "ingest",
@@ -71,6 +79,8 @@ def test_orders_dag_follows_the_plan(example_dags):
         "close_epoch",
         "rebuild",
         "verify",
+        "serve",
+        "maintain",
     }
 
 
@@ -98,7 +108,8 @@ def test_the_graph_view_can_draw_every_example_dag(example_dags, dag_id):
         for child in stored.task_group.topological_sort(group_dict=group_dict)
     ]
     ids = [node["id"] for node in nodes]
-    assert ids[0] == "open_epoch" and ids[-3:] == ["close_epoch", "rebuild", "verify"]
+    assert ids[0] == "open_epoch" and ids[-5] == "close_epoch"
+    assert set(ids[-4:]) == {"rebuild", "verify", "serve", "maintain"}
     assert dag_edges(stored)
 
 

@@ -31,6 +31,8 @@ KINDS = {
     "close_epoch": "close",
     "rebuild": "rebuild",
     "verify": "verify",
+    "serve": "serve",
+    "maintain": "maintain",
 }
 
 

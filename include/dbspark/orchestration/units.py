@@ -43,6 +43,7 @@ from typing import Any, ClassVar
 
 from dbspark.circuit.builder import Circuit
 from dbspark.engine.file_batches import FileBatch
+from dbspark.storage.catalog import UNITS_FOLDER
 
 log = logging.getLogger("dbspark.airflow")
 
@@ -233,7 +234,6 @@ CATALOG_URL_VARIABLE = "DBSPARK_UNIT_CATALOG_URL"
 SERVING_URL_VARIABLE = "DBSPARK_UNIT_SERVING_URL"
 UNIT_FORMAT = "dbspark-unit/1"
 RESULT_FORMAT = "dbspark-unit-result/1"
-UNITS_FOLDER = "_units"
 UNIT_KINDS: dict[str, type] = {
     cls.kind: cls
     for cls in (IngestUnit, StageUnit, IterateUnit, PublishUnit, CloseUnit, RebuildUnit, VerifyUnit)

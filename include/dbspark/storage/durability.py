@@ -145,3 +145,14 @@ def shared_filesystem(path: str | os.PathLike[str], mounts: Path | None = None) 
     if kind in SHARED_TYPES or (base == "fuse" and kind not in ("fuseblk", "fusectl")):
         return kind
     return None
+
+
+def sync_directories(path: str | os.PathLike[str], *, up_to: str | os.PathLike[str]) -> None:
+    """fsync the directory ``path`` and its parents up to and including ``up_to`` (their
+    entries only, not what lies below them): after a rename into ``path``."""
+    root, folder = Path(up_to), Path(path)
+    while True:
+        _fsync(str(folder), True)
+        if folder == root or folder == folder.parent or root not in folder.parents:
+            return
+        folder = folder.parent

@@ -4,12 +4,13 @@ The graph mirrors the circuit's plan (``circuit/planner.py``)::
 
     open_epoch >> ingest.<source> ... >> <stage> ...                   (plan order)
                loop_<name>.iterate[0..k] >> loop_<name>.converged     (per top-level loop)
-    ... >> publish >> close_epoch >> [rebuild, verify];  rebuild >> verify
+    ... >> publish >> close_epoch >> [rebuild, verify, serve, maintain];  rebuild >> verify
 
 ``publish`` has each view's Asset as an outlet (``assets.py``). ``close_epoch`` is a
-branch to ``rebuild`` and ``verify``: they run only when the run's params ask (a manual
-trigger's form); a scheduled run takes the defaults and the scheduler skips them
-without starting a task process.
+branch to ``rebuild`` and ``verify``, which run only when the run's params ask (a manual
+trigger's form), ``serve`` (serving tables, when there is a serving database) and
+``maintain`` (garbage collection and retention, every ``maintain_every``-th epoch); the
+scheduler skips the others without starting a task process.
 
 Task groups stay acyclic when collapsed, as the Graph view draws them (Airflow sorts a
 group's children topologically and fails the whole view on a cycle): ``ingest`` only
@@ -49,7 +50,7 @@ from dbspark.orchestration.airflow.policy import (
     retry_policy,
     task_timeouts,
 )
-from dbspark.orchestration.airflow.tasks import REBUILD, VERIFY, EpochTasks
+from dbspark.orchestration.airflow.tasks import MAINTAIN, REBUILD, SERVE, VERIFY, EpochTasks
 from dbspark.orchestration.sources import LandingDirectory, SourceConnector
 from dbspark.orchestration.units import CircuitRecipe
 from dbspark.sql import compile_files, explain
@@ -318,7 +319,8 @@ class _EpochGraph:
         for upstream in self.every:
             upstream >> published
         rebuilt, verified = self._maintenance()
-        published >> closed >> [rebuilt, verified]
+        served, maintained = self._after_close()
+        published >> closed >> [rebuilt, verified, served, maintained]
         rebuilt >> verified
 
     def _epoch(self) -> tuple[Any, Any]:
@@ -340,8 +342,8 @@ class _EpochGraph:
             execution_timeout=self.timeouts["close"],
         )
         def close_epoch(**context: Any) -> list[str]:
-            runner.close_epoch(context)
-            return runner.maintenance(context).tasks
+            epoch = runner.close_epoch(context)
+            return runner.after_close(context, epoch)
 
         return open_epoch(), close_epoch()
 
@@ -458,6 +460,35 @@ class _EpochGraph:
             return runner.verify(context)
 
         return rebuild(), verify()
+
+    def _after_close(self) -> tuple[Any, Any]:
+        """``serve`` (serving tables caught up from the change feed) and ``maintain``
+        (garbage collection, retention), after the epoch committed, in every DAG. A
+        failure of either fails that task, never an epoch: they do not wait for the
+        previous run's (``depends_on_past=False``), and the next run's catches up."""
+        from airflow.sdk import task
+
+        runner = self.runner
+
+        @task(
+            task_id=SERVE,
+            trigger_rule="none_failed",
+            depends_on_past=False,
+            execution_timeout=self.timeouts["serve"],
+        )
+        def serve(**context: Any) -> dict[str, Any]:
+            return runner.serve(context)
+
+        @task(
+            task_id=MAINTAIN,
+            trigger_rule="none_failed",
+            depends_on_past=False,
+            execution_timeout=self.timeouts["maintain"],
+        )
+        def maintain(**context: Any) -> dict[str, Any]:
+            return runner.maintain(context)
+
+        return serve(), maintain()
 
     def _after(self, reads: Any, task_: Any, opened: Any) -> None:
         """``task_`` waits for the producers of ``reads`` (or for ``open_epoch``)."""

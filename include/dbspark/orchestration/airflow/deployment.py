@@ -15,6 +15,10 @@ Connections, so one DAG file serves a laptop and a cluster alike.
 | published tables | | ``table_retention_hours`` | ``DBSPARK_TABLE_*``, or 168 |
 | | | ``table_maintain_every`` | ``DBSPARK_TABLE_*``, or 10 |
 | | | ``table_target_file_bytes`` | ``DBSPARK_TABLE_*``, or 32 MiB |
+| maintenance (``maintain``) | | ``maintain_every`` | every 10th epoch |
+| | | ``gc_min_age_hours`` | 6 |
+| | | ``changes_retention_hours`` | 168 |
+| SQLite on NFS, CIFS, FUSE | | ``sqlite_on_shared_filesystem`` | refused (``allow``) |
 
 The Spark connection decides where Spark work runs: of type ``spark_connect`` (the
 Spark provider's), every task is a Spark Connect client of that server; of type
@@ -192,6 +196,50 @@ def table_settings() -> dict[str, str]:
         "table_target_file_bytes": _config("table_target_file_bytes"),
     }
     return {key: value for key, value in found.items() if value is not None}
+
+
+@dataclass(frozen=True)
+class MaintenanceSettings:
+    """How the ``maintain`` task keeps storage bounded (issue 18, finding 14): it runs
+    after every ``every``-th epoch's close; garbage collection deletes nothing younger
+    than ``gc_min_age_hours``; change and snapshot directories of epochs committed more
+    than ``changes_retention_hours`` ago are removed (the last epoch's always stays).
+    Ages are on the catalog database's clock."""
+
+    every: int = 10
+    gc_min_age_hours: float = 6.0
+    changes_retention_hours: float = 168.0
+
+
+def maintenance_settings() -> MaintenanceSettings:
+    """The ``[dbspark]`` keys ``maintain_every``, ``gc_min_age_hours`` and
+    ``changes_retention_hours``, checked; a bad value is an error naming its key."""
+    defaults = MaintenanceSettings()
+    values: dict[str, Any] = {}
+    for key, raw, field_name, kind, minimum in (
+        ("maintain_every", _config("maintain_every"), "every", int, 1),
+        ("gc_min_age_hours", _config("gc_min_age_hours"), "gc_min_age_hours", float, 0),
+        (
+            "changes_retention_hours",
+            _config("changes_retention_hours"),
+            "changes_retention_hours",
+            float,
+            0,
+        ),
+    ):
+        if raw is None:
+            continue
+        try:
+            value = kind(raw.strip())
+        except ValueError:
+            value = None
+        if value is None or value < minimum:
+            raise ValueError(
+                f"[dbspark] {key} = {raw!r}: a {'whole ' if kind is int else ''}number "
+                f">= {minimum} is needed (default {getattr(defaults, field_name)})"
+            )
+        values[field_name] = value
+    return MaintenanceSettings(**values)
 
 
 @contextmanager

@@ -38,6 +38,8 @@ DEFAULT_TIMEOUTS: dict[str, timedelta] = {
     "close": timedelta(hours=2),
     "rebuild": timedelta(hours=6),
     "verify": timedelta(hours=6),
+    "serve": timedelta(hours=2),
+    "maintain": timedelta(hours=2),
 }
 
 #: ``build_dag``'s defaults: retries, the first retry's delay, its growth, its bound.

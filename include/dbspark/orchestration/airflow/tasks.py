@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,7 @@ from dbspark.orchestration.airflow.assets import circuit_assets, event_extra
 from dbspark.orchestration.airflow.deployment import (
     Deployment,
     DeploymentOptions,
+    maintenance_settings,
     resolve,
     spark_for,
 )
@@ -71,7 +73,12 @@ from dbspark.orchestration.units import (
     unit_directory,
     write_unit_file,
 )
-from dbspark.storage.catalog import Catalog, UncommittedUnits
+from dbspark.storage.catalog import (
+    DEFAULT_LEASE_SECONDS,
+    SHARED_SQLITE_SETTING,
+    Catalog,
+    UncommittedUnits,
+)
 
 log = logging.getLogger("dbspark.airflow")
 
@@ -129,6 +136,39 @@ def apply_redaction_setting() -> None:
     if conf.getboolean("dbspark", "redact_input_values", fallback=False):
         os.environ[REDACT_SETTING] = "1"
 
+
+def apply_shared_sqlite_setting() -> None:
+    """``[dbspark] sqlite_on_shared_filesystem = allow`` from ``airflow.cfg``, handed to
+    the catalog as the environment variable it reads (``SHARED_SQLITE_SETTING``): a
+    SQLite catalog is refused on a shared file system unless so allowed."""
+    from airflow.sdk.configuration import conf
+
+    value = conf.get("dbspark", "sqlite_on_shared_filesystem", fallback="")
+    if (value or "").strip().lower() == "allow":
+        os.environ[SHARED_SQLITE_SETTING] = "allow"
+
+
+def lease_seconds() -> float:
+    """How long a task's lease lasts: its execution timeout and 10 minutes (the default
+    lease when the task has none, or outside a task)."""
+    try:
+        from airflow.sdk import get_current_context
+
+        timeout = get_current_context()["ti"].task.execution_timeout
+    except Exception:  # no task context (a unit run by hand)
+        timeout = None
+    if timeout is None:
+        return DEFAULT_LEASE_SECONDS
+    return timeout.total_seconds() + 600.0
+
+
+def _aware(value: datetime) -> datetime:
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value
+
+
+#: The tasks after the close that every dbspark DAG has besides rebuild and verify.
+SERVE = "serve"
+MAINTAIN = "maintain"
 
 #: The run params every dbspark DAG has (``build_dag``): their names.
 VERIFY = "verify"
@@ -198,9 +238,31 @@ class EpochTasks:
 
     @staticmethod
     def _catalog(deployment: Deployment) -> Catalog:
+        apply_shared_sqlite_setting()
         if deployment.catalog_url:
-            return Catalog(deployment.catalog_url)
+            return Catalog(deployment.catalog_url, warehouse=deployment.warehouse)
         return Catalog.for_warehouse(deployment.warehouse)
+
+    @contextmanager
+    def _lease(self, deployment: Deployment, unit: Unit) -> Iterator[None]:
+        """Hold a lease on the circuit while ``unit`` runs (here or under spark-submit),
+        so garbage collection keeps what it writes and what it reads (issue 18, finding
+        4). It lasts the task's execution timeout and 10 minutes more: Airflow kills the
+        task by then, and a task killed harder leaves a lease that expires."""
+        seconds = lease_seconds()
+        catalog = self._catalog(deployment)
+        try:
+            holder = (
+                f"{unit.kind} unit of epoch {unit.epoch} of {self.name} "
+                f"({socket.gethostname()}, pid {os.getpid()})"
+            )
+            lease = catalog.acquire_lease(self.name, holder, seconds)
+            try:
+                yield
+            finally:
+                catalog.release_lease(lease)
+        finally:
+            catalog.close()
 
     @contextmanager
     def _engine(self, deployment: Deployment) -> Iterator[Any]:
@@ -276,7 +338,12 @@ class EpochTasks:
         return run.epoch
 
     def _execute(self, deployment: Deployment, unit: Unit) -> dict[str, Any]:
-        """Run a unit here (local Spark or Spark Connect) or with spark-submit."""
+        """Run a unit here (local Spark or Spark Connect) or with spark-submit, under a
+        lease (``_lease``)."""
+        with self._lease(deployment, unit):
+            return self._execute_leased(deployment, unit)
+
+    def _execute_leased(self, deployment: Deployment, unit: Unit) -> dict[str, Any]:
         if deployment.spark_submit_conn_id:
             return self._submit(deployment, unit)
         with self._engine(deployment) as engine:
@@ -471,11 +538,12 @@ class EpochTasks:
         is already committed skips here, and a skipped task emits no event."""
         deployment, run = self._current(context)
         self._require(deployment, run, "publish", publish_inputs(self.plan))
+        # Serving tables are not this task's: ``serve`` catches them up after the close,
+        # so a serving failure never keeps an epoch from committing (finding 16).
         unit = PublishUnit(
             run.epoch,
             outputs=str(deployment.outputs),
-            serving_url=deployment.serving_url,
-            serving_prefix=deployment.serving_table_prefix,
+            serving_url=None,
             tables=deployment.table_settings or None,
         )
         result = self._execute(deployment, unit)
@@ -515,6 +583,95 @@ class EpochTasks:
         return run.epoch
 
     # ------------------------------------------------------------------ after the epoch
+    def after_close(self, context: Mapping[str, Any], epoch: int) -> list[str]:
+        """The tasks ``close_epoch`` branches to after committing ``epoch``: what the
+        run's params ask (``rebuild``, ``verify``), ``serve`` when there is a serving
+        database, and ``maintain`` after every ``[dbspark] maintain_every``-th epoch."""
+        tasks = self.maintenance(context).tasks
+        if self._deployment().serving_url:
+            tasks.append(SERVE)
+        if epoch % maintenance_settings().every == 0:
+            tasks.append(MAINTAIN)
+        return tasks
+
+    def serve(self, context: Mapping[str, Any]) -> dict[str, Any]:
+        """Bring every serving table to the last committed epoch from the exported change
+        feed, or load it from the view's Delta table (fresh, far behind, or feeds gone:
+        serving enabled on a DAG with history). A table that fails fails this task, with
+        each view's error, and no epoch: the next run tries again from where it stands."""
+        from dbspark.orchestration.sinks.serving import (
+            ServingCatchUpError,
+            ServingTarget,
+            catch_up,
+        )
+
+        deployment = self._deployment()
+        if not deployment.serving_url:
+            raise _skip("no serving database ([dbspark] serving_conn_id): nothing to serve")
+        epoch = self._last_committed(deployment)
+        if epoch < 0:
+            raise _skip(f"circuit {self.name!r} has no committed epoch yet: nothing to serve")
+        target = ServingTarget(deployment.serving_url, prefix=deployment.serving_table_prefix)
+        schemas = {
+            view: self.circuit.node(node).schema for view, node in self.circuit.views.items()
+        }
+        try:
+            results = catch_up(target, self.name, schemas, deployment.outputs, epoch)
+        except ServingCatchUpError as err:
+            raise RuntimeError(str(err)) from None  # retried: a database may come back
+        finally:
+            target.engine.dispose()
+        for result in results.values():
+            log.info("%s", result.describe())
+        return {"epoch": epoch, "tables": {v: r.epoch for v, r in results.items()}}
+
+    def maintain(self, context: Mapping[str, Any]) -> dict[str, Any]:
+        """Keep storage bounded (issue 18, finding 14): garbage-collect the warehouse
+        (crashed units' files, superseded batches, leftover unit files; leases keep what
+        units at work use) and remove exported change directories past their retention.
+        Compaction already runs in ``close_epoch``, table compaction and vacuum in
+        ``publish``."""
+        from dbspark.orchestration.sinks.files import prune_exports
+        from dbspark.storage.catalog import garbage_collect
+
+        deployment = self._deployment()
+        settings = maintenance_settings()
+        catalog = self._catalog(deployment)
+        try:
+            report = garbage_collect(
+                deployment.warehouse,
+                catalog,
+                circuit=self.name,
+                min_age_seconds=settings.gc_min_age_hours * 3600,
+            )
+            log.info("circuit %s, garbage collection: %s", self.name, report.describe())
+            now = catalog.clock()
+            horizon = now - timedelta(hours=settings.changes_retention_hours)
+            committed = [e for e in catalog.epochs(self.name) if e.committed_at is not None]
+            last = max((e.epoch for e in committed), default=-1)
+            old = [
+                e.epoch for e in committed if e.epoch < last and _aware(e.committed_at) <= horizon
+            ]
+        finally:
+            catalog.close()
+        pruned = []
+        for view in self.circuit.views:
+            pruned += prune_exports(deployment.outputs, self.name, view, old)
+        log.info(
+            "circuit %s: %s exported directories of epochs committed before %s removed",
+            self.name,
+            len(pruned),
+            horizon.isoformat(),
+        )
+        return {
+            "unregistered_dirs": len(report.unregistered_dirs),
+            "superseded_batches": len(report.superseded_batches),
+            "unit_files": len(report.unit_files),
+            "bytes_freed": report.bytes_freed,
+            "kept": len(report.kept),
+            "exports_removed": len(pruned),
+        }
+
     def _last_committed(self, deployment: Deployment) -> int:
         catalog = self._catalog(deployment)
         try:

@@ -38,6 +38,7 @@ import pyarrow.parquet as pq
 
 from dbspark.core.columns import WEIGHT
 from dbspark.core.types import BIGINT, Schema, element_type, is_array
+from dbspark.storage.durability import sync_directories, sync_tree
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -165,6 +166,9 @@ def _publish_dir(
         stats = write(tmp)
         content = {**marker, **stats, "written_at": datetime.now(UTC).isoformat()}
         (tmp / MARKER).write_text(json.dumps(content, indent=1, sort_keys=True) + "\n")
+        # On disk before it is visible, and visible on disk before the epoch commits
+        # (issue 18, finding 5): the files, then the rename's folder and those above it.
+        sync_tree(tmp, up_to=final.parent)
         try:
             tmp.rename(final)
         except OSError:
@@ -177,9 +181,28 @@ def _publish_dir(
             final.rename(stale)
             shutil.rmtree(stale, ignore_errors=True)
             tmp.rename(final)
+        sync_directories(final.parent, up_to=final.parents[min(3, len(final.parents) - 1)])
         return False, content
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def prune_exports(
+    root: str | os.PathLike[str], circuit: str, view: str, epochs: Iterable[int]
+) -> list[Path]:
+    """Remove the change and snapshot directories of ``epochs`` of ``view`` (retention):
+    each marker first, so no reader trusts a directory being removed, then the rest.
+    Returns the directories removed."""
+    removed = []
+    for kind in KINDS:
+        for epoch in epochs:
+            where = output_dir(root, circuit, view, kind, epoch)
+            if not where.exists():
+                continue
+            (where / MARKER).unlink(missing_ok=True)
+            shutil.rmtree(where, ignore_errors=True)
+            removed.append(where)
+    return removed
 
 
 def _view(engine: SparkEngine, view: str, epoch: int, *, change: bool = False) -> Any:

@@ -40,7 +40,13 @@ from dbspark.core.types import (
     is_array,
     is_decimal,
 )
-from dbspark.orchestration.sinks.files import WeightedRow
+from dbspark.orchestration.sinks.files import (
+    CHANGES,
+    WeightedRow,
+    output_dir,
+    read_change_rows,
+    read_marker,
+)
 from dbspark.orchestration.sinks.tables import table_path, table_rows
 
 if TYPE_CHECKING:
@@ -555,3 +561,86 @@ def _stream(frame: DataFrame, schema: Schema) -> Iterator[WeightedRow]:
     for record in selected.toLocalIterator(prefetchPartitions=False):
         values = tuple(from_spark_value(record[i], t) for i, t in enumerate(schema.types))
         yield values, int(record[len(schema)])
+
+
+# ==================================================================================== catching up
+#: A fresh serving table (or one further behind than this many epochs) is loaded from the
+#: view's Delta table instead of replaying that many change directories.
+MAX_REPLAY_EPOCHS = 100
+
+
+class ServingCatchUpError(ServingError):
+    """Some serving tables could not be brought up to date; ``failures`` maps each view
+    to what went wrong. The others were, and the epochs are committed either way."""
+
+    def __init__(self, message: str, failures: dict[str, str]) -> None:
+        super().__init__(message)
+        self.failures = failures
+
+
+def catch_up(
+    serving: ServingTarget,
+    circuit: str,
+    schemas: dict[str, Schema],
+    root: str | os.PathLike[str],
+    epoch: int,
+    *,
+    max_replay: int = MAX_REPLAY_EPOCHS,
+) -> dict[str, ServingResult]:
+    """Bring the serving table of each view in ``schemas`` (those ``serving`` serves) to
+    committed ``epoch``, from what the publish task exported under ``root``.
+
+    A table behind applies each missing epoch's change directory in order (one
+    transaction each, so a failure keeps the epochs before it). A fresh table, one more
+    than ``max_replay`` epochs behind, or one whose change directories are gone (pruned by
+    retention, or exported before serving was enabled) is loaded whole from the view's
+    Delta table as of ``epoch``. A view that fails does not stop the others: every
+    failure is raised at the end as one :class:`ServingCatchUpError` naming each view, its
+    table, the epoch and the database's error."""
+    results: dict[str, ServingResult] = {}
+    failures: dict[str, str] = {}
+    for view, schema in schemas.items():
+        if not serving.serves(view):
+            continue
+        name = serving.table_name(view)
+        at = -1
+        try:
+            at = serving.epoch_of(view)
+            if at >= epoch:
+                results[view] = ServingResult(name, at, serving.database, skipped=True)
+                continue
+            missing = range(at + 1, epoch + 1)
+            feeds = [output_dir(root, circuit, view, CHANGES, e) for e in missing]
+            replay = (
+                at >= 0
+                and len(feeds) <= max_replay
+                and all(read_marker(f) is not None for f in feeds)
+            )
+            if not replay:
+                rows = table_rows(table_path(root, circuit, view), schema, epoch)
+                results[view] = serving.initialize(circuit, view, schema, epoch, rows)
+                log.info("%s", results[view].describe())
+                continue
+            for e, feed in zip(missing, feeds, strict=True):
+                at = e - 1
+                result = serving.apply(circuit, view, schema, e, read_change_rows(feed, schema))
+                log.info("%s", result.describe())
+            results[view] = result
+        except Exception as err:  # each view on its own; all reported together
+            failures[view] = (
+                f"serving table {name!r} of view {view!r} in {serving.database}, at epoch "
+                f"{at}, catching up to epoch {epoch}: {type(err).__name__}: {err}"
+            )
+            log.error("%s", failures[view])
+    if failures:
+        listed = "\n  ".join(failures.values())
+        raise ServingCatchUpError(
+            f"circuit {circuit!r}: {len(failures)} serving table(s) could not be brought to "
+            f"epoch {epoch}:\n  {listed}\nThe epochs are committed and the other outputs "
+            "published; each later run tries again from where the table stands. Fix the "
+            "cause (e.g. a value over PostgreSQL's btree limit: ServingTarget(index=False)), "
+            "or drop the table and its row in the bookkeeping table to have it reloaded from "
+            "the view's Delta table.",
+            failures,
+        )
+    return results

@@ -1,0 +1,274 @@
+"""After the close (issue 18): serving tables caught up by their own task from the change
+feed (finding 16), storage kept bounded by ``maintain`` (finding 14), exports on disk
+before they are visible (finding 5).
+
+The sink tests write a view's change directories and Delta table by hand, as the publish
+task does, and need no Spark; the one DAG-run test runs the word count DAG through
+``dag.test()`` on the local tier."""
+
+from __future__ import annotations
+
+import os
+import random
+import string
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+import sqlalchemy as sa
+
+from dbspark.core.columns import WEIGHT
+from dbspark.core.types import Schema
+from dbspark.core.zset import ZSet
+from dbspark.orchestration.intervals import Interval
+from dbspark.orchestration.sinks.files import (
+    CHANGES,
+    _publish_dir,
+    exported_epochs,
+    output_dir,
+    prune_exports,
+)
+from dbspark.orchestration.sinks.serving import ServingCatchUpError, ServingTarget, catch_up
+from dbspark.orchestration.sinks.tables import publish_table, table_path
+
+SCHEMA = Schema.of({"k": "bigint", "s": "string"}, what="test")
+
+
+class Outputs:
+    """A view's outputs as the publish task leaves them: a change directory per epoch
+    and a Delta table version per epoch."""
+
+    def __init__(self, root: Path, view: str = "v", circuit: str = "c") -> None:
+        self.root, self.view, self.circuit = root, view, circuit
+        self.history: list[ZSet] = []
+
+    def export(self, change: dict[tuple, int]) -> int:
+        epoch = len(self.history)
+        before = self.history[-1] if self.history else ZSet()
+        self.history.append(before + ZSet(change))
+        rows = list(change.items())
+        table = pa.table(
+            {
+                "k": pa.array([r[0] for r, _ in rows], pa.int64()),
+                "s": pa.array([r[1] for r, _ in rows], pa.string()),
+                WEIGHT: pa.array([w for _, w in rows], pa.int64()),
+            }
+        )
+        import pyarrow.parquet as pq
+
+        def write(tmp: Path) -> dict[str, int]:
+            tmp.mkdir()
+            pq.write_table(table, tmp / "part-00000.parquet")
+            return {"rows": len(rows)}
+
+        final = output_dir(self.root, self.circuit, self.view, CHANGES, epoch)
+        _publish_dir(final, write, {"epoch": epoch})
+        publish_table(
+            table_path(self.root, self.circuit, self.view),
+            circuit=self.circuit,
+            view=self.view,
+            schema=SCHEMA,
+            epoch=epoch,
+            change=table,
+            whole_view=lambda: table,
+        )
+        return epoch
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def serving(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ServingTarget]:
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'serving.db'}"
+    else:
+        url = request.getfixturevalue("postgres_url")
+    tag = uuid.uuid4().hex[:8]
+    target = ServingTarget(url, prefix=f"t{tag}_", epochs_table=f"epochs_{tag}")
+    yield target
+    target.engine.dispose()
+
+
+def test_serving_enabled_on_a_view_with_history_loads_it_then_follows_the_feed(
+    serving: ServingTarget, tmp_path: Path
+) -> None:
+    out = Outputs(tmp_path / "published")
+    out.export({(1, "a"): 1, (2, "b"): 2})
+    out.export({(2, "b"): -1, (3, "c"): 1})
+    last = out.export({(1, "a"): -1, (4, None): 3})
+    # A fresh table far into the history (the publish task refused this, for good).
+    result = catch_up(serving, "c", {"v": SCHEMA}, out.root, last)["v"]
+    assert result.initialized and result.epoch == last
+    assert ZSet(serving.contents("c", "v", SCHEMA)) == out.history[last]
+    # Then epoch after epoch from the change directories.
+    out.export({(3, "c"): -1, (5, "e"): 1})
+    last = out.export({(5, "e"): 1})
+    result = catch_up(serving, "c", {"v": SCHEMA}, out.root, last)["v"]
+    assert not result.initialized and result.epoch == last
+    assert ZSet(serving.contents("c", "v", SCHEMA)) == out.history[last]
+    assert catch_up(serving, "c", {"v": SCHEMA}, out.root, last)["v"].skipped
+    # Feeds pruned by retention while the table was behind: loaded from the table again.
+    out.export({(6, "f"): 1})
+    last = out.export({(6, "f"): -1, (7, "g"): 1})
+    assert prune_exports(out.root, "c", "v", [last - 1])
+    result = catch_up(serving, "c", {"v": SCHEMA}, out.root, last)["v"]
+    assert result.initialized and ZSet(serving.contents("c", "v", SCHEMA)) == out.history[last]
+
+
+def test_a_failing_serving_table_is_reported_and_the_others_catch_up(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    tag = uuid.uuid4().hex[:8]
+    serving = ServingTarget(postgres_url, prefix=f"t{tag}_", epochs_table=f"epochs_{tag}")
+    wide, fine = Outputs(tmp_path / "out", "wide"), Outputs(tmp_path / "out", "fine")
+    for out in (wide, fine):
+        out.export({(1, "a"): 1})
+    assert catch_up(serving, "c", {"wide": SCHEMA, "fine": SCHEMA}, wide.root, 0)
+    # A string over PostgreSQL's btree limit (~2.7 kB, incompressible) in the indexed view.
+    long = "".join(random.Random(1).choices(string.ascii_letters, k=9000))
+    wide.export({(2, long): 1})
+    fine.export({(2, "b"): 1})
+    with pytest.raises(ServingCatchUpError) as failed:
+        catch_up(serving, "c", {"wide": SCHEMA, "fine": SCHEMA}, wide.root, 1)
+    assert set(failed.value.failures) == {"wide"}
+    message = str(failed.value)
+    assert f"t{tag}_wide" in message and "view 'wide'" in message
+    assert "at epoch 0, catching up to epoch 1" in message and "btree" in message
+    assert serving.epoch_of("wide") == 0 and serving.epoch_of("fine") == 1
+    assert ZSet(serving.contents("c", "fine", SCHEMA)) == fine.history[1]
+    serving.engine.dispose()
+
+
+def test_an_export_is_fsynced_before_it_is_renamed_into_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced: list[str] = []
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    out = Outputs(tmp_path / "published")
+    out.export({(1, "a"): 1})
+    final = output_dir(out.root, "c", "v", CHANGES, 0)
+    # The hidden directory's files and itself, then the folders the rename changed.
+    assert any(p.endswith("part-00000.parquet") and "/.epoch=0.tmp-" in p for p in synced)
+    assert any(p.endswith("_dbspark.json") and "/.epoch=0.tmp-" in p for p in synced)
+    after = synced[[i for i, p in enumerate(synced) if "/.epoch=0.tmp-" in p][-1] + 1 :]
+    assert str(final.parent) in after and str(out.root) in after
+
+
+def test_prune_exports_removes_whole_epochs_marker_first(tmp_path: Path) -> None:
+    out = Outputs(tmp_path / "published")
+    for n in range(3):
+        out.export({(n, "x"): 1})
+    removed = prune_exports(out.root, "c", "v", [0, 1, 7])
+    assert removed == [output_dir(out.root, "c", "v", CHANGES, e) for e in (0, 1)]
+    assert exported_epochs(out.root, "c", "v") == [2]
+
+
+# ============================================================================ a DAG run
+START = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def day(n: int) -> Interval:
+    return Interval(START + timedelta(days=n), START + timedelta(days=n + 1))
+
+
+def run(dag, epoch: int) -> tuple[str, dict[str, str]]:
+    dag_run = dag.test(logical_date=day(epoch).end)
+    states = {
+        ti.task_id: str(getattr(ti.state, "value", ti.state)) for ti in dag_run.get_task_instances()
+    }
+    return str(getattr(dag_run.state, "value", dag_run.state)), states
+
+
+@pytest.mark.slow
+def test_serving_failures_never_block_epochs_and_maintain_bounds_storage(
+    test_dags, place, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dbspark.orchestration.airflow.dag import circuit_of
+    from dbspark.storage.catalog import Catalog
+
+    monkeypatch.setenv("AIRFLOW__DBSPARK__MAINTAIN_EVERY", "1")
+    monkeypatch.setenv("AIRFLOW__DBSPARK__GC_MIN_AGE_HOURS", "0")
+    monkeypatch.setenv("AIRFLOW__DBSPARK__CHANGES_RETENTION_HOURS", "0")
+    dag, circuit = test_dags["test_word_count"], circuit_of("test_word_count")
+    schemas = {v: circuit.node(n).schema for v, n in circuit.views.items()}
+    for n, words in enumerate([["a", "b", "a"], ["b", "c"], ["d"]]):
+        place.landing.land("words", day(n), [(w,) for w in words], ["word"], "parquet")
+
+    state, tasks = run(dag, 0)
+    assert state == "success", tasks
+    assert tasks["maintain"] == "success" and tasks["serve"] == "skipped"  # no serving yet
+
+    # Serving enabled on a DAG with history; one view's table is in the way (other columns).
+    database = tmp_path / "serving.db"
+    monkeypatch.setenv("AIRFLOW_CONN_DBSPARK_SERVING", f"sqlite:///{database}")
+    monkeypatch.setenv("AIRFLOW__DBSPARK__SERVING_CONN_ID", "dbspark_serving")
+    blocker = sa.create_engine(f"sqlite:///{database}")
+    with blocker.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE dbspark_distinct_words (x TEXT)")
+    # What a crashed unit and a driver that died leave behind.
+    crashed = place.warehouse / "word_count" / "n9.delta" / "delta" / "t=0" / uuid.uuid4().hex
+    crashed.mkdir(parents=True)
+    (crashed / "part-0.parquet").write_bytes(b"half")
+    leftover = place.warehouse / "_units" / "word_count" / "dead.unit.json"
+    leftover.parent.mkdir(parents=True)
+    leftover.write_text("{}")
+
+    state, tasks = run(dag, 1)
+    assert tasks["serve"] == "failed" and state == "failed", tasks
+    catalog = Catalog.for_warehouse(place.warehouse)
+    assert catalog.last_committed_epoch("word_count") == 1  # committed all the same
+    target = ServingTarget(f"sqlite:///{database}")
+    assert target.epoch_of("counts") == 1  # loaded from the table as of epoch 1
+    assert ZSet(target.contents("word_count", "counts", schemas["counts"])) == ZSet(
+        {("a", 2): 1, ("b", 2): 1, ("c", 1): 1}
+    )
+    assert tasks["maintain"] == "success"
+    assert not crashed.exists() and not leftover.exists()
+    assert exported_epochs(place.outputs, "word_count", "counts") == [1]  # retention
+
+    with blocker.begin() as conn:
+        conn.exec_driver_sql("DROP TABLE dbspark_distinct_words")
+    state, tasks = run(dag, 2)
+    assert state == "success", tasks
+    assert catalog.last_committed_epoch("word_count") == 2
+    assert target.epoch_of("counts") == target.epoch_of("distinct_words") == 2
+    assert ZSet(target.contents("word_count", "distinct_words", schemas["distinct_words"])) == ZSet(
+        {(w,): 1 for w in "abcd"}
+    )
+    catalog.close()
+    blocker.dispose()
+    target.engine.dispose()
+
+
+def test_a_task_holds_a_lease_while_its_unit_runs(tmp_path: Path) -> None:
+    from dbspark.examples.circuits import word_count
+    from dbspark.orchestration.airflow.deployment import Deployment, DeploymentOptions
+    from dbspark.orchestration.airflow.tasks import EpochTasks
+    from dbspark.orchestration.units import StageUnit
+    from dbspark.storage.catalog import DEFAULT_LEASE_SECONDS, Catalog
+
+    tasks = EpochTasks(
+        circuit=word_count(),
+        sources={},
+        options=DeploymentOptions(),
+        start_date=START,
+        iteration_tasks=1,
+    )
+    where = tmp_path / "warehouse"
+    deployment = Deployment(where, tmp_path / "out", None, None, None, None, "dbspark_")
+    catalog = Catalog.for_warehouse(where)
+    catalog.register_circuit("word_count", "fp")
+    with tasks._lease(deployment, StageUnit(3, 1)):
+        (lease,) = catalog.leases("word_count")
+        assert lease.holder.startswith("stage unit of epoch 3 of word_count (")
+        lasts = (lease.expires_at - lease.started_at).total_seconds()
+        assert lasts == pytest.approx(DEFAULT_LEASE_SECONDS)  # no task: the default
+    assert catalog.leases("word_count") == []
+    catalog.close()
