@@ -60,9 +60,8 @@ def _fsync(path: str, directory: bool) -> None:
 
 
 def sync_tree(path: str | os.PathLike[str], *, up_to: str | os.PathLike[str]) -> None:
-    """fsync every file and directory under ``path`` (files first), then ``path``'s
-    parents up to and including ``up_to``, so a crash after this leaves the tree as it
-    is now. A missing ``path`` is an error: the caller is about to register it."""
+    """fsync every file and directory under ``path`` and ``path``'s parents up to and
+    including ``up_to``, so a crash after this leaves the tree as it is now. A missing ``path`` is an error: the caller is about to register it."""
     sync_trees([path], up_to=up_to)
 
 
@@ -88,18 +87,16 @@ def sync_trees(paths: Iterable[str | os.PathLike[str]], *, up_to: str | os.PathL
             if parent == root or parent == parent.parent or root not in parent.parents:
                 break
             parent = parent.parent
-    # Files before the directories that name them, deepest directories first.
-    jobs = [(f, False) for f in files] + [
-        (d, True) for d in sorted(directories, key=lambda d: -d.count(os.sep))
-    ]
+    # All at once: what makes the tree durable is that every fsync has returned before
+    # the catalog commit, not their order; one at a time, the parents' fsyncs cost a
+    # journal commit each (about 3 ms here), which made up most of a small epoch's.
+    jobs = [(f, False) for f in files] + [(d, True) for d in (*directories, *parents)]
     if len(jobs) > 2:
         with ThreadPoolExecutor(min(SYNC_THREADS, len(jobs))) as pool:
             list(pool.map(lambda job: _fsync(*job), jobs))
     else:
         for job in jobs:
             _fsync(*job)
-    for parent in sorted(parents, key=lambda d: -d.count(os.sep)):
-        _fsync(parent, True)
 
 
 def _unescape(field: str) -> str:
