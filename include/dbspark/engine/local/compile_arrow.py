@@ -13,11 +13,12 @@ Why it pays: the circuit's own filters and computed columns were the last steps 
 small epoch that always ran a DuckDB query (2-13 ms each, whatever the rows), because
 they arrived as SQL text that the frame could not read.
 
-What Arrow computes: column references; boolean, string, integer, date and timestamp
-literals; comparisons, NULL tests, three-valued AND/OR/NOT and ``if_else``; checked
+What Arrow computes: column references; boolean, string, integer, double, date and
+timestamp literals; comparisons, NULL tests, three-valued AND/OR/NOT and ``if_else``; checked
 ``+``, ``-``, ``*`` and negation of integers; ``coalesce`` of one comparable type;
 the final cast to the stored type when it is exact. Everything else (casts between
-types, ``/`` and ``%``, decimals, doubles, strings functions, arrays) is None.
+types, ``/`` and ``%``, decimals, arithmetic on doubles, string functions, arrays) is
+None; a double is compared only where no value is NaN (``in_arrow``).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dbspark.circuit.expressions import NULL_TYPE
-from dbspark.core.types import BIGINT, DATE, TIMESTAMP
+from dbspark.core.types import BIGINT, DATE, DOUBLE, TIMESTAMP
 from dbspark.engine.expression_compiler import ExpressionCompiler
 from dbspark.engine.local import in_arrow
 from dbspark.engine.local.frame import duck_type
@@ -78,9 +79,11 @@ class ArrowCompiler(ExpressionCompiler[Computed]):
             if value.tzinfo is None:  # as the SQL's CAST('...' AS TIMESTAMPTZ) at UTC
                 value = value.replace(tzinfo=dt.UTC)
             return _constant(pa.scalar(value, _STORED["TIMESTAMPTZ"]))
+        if kind == DOUBLE and isinstance(value, float):
+            return _constant(pa.scalar(value, pa.float64()))  # compared only without NaN
         if isinstance(value, (bool, str)):
             return in_arrow.literal(value)
-        return None  # doubles and decimals
+        return None  # decimals
 
     def untyped_null(self) -> Computed:
         return None
@@ -137,18 +140,7 @@ class ArrowCompiler(ExpressionCompiler[Computed]):
         return None
 
     def coalesce(self, values: Sequence[Computed]) -> Computed:
-        if any(v is None for v in values):
-            return None
-
-        def run(table: pa.Table) -> in_arrow.ArrowValues | None:
-            found = [v(table) for v in values]  # type: ignore[misc]
-            if any(f is None for f in found) or len({f.type for f in found}) > 1:
-                return None
-            if not in_arrow.comparable(found[0].type):
-                return None
-            return pc.coalesce(*found)
-
-        return run
+        return in_arrow.coalesce(values)
 
     def extremum(self, name: str, values: Sequence[Computed], kind: str) -> Computed:
         return None

@@ -6,10 +6,12 @@ microseconds. So a frame over an Arrow table (``LocalFrame.table``) derives its 
 in Arrow where Arrow's answer is the query's, column for column and type for type, and
 leaves everything else to DuckDB. Each function here returns None when it cannot be sure:
 
-* **Types.** Only integers, strings, booleans, dates and timestamps are compared or
-  grouped: floats are not (SQL orders NaN above everything and equals it to itself,
-  Arrow does neither; -0.0 = 0.0), nor are decimals, whose arithmetic and casts follow
-  Spark's own rules.
+* **Types.** Integers, strings, booleans, dates and timestamps are compared and
+  grouped. Doubles only where the values allow it (SQL orders NaN above everything and
+  equals it to itself, Arrow does neither; SQL's -0.0 equals 0.0, Arrow hashes it
+  apart): compared when neither side holds a NaN, grouped and taken the max or min of
+  when no value is NaN or -0.0 (``plain_floats``). Decimals are grouped but not
+  computed with: their arithmetic and casts follow Spark's own rules.
 * **Literals** take DuckDB's type: an integer is INTEGER if it fits, else BIGINT.
 * **Arithmetic** on integers uses Arrow's checked kernels, so an overflow is an error as
   in Spark and DuckDB (which raises; the frame then runs the query and gets its error).
@@ -86,11 +88,34 @@ def groupable(kind: pa.DataType) -> bool:
     return comparable(kind) or pa.types.is_decimal(kind)
 
 
+def plain_floats(values: ArrowValues) -> bool:
+    """Doubles that Arrow groups, orders and picks the extremes of exactly as SQL does:
+    none is NaN (SQL's NaN equals itself and orders above every number) and none is
+    -0.0 (equal to 0.0 in SQL, a group of its own in Arrow's hashing)."""
+    if not pa.types.is_floating(values.type):
+        return False
+    if values.null_count == len(values):
+        return True
+    if pc.any(pc.is_nan(values)).as_py():
+        return False
+    zeros = pc.equal(values, 0.0)
+    if not pc.any(zeros).as_py():
+        return True
+    negative = pc.less(pc.divide(pc.cast(1.0, values.type), values), 0.0)  # 1/-0.0 = -inf
+    return not pc.any(pc.and_(zeros, negative)).as_py()
+
+
+def groupable_values(values: ArrowValues) -> bool:
+    """``groupable`` for these values: also doubles when they are ``plain_floats``."""
+    return groupable(values.type) or plain_floats(values)
+
+
 def distinct(table: pa.Table) -> pa.Table | None:
-    """``SELECT DISTINCT *``; None for duplicate column names or a float column."""
+    """``SELECT DISTINCT *``; None for duplicate column names, or a double column holding
+    NaN or -0.0."""
     if len(set(table.column_names)) < table.num_columns:
         return None
-    if not all(groupable(field.type) for field in table.schema):
+    if not all(groupable_values(column) for column in table.columns):
         return None
     return table.group_by(table.column_names, use_threads=False).aggregate([])
 
@@ -188,7 +213,11 @@ def binary(op: str, left: ArrowColumn | None, right: ArrowColumn | None) -> Arro
 
     def run(table: pa.Table) -> ArrowValues | None:
         values = _evaluated(table, left, right)
-        if values is None or not accepts(values[0].type, values[1].type):
+        if values is None:
+            return None
+        if not accepts(values[0].type, values[1].type) and not (
+            op in _COMPARISONS and _without_nan(*values)
+        ):
             return None
         try:
             return function(*values)
@@ -196,6 +225,14 @@ def binary(op: str, left: ArrowColumn | None, right: ArrowColumn | None) -> Arro
             return None
 
     return run
+
+
+def _without_nan(a: ArrowValues, b: ArrowValues) -> bool:
+    """Doubles of one type, neither side NaN: IEEE comparison is SQL's then (-0.0 equals
+    0.0 in both), where SQL's NaN equals itself and orders above every number."""
+    if not (pa.types.is_floating(a.type) and a.type == b.type):
+        return False
+    return not any(pc.any(pc.is_nan(v)).as_py() for v in (a, b) if v.null_count < len(v))
 
 
 def _same_comparable(a: pa.DataType, b: pa.DataType) -> bool:
@@ -447,7 +484,7 @@ def aggregate(
     """``SELECT keys..., aggregates... FROM table GROUP BY keys`` (one row for no keys),
     with the given output names; None when a part is not exact in Arrow."""
     key_values = _evaluated(table, *(column for _, column in keys))
-    if key_values is None or not all(groupable(v.type) for v in key_values):
+    if key_values is None or not all(groupable_values(v) for v in key_values):
         return None
     arguments = []
     for _, found in aggregates:
@@ -489,7 +526,7 @@ def _aggregable(found: Aggregate, values: ArrowValues, rows: int) -> bool:
     if found.function == "count":
         return True
     if found.function in ("max", "min"):
-        return comparable(kind)
+        return comparable(kind) or plain_floats(values)
     # sum: DuckDB's is a HUGEINT the kernels cast back; exact in int64 when no partial sum
     # can leave it, which the largest magnitude times the row count bounds.
     if not pa.types.is_integer(kind) or found.cast_to != pa.int64():
