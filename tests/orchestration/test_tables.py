@@ -31,6 +31,7 @@ from dbspark.orchestration.sinks.tables import (
     EPOCH_KEY,
     INTERVAL_KEY,
     SETTING_KEYS,
+    TEXT_KEYS,
     TableEpochError,
     TableError,
     TableSettings,
@@ -522,7 +523,7 @@ def test_airflow_cfg_keys_reach_the_publish_unit(monkeypatch: pytest.MonkeyPatch
     hands the publish unit, and only the keys that are set."""
     from dbspark.orchestration.airflow.deployment import table_settings
 
-    keys = [key for key, _, _ in SETTING_KEYS.values()]
+    keys = [key for key, _, _ in SETTING_KEYS.values()] + [k for k, _ in TEXT_KEYS.values()]
     for key in keys:
         monkeypatch.delenv(f"AIRFLOW__DBSPARK__{key.upper()}", raising=False)
     assert table_settings() == {}

@@ -194,6 +194,9 @@ def table_settings() -> dict[str, str]:
         "table_retention_hours": _config("table_retention_hours"),
         "table_maintain_every": _config("table_maintain_every"),
         "table_target_file_bytes": _config("table_target_file_bytes"),
+        # Where the tables are (a path or s3://...) and delta-rs's options for it.
+        "table_location": _config("table_location"),
+        "table_storage_options": _config("table_storage_options"),
     }
     return {key: value for key, value in found.items() if value is not None}
 

@@ -604,6 +604,7 @@ class EpochTasks:
             ServingTarget,
             catch_up,
         )
+        from dbspark.orchestration.sinks.tables import TableSettings
 
         deployment = self._deployment()
         if not deployment.serving_url:
@@ -616,7 +617,8 @@ class EpochTasks:
             view: self.circuit.node(node).schema for view, node in self.circuit.views.items()
         }
         try:
-            results = catch_up(target, self.name, schemas, deployment.outputs, epoch)
+            tables = TableSettings.from_environment(deployment.table_settings)
+            results = catch_up(target, self.name, schemas, deployment.outputs, epoch, tables=tables)
         except ServingCatchUpError as err:
             raise RuntimeError(str(err)) from None  # retried: a database may come back
         finally:

@@ -88,8 +88,8 @@ def export_epoch(
 ) -> ExportReport:
     """Export every view (or ``views``) of ``engine``'s circuit for ``epoch``: under
     ``root`` the change directory, the Delta table kept as ``tables`` says (None: no
-    table) and, with ``snapshots``, the snapshot directory; and the serving tables of
-    ``serving``.
+    table; under ``tables.location`` when set, such as ``s3://bucket/prefix``) and,
+    with ``snapshots``, the snapshot directory; and the serving tables of ``serving``.
 
     The publish task writes no snapshot: the table holds the view as of every epoch,
     while a snapshot rewrites the whole view each epoch (kept for the benchmarks'
@@ -159,7 +159,7 @@ def _publish_table(
         return table if table is not None else engine.view_frame(view, epoch).toArrow()
 
     return publish_table(
-        table_path(root, circuit, view),
+        table_path(settings.location or root, circuit, view),
         circuit=circuit,
         view=view,
         schema=schema,

@@ -47,7 +47,7 @@ from dbspark.orchestration.sinks.files import (
     read_change_rows,
     read_marker,
 )
-from dbspark.orchestration.sinks.tables import table_path, table_rows
+from dbspark.orchestration.sinks.tables import TableSettings, table_path, table_rows
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -534,10 +534,12 @@ def initialize_serving(
     epoch: int | None = None,
     root: str | os.PathLike[str] | None = None,
     views: Collection[str] | None = None,
+    tables: TableSettings | None = None,
 ) -> dict[str, ServingResult]:
     """(Re)load serving tables from the whole view at ``epoch`` (default: the last
-    committed one): the view's published Delta table under ``root`` when given (one
-    Arrow batch at a time), else the engine's view (one Spark partition at a time)."""
+    committed one): the view's published Delta table under ``root`` (or
+    ``tables.location``) when ``root`` is given (one Arrow batch at a time), else the
+    engine's view (one Spark partition at a time)."""
     circuit = engine.circuit.name
     epoch = engine.last_committed_epoch() if epoch is None else int(epoch)
     names = [n for n in (views or engine.circuit.views) if serving.serves(n)]
@@ -545,12 +547,27 @@ def initialize_serving(
     for name in names:
         schema = engine.circuit.node(engine.circuit.views[name]).schema
         if root is not None:
-            rows = table_rows(table_path(root, circuit, name), schema, epoch)
+            rows = _table_rows(root, tables, circuit, name, schema, epoch)
         else:
             rows = _stream(engine.view_frame(name, epoch), schema)
         results[name] = serving.initialize(circuit, name, schema, epoch, rows)
         log.info("%s", results[name].describe())
     return results
+
+
+def _table_rows(
+    root: str | os.PathLike[str],
+    tables: TableSettings | None,
+    circuit: str,
+    view: str,
+    schema: Schema,
+    epoch: int,
+) -> Iterator[WeightedRow]:
+    """The view as of ``epoch`` from its published table: under ``tables.location``
+    (with its storage options) when set, else under ``root``."""
+    tables = tables or TableSettings()
+    path = table_path(tables.location or root, circuit, view)
+    return table_rows(path, schema, epoch, storage_options=tables.options)
 
 
 def _stream(frame: DataFrame, schema: Schema) -> Iterator[WeightedRow]:
@@ -586,6 +603,7 @@ def catch_up(
     epoch: int,
     *,
     max_replay: int = MAX_REPLAY_EPOCHS,
+    tables: TableSettings | None = None,
 ) -> dict[str, ServingResult]:
     """Bring the serving table of each view in ``schemas`` (those ``serving`` serves) to
     committed ``epoch``, from what the publish task exported under ``root``.
@@ -594,9 +612,10 @@ def catch_up(
     transaction each, so a failure keeps the epochs before it). A fresh table, one more
     than ``max_replay`` epochs behind, or one whose change directories are gone (pruned by
     retention, or exported before serving was enabled) is loaded whole from the view's
-    Delta table as of ``epoch``. A view that fails does not stop the others: every
-    failure is raised at the end as one :class:`ServingCatchUpError` naming each view, its
-    table, the epoch and the database's error."""
+    Delta table as of ``epoch`` (under ``tables.location`` when set). A view that fails
+    does not stop the others: every failure is raised at the end as one
+    :class:`ServingCatchUpError` naming each view, its table, the epoch and the
+    database's error."""
     results: dict[str, ServingResult] = {}
     failures: dict[str, str] = {}
     for view, schema in schemas.items():
@@ -617,7 +636,7 @@ def catch_up(
                 and all(read_marker(f) is not None for f in feeds)
             )
             if not replay:
-                rows = table_rows(table_path(root, circuit, view), schema, epoch)
+                rows = _table_rows(root, tables, circuit, view, schema, epoch)
                 results[view] = serving.initialize(circuit, view, schema, epoch, rows)
                 log.info("%s", results[view].describe())
                 continue

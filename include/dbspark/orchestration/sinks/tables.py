@@ -36,8 +36,10 @@ within ``retention_hours`` needs.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
-from deltalake.exceptions import CommitFailedError, DeltaError
+from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
 from dbspark.core.columns import COPIES, WEIGHT
 from dbspark.core.types import (
@@ -67,8 +69,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("dbspark.outputs")
 
 TABLE = "table"
-#: Where a table is: a path or a string naming one.
+#: Where a table is: a local path, or a URI (``s3://bucket/prefix/...``) as a string.
 TablePath = str | os.PathLike[str]
+#: delta-rs storage options (``AWS_REGION``, ``AWS_ENDPOINT_URL``, ``timeout``...).
+StorageOptions = Mapping[str, str]
 #: Commit-info keys of an epoch's commit.
 EPOCH_KEY = "dbspark.epoch"
 INTERVAL_KEY = "dbspark.interval"
@@ -93,11 +97,20 @@ class TableSettings:
     ``maintain_every``: compact and vacuum after every ``maintain_every``-th epoch (0:
     never). ``target_file_bytes``: the size compaction aims at; smaller files make a
     merge rewrite less for a change that touches few of them, larger ones read faster.
+    ``location``: where the tables are (``<location>/<circuit>/<view>/table``), a path
+    or an ``s3://bucket/prefix`` URI; None: under the outputs root, beside the change
+    feed. ``storage_options``: delta-rs's options for that location (endpoint, region,
+    timeouts, retries), never credentials: those come from the publishing process's
+    environment (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``)
+    or its instance role, which delta-rs reads itself, since these settings travel in
+    unit files and task logs.
     """
 
     retention_hours: int = 168
     maintain_every: int = 10
     target_file_bytes: int = 32 * 1024 * 1024
+    location: str | None = None
+    storage_options: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_environment(cls, configured: Mapping[str, str] | None = None) -> TableSettings:
@@ -110,13 +123,21 @@ class TableSettings:
 
         configured = configured or {}
         default = cls()
-        values = {}
+        values: dict[str, Any] = {}
         for name, (key, variable, minimum) in SETTING_KEYS.items():
             raw = (configured.get(key) or "").strip()
             if raw:
                 values[name] = _int_text(f"[dbspark] {key}", raw, minimum)
             else:
                 values[name] = int_setting(variable, getattr(default, name), minimum=minimum)
+        for name, (key, variable) in TEXT_KEYS.items():
+            raw, where = (configured.get(key) or "").strip(), f"[dbspark] {key}"
+            if not raw:
+                raw, where = os.environ.get(variable, "").strip(), variable
+            if raw and name == "location":
+                values[name] = raw
+            elif raw:
+                values[name] = _storage_options(where, raw)
         return cls(**values)
 
     def __post_init__(self) -> None:
@@ -126,6 +147,19 @@ class TableSettings:
             raise ValueError(f"table maintain_every must be >= 0, got {self.maintain_every}")
         if self.target_file_bytes <= 0:
             raise ValueError(f"table target_file_bytes must be > 0, got {self.target_file_bytes}")
+        for key in self.storage_options:
+            if _CREDENTIAL.search(key):
+                raise ValueError(
+                    f"table storage option {key!r} is a credential: settings reach unit "
+                    f"files and logs. Give the publishing process AWS_ACCESS_KEY_ID and "
+                    f"AWS_SECRET_ACCESS_KEY (or AWS_SESSION_TOKEN) in its environment, or "
+                    f"an instance role, which delta-rs reads itself"
+                )
+
+    @property
+    def options(self) -> dict[str, str] | None:
+        """The storage options as delta-rs takes them (None: none)."""
+        return dict(self.storage_options) or None
 
 
 #: Each field of :class:`TableSettings`: its ``[dbspark]`` key in ``airflow.cfg``, its
@@ -135,6 +169,31 @@ SETTING_KEYS = {
     "maintain_every": ("table_maintain_every", "DBSPARK_TABLE_MAINTAIN_EVERY", 0),
     "target_file_bytes": ("table_target_file_bytes", "DBSPARK_TABLE_TARGET_FILE_BYTES", 1),
 }
+
+
+#: The text fields of :class:`TableSettings`: their ``[dbspark]`` key and variable.
+TEXT_KEYS = {
+    "location": ("table_location", "DBSPARK_TABLE_LOCATION"),
+    "storage_options": ("table_storage_options", "DBSPARK_TABLE_STORAGE_OPTIONS"),
+}
+_CREDENTIAL = re.compile(r"secret|token|password|access_key|credential", re.IGNORECASE)
+
+
+def _storage_options(name: str, raw: str) -> dict[str, str]:
+    """A JSON object of option names to strings (numbers and booleans are written as
+    text, as delta-rs takes them)."""
+    try:
+        parsed = json.loads(raw)
+    except json.JSONDecodeError:
+        parsed = None
+    if not isinstance(parsed, dict) or not all(
+        isinstance(v, str | int | float | bool) for v in parsed.values()
+    ):
+        raise ValueError(
+            f'{name} must be a JSON object of option names to values, like {{"AWS_REGION": '
+            f'"eu-west-1", "timeout": "30s"}}; got {raw!r}'
+        )
+    return {str(k): (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in parsed.items()}
 
 
 def _int_text(name: str, raw: str, minimum: int) -> int:
@@ -152,7 +211,7 @@ class TableCommit:
     """What one epoch's publish did to a view's table; ``describe()`` is for task logs."""
 
     view: str
-    path: Path
+    path: Path | str  # a URI as a string
     epoch: int
     version: int | None = None  # the epoch's version (a skip: the one that committed it)
     skipped: bool = False
@@ -181,9 +240,18 @@ class TableCommit:
 
 
 # ==================================================================================== paths
-def table_path(root: str | os.PathLike[str], circuit: str, view: str) -> Path:
-    """``<root>/<circuit>/<view>/table``: where the view's Delta table lives."""
+def table_path(root: str | os.PathLike[str], circuit: str, view: str) -> Path | str:
+    """``<root>/<circuit>/<view>/table``: where the view's Delta table lives; a string
+    when ``root`` is a URI (``s3://bucket/prefix``), which a ``Path`` would mangle."""
+    if is_uri(root):
+        return f"{str(root).rstrip('/')}/{circuit}/{view}/{TABLE}"
     return Path(root) / circuit / view / TABLE
+
+
+def is_uri(where: str | os.PathLike[str]) -> bool:
+    """Whether ``where`` names an object store location (``scheme://...``) rather than
+    a local path."""
+    return re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://", str(where)) is not None
 
 
 def app_id(circuit: str, view: str) -> str:
@@ -191,21 +259,36 @@ def app_id(circuit: str, view: str) -> str:
     return f"dbspark/{circuit}/{view}"
 
 
-def table_exists(path: TablePath) -> bool:
-    return DeltaTable.is_deltatable(str(path))
+def table_exists(path: TablePath, *, storage_options: StorageOptions | None = None) -> bool:
+    """Whether a Delta table is at ``path``. A location that cannot be reached is an
+    error (``OSError``/``DeltaError``), not a missing table."""
+    return _open(path, storage_options) is not None
 
 
-def table_epoch(path: TablePath, circuit: str, view: str) -> int | None:
+def _open(path: TablePath, options: StorageOptions | None) -> DeltaTable | None:
+    """The table at ``path``, None when there is none (delta-rs's is_deltatable says
+    False for an unreachable store too; opening tells the two apart)."""
+    try:
+        return DeltaTable(str(path), storage_options=dict(options) if options else None)
+    except TableNotFoundError:
+        return None
+
+
+def table_epoch(
+    path: TablePath, circuit: str, view: str, *, storage_options: StorageOptions | None = None
+) -> int | None:
     """The last epoch committed to the table at ``path``; None when there is no table."""
-    return _checked(path, circuit, view)[1]
+    return _checked(path, circuit, view, storage_options)[1]
 
 
-def _checked(path: TablePath, circuit: str, view: str) -> tuple[DeltaTable | None, int | None]:
+def _checked(
+    path: TablePath, circuit: str, view: str, options: StorageOptions | None = None
+) -> tuple[DeltaTable | None, int | None]:
     """The table at ``path`` (None if there is none) and the last epoch it holds, read
     from that one snapshot of its log."""
-    if not table_exists(path):
+    table = _open(path, options)
+    if table is None:
         return None, None
-    table = DeltaTable(str(path))
     version = table.transaction_version(app_id(circuit, view))
     if version is None:
         raise TableError(
@@ -235,11 +318,19 @@ def publish_table(
     the table does not exist yet and ``epoch`` is not 0. Skips when the table already
     holds ``epoch``; refuses when it does not hold ``epoch - 1``.
     """
-    path = Path(path)
+    path = path if is_uri(path) else Path(path)
     settings = settings or TableSettings()
-    table, committed = _checked(path, circuit, view)
+    options = settings.options
+    try:
+        table, committed = _checked(path, circuit, view, options)
+    except (DeltaError, OSError) as err:
+        raise TableError(
+            f"could not read the table of view {view!r} at {path} to publish epoch {epoch} "
+            f"(nothing was committed; a retry publishes it): {_said(err)}"
+        ) from err
     if committed is not None and committed >= epoch:
-        return TableCommit(view, path, epoch, version=_epoch_version(path, epoch), skipped=True)
+        version = _epoch_version(path, epoch, options)
+        return TableCommit(view, path, epoch, version=version, skipped=True)
     try:
         result = _commit(
             path,
@@ -259,14 +350,24 @@ def publish_table(
         # above: delta-rs refuses a merge over a table changed since that snapshot, and
         # a second creation of the table. Then the epoch is done once, by the winner.
         # Anything else is a real failure, and nothing of the epoch was committed.
-        after = table_epoch(path, circuit, view) if table_exists(path) else None
+        try:
+            after = table_epoch(path, circuit, view, storage_options=options)
+        except (DeltaError, OSError):
+            # Unreachable still: a request that timed out may yet have landed, so say
+            # only what a retry does (its txn check finds a commit that did land).
+            raise TableError(
+                f"could not commit epoch {epoch} of view {view!r} to its table at {path}, "
+                f"nor check whether the attempt landed (the store did not answer); a retry "
+                f"publishes the epoch once, or finds it published: {_said(err)}"
+            ) from err
         if after is None or after < epoch:
             raise TableError(
                 f"could not commit epoch {epoch} of view {view!r} to its table at {path} "
-                f"(nothing was committed; a retry publishes it): {err}"
+                f"(nothing was committed; a retry publishes it): {_said(err)}"
             ) from err
         log.info("view %s, epoch %s: another publisher committed it first (%s)", view, epoch, err)
-        return TableCommit(view, path, epoch, version=_epoch_version(path, epoch), skipped=True)
+        version = _epoch_version(path, epoch, options)
+        return TableCommit(view, path, epoch, version=version, skipped=True)
     if settings.maintain_every and epoch % settings.maintain_every == 0:
         result.maintenance = maintain_table(path, settings)
     log.info("view %s, epoch %s: %s", view, epoch, result.describe())
@@ -274,7 +375,7 @@ def publish_table(
 
 
 def _commit(
-    path: Path,
+    path: Path | str,
     table: DeltaTable | None,
     circuit: str,
     view: str,
@@ -331,7 +432,7 @@ def _weighted(rows: pa.Table, schema: Schema, what: str) -> pa.Table:
 
 
 def _load(
-    path: Path,
+    path: Path | str,
     rows: pa.Table,
     schema: Schema,
     metadata: CommitProperties,
@@ -352,6 +453,7 @@ def _load(
         str(path),
         table,
         mode="error",
+        storage_options=settings.options,
         target_file_size=settings.target_file_bytes,
         configuration={
             "delta.enableChangeDataFeed": "true",
@@ -363,15 +465,15 @@ def _load(
         view,
         path,
         epoch,
-        version=_version(path),
+        version=_version(path, settings.options),
         loaded=True,
         inserted=len(table),
-        files_added=len(DeltaTable(str(path)).file_uris()),
+        files_added=len(_reopened(path, settings.options).file_uris()),
     )
 
 
 def _merge(
-    path: Path,
+    path: Path | str,
     table: DeltaTable,
     rows: pa.Table,
     schema: Schema,
@@ -388,7 +490,7 @@ def _merge(
         table.create_write_transaction(
             [], mode="append", schema=table.schema(), commit_properties=metadata
         )
-        return TableCommit(view, path, epoch, version=_version(path))
+        return TableCommit(view, path, epoch, version=_reloaded(table))
     names = [_quoted(name) for name in schema.names]
     copies, weight = _quoted(COPIES), _quoted(WEIGHT)
     matches = [f"(t.{n} IS NOT DISTINCT FROM s.{n})" for n in names]
@@ -412,7 +514,7 @@ def _merge(
         view,
         path,
         epoch,
-        version=_version(path),
+        version=_reloaded(table),
         inserted=metrics["num_target_rows_inserted"],
         updated=metrics["num_target_rows_updated"],
         deleted=metrics["num_target_rows_deleted"],
@@ -512,41 +614,64 @@ def _quoted(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def _version(path: Path) -> int:
-    return DeltaTable(str(path)).version()
+def _said(err: BaseException) -> str:
+    """An error's text on one line, without the terminal colours delta-rs adds."""
+    return " ".join(re.sub(r"\x1b\[[0-9;]*m|\u21b3", " ", str(err)).split())
 
 
-def _epoch_version(path: Path, epoch: int) -> int | None:
+def _reopened(path: Path | str, options: StorageOptions | None) -> DeltaTable:
+    table = _open(path, options)
+    if table is None:
+        raise TableError(f"the table at {path} disappeared while it was being published")
+    return table
+
+
+def _version(path: Path | str, options: StorageOptions | None) -> int:
+    return _reopened(path, options).version()
+
+
+def _reloaded(table: DeltaTable) -> int:
+    """The latest version of ``table``'s log (after a commit through it)."""
+    table.update_incremental()
+    return table.version()
+
+
+def _epoch_version(path: Path | str, epoch: int, options: StorageOptions | None) -> int | None:
     """The version that committed ``epoch`` (None when the log no longer lists it)."""
-    return table_versions(path).get(epoch)
+    return table_versions(path, storage_options=options).get(epoch)
 
 
 # ==================================================================================== reading
-def table_versions(path: TablePath) -> dict[int, int]:
+def table_versions(
+    path: TablePath, *, storage_options: StorageOptions | None = None
+) -> dict[int, int]:
     """Epoch -> the table version its publish committed, for every epoch in the log."""
-    if not table_exists(path):
+    table = _open(path, storage_options)
+    if table is None:
         raise TableError(f"no published table at {path}")
     versions = {}
-    for commit in DeltaTable(str(path)).history():
+    for commit in table.history():
         if EPOCH_KEY in commit:
             versions[int(commit[EPOCH_KEY])] = int(commit["version"])
     return dict(sorted(versions.items()))
 
 
-def open_table(path: TablePath, epoch: int | None = None) -> DeltaTable:
+def open_table(
+    path: TablePath, epoch: int | None = None, *, storage_options: StorageOptions | None = None
+) -> DeltaTable:
     """The ``DeltaTable`` at ``path`` as of ``epoch`` (default: the latest version): the
     last version before the next epoch's commit."""
+    table = _open(path, storage_options)
+    if table is None:
+        raise TableError(f"no published table at {path}")
     if epoch is None:
-        if not table_exists(path):
-            raise TableError(f"no published table at {path}")
-        return DeltaTable(str(path))
-    versions = table_versions(path)
+        return table
+    versions = table_versions(path, storage_options=storage_options)
     if epoch not in versions:
         raise TableError(
             f"the table at {path} has no version of epoch {epoch} (epochs in its log: "
             f"{_ranges(versions)})"
         )
-    table = DeltaTable(str(path))
     # The last version before the next epoch's commit shows the same view with the
     # files that maintenance (compaction) wrote since, which vacuum keeps.
     later = [version for other, version in versions.items() if other > epoch]
@@ -554,9 +679,11 @@ def open_table(path: TablePath, epoch: int | None = None) -> DeltaTable:
     return table
 
 
-def read_table(path: TablePath, epoch: int | None = None) -> pa.Table:
+def read_table(
+    path: TablePath, epoch: int | None = None, *, storage_options: StorageOptions | None = None
+) -> pa.Table:
     """The published view at ``path`` as of ``epoch``: its columns and ``__copies``."""
-    table = open_table(path, epoch)
+    table = open_table(path, epoch, storage_options=storage_options)
     try:
         return pa.table(table.to_pyarrow_table())
     except OSError as err:
@@ -566,10 +693,16 @@ def read_table(path: TablePath, epoch: int | None = None) -> pa.Table:
         ) from err
 
 
-def table_rows(path: TablePath, schema: Schema, epoch: int | None = None) -> Iterator[WeightedRow]:
+def table_rows(
+    path: TablePath,
+    schema: Schema,
+    epoch: int | None = None,
+    *,
+    storage_options: StorageOptions | None = None,
+) -> Iterator[WeightedRow]:
     """The rows of the published view at ``path`` as of ``epoch``, each with its copies
     as its weight, one Arrow batch in memory at a time (for loading a serving table)."""
-    dataset = open_table(path, epoch).to_pyarrow_dataset()
+    dataset = open_table(path, epoch, storage_options=storage_options).to_pyarrow_dataset()
     try:
         for batch in dataset.to_batches(columns=[*schema.names, COPIES]):
             table = pa.Table.from_batches([batch]).rename_columns([*schema.names, WEIGHT])
@@ -604,9 +737,9 @@ def maintain_table(path: TablePath, settings: TableSettings) -> dict[str, int]:
     """Compact the table's small files towards ``target_file_bytes``, then delete the
     files no version within ``retention_hours`` uses. Each is its own commit, carrying
     no epoch."""
-    table = DeltaTable(str(path))
+    table = _reopened(path, settings.options)
     compacted = table.optimize.compact(target_size=settings.target_file_bytes)
-    table = DeltaTable(str(path))
+    table = _reopened(path, settings.options)
     removed = table.vacuum(
         retention_hours=settings.retention_hours,
         dry_run=False,
