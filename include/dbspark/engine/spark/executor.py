@@ -34,7 +34,7 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from dbspark.circuit.builder import Circuit, Node
-from dbspark.circuit.fingerprint import circuit_fingerprint
+from dbspark.circuit.fingerprint import circuit_fingerprint  # noqa: F401 (units, tasks)
 from dbspark.circuit.planner import Plan, Stage, plan
 from dbspark.core.columns import WEIGHT, time_columns, time_fields
 from dbspark.core.timestamps import Time
@@ -48,6 +48,7 @@ from dbspark.engine.api import (
     require_sources,
 )
 from dbspark.engine.batches import upsert_spec
+from dbspark.engine.circuits import register
 from dbspark.engine.epoch_units import Units, epoch_units, stage_inputs
 from dbspark.engine.local.resident import default_resident_bytes
 from dbspark.engine.local.tier import LocalTier
@@ -127,7 +128,8 @@ class SparkEngine(Ingest, OperatorEvaluation, Loops, Views, Maintenance):
         )
         self._local: LocalTier | None = None
         self._spark_tier: SparkTier | None = None
-        self.catalog.register_circuit(circuit.name, circuit_fingerprint(circuit))
+        # A changed definition is refused saying what changed (engine/circuits.py).
+        register(self.catalog, self.root, circuit)
         self._specs = {n.id: upsert_spec(n) for n in circuit.nodes if n.op == "upsert_source"}
         self._stored = _stored_deltas(circuit, self.plan)
         self._key_sets: dict[tuple[Any, ...], KeySet] = {}  # see _keys_of

@@ -315,7 +315,7 @@ class EpochTasks:
             raise _fail(str(err)) from None
 
     def open_epoch(self, context: Mapping[str, Any]) -> int:
-        from dbspark.engine.spark.executor import circuit_fingerprint
+        from dbspark.engine.circuits import register
 
         # Before the catalog is touched: a run asking to rebuild an unknown view writes nothing.
         self.maintenance(context)
@@ -324,7 +324,7 @@ class EpochTasks:
         log.info("deployment: %s", deployment.describe())
         catalog = self._catalog(deployment)
         try:
-            catalog.register_circuit(self.name, circuit_fingerprint(self.circuit))
+            register(catalog, deployment.warehouse, self.circuit)  # says what changed
             run = next_epoch(catalog, self.name, interval, self.start_date)
             if run.committed:
                 raise _skip(f"epoch {run.epoch} {interval} is already committed: nothing to do")

@@ -1,0 +1,92 @@
+"""Registering a circuit with its warehouse, and saying what changed when it is refused.
+
+The catalog keeps one fingerprint per circuit and refuses a definition whose
+fingerprint differs (``Catalog.register_circuit``): the warehouse's state was kept for
+the old one. Beside it, the warehouse keeps the definition's signature
+(``circuit/evolution.py``: each view's and source's fingerprint, each source's key,
+watermark and tombstone) in ``<warehouse>/_circuits/<circuit>.json``, written when a
+definition registers. A refusal then says which views were added, removed or changed,
+which sources changed and how, and what to do; a change to a source's key, watermark or
+tombstone is told apart, since it changes what the stored state means.
+
+The signature only explains: the catalog's fingerprint decides. A warehouse without a
+signature (older than this file), or whose signature is of another definition than the
+catalog's, gets the catalog's own refusal.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+from dbspark.circuit.builder import Circuit
+from dbspark.circuit.evolution import Evolution, compare, signature
+from dbspark.circuit.fingerprint import circuit_fingerprint
+from dbspark.storage.catalog import Catalog, CatalogError
+
+log = logging.getLogger("dbspark.engine")
+
+CIRCUITS = "_circuits"
+
+
+class CircuitChangedError(CatalogError):
+    """A circuit's definition differs from the one its warehouse's state was kept for;
+    ``evolution`` says how."""
+
+    def __init__(self, message: str, evolution: Evolution) -> None:
+        super().__init__(message)
+        self.evolution = evolution
+
+
+def signature_path(warehouse: str | os.PathLike[str], circuit: str) -> Path:
+    return Path(warehouse) / CIRCUITS / f"{circuit}.json"
+
+
+def register(catalog: Catalog, warehouse: str | os.PathLike[str], circuit: Circuit) -> None:
+    """Register ``circuit`` with ``catalog`` (see the module docstring), keeping its
+    signature in ``warehouse``; a changed definition raises :class:`CircuitChangedError`
+    when the kept signature can say what changed, else the catalog's ``CatalogError``."""
+    fingerprint = circuit_fingerprint(circuit)
+    path = signature_path(warehouse, circuit.name)
+    try:
+        catalog.register_circuit(circuit.name, fingerprint)
+    except CatalogError:
+        kept = _read(path)
+        stored = catalog.circuit_fingerprint(circuit.name)
+        if kept is None or kept.get("fingerprint") != stored:
+            raise
+        evolution = compare(kept["signature"], circuit)
+        raise CircuitChangedError(
+            f"{evolution.refusal()}\n(circuit {circuit.name!r}: fingerprint {fingerprint}, "
+            f"the warehouse's {stored})",
+            evolution,
+        ) from None
+    kept = _read(path)
+    if kept is None or kept.get("fingerprint") != fingerprint:
+        _write(path, {"fingerprint": fingerprint, "signature": signature(circuit)})
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    try:
+        kept = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as err:
+        log.warning("ignoring the unreadable circuit signature %s: %s", path, err)
+        return None
+    return kept if isinstance(kept, dict) and "signature" in kept else None
+
+
+def _write(path: Path, content: dict[str, Any]) -> None:
+    """Whole or not at all: a temporary file renamed into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:12]}"
+    try:
+        tmp.write_text(json.dumps(content, indent=1, sort_keys=True) + "\n")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
