@@ -130,6 +130,8 @@ OPTIONAL_DBSPARK_KEYS = {
     "gc_min_age_hours": "garbage collection keeps what is younger than 6 hours by default",
     "changes_retention_hours": "change directories are kept 168 hours by default",
     "sqlite_on_shared_filesystem": "compose's catalog is PostgreSQL; only SQLite reads it",
+    "table_location": "tables are written under [dbspark] outputs by default",
+    "table_storage_options": "none needed for a local or shared-filesystem location",
 }
 #: Keys the scan must find, or the scan itself is broken.
 KNOWN_DBSPARK_KEYS = {"warehouse", "landing", "outputs", "catalog_conn_id", "spark_conn_id"}

@@ -465,14 +465,16 @@ class _EpochGraph:
         """``serve`` (serving tables caught up from the change feed) and ``maintain``
         (garbage collection, retention), after the epoch committed, in every DAG. A
         failure of either fails that task, never an epoch: they do not wait for the
-        previous run's (``depends_on_past=False``), and the next run's catches up."""
+        previous run's (``depends_on_past=False``), and the next run's catches up. Unlike
+        ``rebuild`` and ``verify`` they skip when ``close_epoch`` skipped: a run for a
+        committed epoch is a no-op."""
         from airflow.sdk import task
 
         runner = self.runner
 
         @task(
             task_id=SERVE,
-            trigger_rule="none_failed",
+            trigger_rule="none_failed_min_one_success",
             depends_on_past=False,
             execution_timeout=self.timeouts["serve"],
         )
@@ -481,7 +483,7 @@ class _EpochGraph:
 
         @task(
             task_id=MAINTAIN,
-            trigger_rule="none_failed",
+            trigger_rule="none_failed_min_one_success",
             depends_on_past=False,
             execution_timeout=self.timeouts["maintain"],
         )
