@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import subprocess
@@ -17,6 +18,9 @@ import pytest
 # test module imports it: a throwaway home (SQLite metadata database) for the whole run,
 # and the tests' own DAG files (the example circuits without retries).
 AIRFLOW_TEST_HOME = Path(tempfile.mkdtemp(prefix="dbspark-test-airflow-"))
+# Removed at exit too: under pytest-xdist the controlling process imports this file
+# but runs no test, so its home is never migrated nor cleaned by ``airflow_db``.
+atexit.register(shutil.rmtree, AIRFLOW_TEST_HOME, ignore_errors=True)
 AIRFLOW_TEST_DAGS = Path(__file__).parent / "orchestration" / "dags"
 os.environ["AIRFLOW_HOME"] = str(AIRFLOW_TEST_HOME)
 os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(AIRFLOW_TEST_DAGS)
@@ -100,3 +104,11 @@ def airflow_db() -> Iterator[Path]:
     assert done.returncode == 0, f"airflow db migrate failed:\n{done.stderr[-3000:]}"
     yield AIRFLOW_TEST_HOME
     shutil.rmtree(AIRFLOW_TEST_HOME, ignore_errors=True)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Files holding a slow end-to-end test first, each file's tests in their own order:
+    with two workers (bin/test), the long tests start early and the many short ones
+    fill in at the end, rather than one worker finishing a long test alone."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_files)
