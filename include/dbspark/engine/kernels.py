@@ -201,6 +201,7 @@ def aggregate_delta(
     )
     per_corner_aggs = []
     finished: dict[str, Column] = {}  # a corner's value computed from plain aggregates
+    intermediate: set[str] = set()  # the plain aggregates those are computed from
     user_columns = []
     for i, _ in enumerate(box):
         acc = F.col(f"__acc{i}")
@@ -216,17 +217,17 @@ def aggregate_delta(
                 continue
             out_type = d.column_type(out_schema.type_of(name))
             parts, finish = _aggregate_column(d, aggregation, schema, acc, out_type, f"{name}__{i}")
-            per_corner_aggs.extend(parts)
+            per_corner_aggs.extend(column.alias(part) for part, column in parts.items())
             if finish is not None:
                 finished[f"{name}__{i}"] = finish
+                intermediate.update(parts)
     grouped = (
         per_row.groupBy(*keys).agg(*per_corner_aggs) if keys else per_row.agg(*per_corner_aggs)
     )
     if finished:
         # Plain aggregates first, then what is computed from them: an engine that
         # groups only plain aggregates (the local tier in Arrow) takes the grouping.
-        parts = {f"{n}__{part}" for n in finished for part in ("total", "present")}
-        kept = [c for c in grouped.columns if c not in parts]
+        kept = [c for c in grouped.columns if c not in intermediate]
         grouped = grouped.select(*kept, *(v.alias(n) for n, v in finished.items()))
     if user_columns:
         # Read the trace once: the driver collects the touched groups, and the rest of the
@@ -274,34 +275,35 @@ def _user_aggregate(
 
 def _aggregate_column(
     d: Dialect, aggregation: Aggregation, schema: Schema, acc: Column, out_type: Any, name: str
-) -> tuple[list[Column], Column | None]:
-    """One corner's aggregate: the plain aggregates to group (named ``name`` or
-    ``name__...``) and, when the value is computed from several, that computation."""
+) -> tuple[dict[str, Column], Column | None]:
+    """One corner's aggregate: the plain aggregates to group, by the names they take
+    (``name`` itself, or ``name__...`` when the value is computed from several), and
+    that computation, if any."""
     F = d.F
     if aggregation.expr is None:
-        return [F.sum(acc).cast(out_type).alias(name)], None
+        return {name: F.sum(acc).cast(out_type)}, None
     value = d.compile_expr(aggregation.expr, schema)
     counted = F.when(value.isNotNull(), acc).otherwise(F.lit(0))
     kind = aggregation.kind
     if kind == "count":
-        return [F.sum(counted).cast(out_type).alias(name)], None
+        return {name: F.sum(counted).cast(out_type)}, None
     if kind == "sum":
         # NULL when no value is present at this corner; the cast is the one every corner's
         # value gets, so casting the sum before picking it changes nothing.
         total = F.sum(F.when(value.isNotNull(), value * acc)).cast(out_type)
         present = F.sum(F.when(value.isNotNull() & (acc != 0), F.lit(1)).otherwise(F.lit(0)))
-        parts = [total.alias(f"{name}__total"), present.cast("bigint").alias(f"{name}__present")]
+        parts = {f"{name}__total": total, f"{name}__present": present.cast("bigint")}
         return parts, F.when(F.col(f"{name}__present") > 0, F.col(f"{name}__total"))
     if kind == "avg":
         total = F.sum(F.when(value.isNotNull(), value * acc))
         present = F.sum(F.when(value.isNotNull() & (acc != 0), F.lit(1)).otherwise(F.lit(0))) > 0
         count = F.sum(counted)
         average = total.cast("double") / count.cast("double")
-        return [F.when(present & (count != 0), average).alias(name)], None
+        return {name: F.when(present & (count != 0), average)}, None
     if kind == "min":
-        return [F.min(F.when(acc > 0, value)).alias(name)], None
+        return {name: F.min(F.when(acc > 0, value))}, None
     if kind == "max":
-        return [F.max(F.when(acc > 0, value)).alias(name)], None
+        return {name: F.max(F.when(acc > 0, value))}, None
     raise AssertionError(f"aggregate {kind} has no native Spark kernel")
 
 

@@ -34,6 +34,7 @@ from dbspark.circuit.expressions import NULL_TYPE
 from dbspark.core.types import BIGINT, DATE, DOUBLE, TIMESTAMP
 from dbspark.engine.expression_compiler import ExpressionCompiler
 from dbspark.engine.local import in_arrow
+from dbspark.engine.local.frame import col as frame_column
 from dbspark.engine.local.frame import duck_type
 
 Computed = in_arrow.ArrowColumn | None
@@ -48,10 +49,6 @@ _STORED = {
 _COMPARE = {"==": "=", "!=": "<>"}
 
 
-def _constant(scalar: pa.Scalar) -> in_arrow.ArrowColumn:
-    return lambda table: pa.repeat(scalar, table.num_rows)
-
-
 class ArrowCompiler(ExpressionCompiler[Computed]):
     """``ExpressionCompiler`` emitting Arrow computations (None: leave it to the SQL)."""
 
@@ -62,10 +59,7 @@ class ArrowCompiler(ExpressionCompiler[Computed]):
         return in_arrow.cast(coerced, _STORED.get(duck_type(target)))
 
     def column(self, name: str) -> Computed:
-        def values(table: pa.Table) -> in_arrow.ArrowValues | None:
-            return table.column(name) if table.column_names.count(name) == 1 else None
-
-        return values
+        return frame_column(name).arrow
 
     def constant(self, value: Any) -> Computed:
         return in_arrow.literal(value)
@@ -74,13 +68,13 @@ class ArrowCompiler(ExpressionCompiler[Computed]):
         if kind == BIGINT:
             return in_arrow.typed_literal(value, pa.int64())
         if kind == DATE and isinstance(value, dt.date) and not isinstance(value, dt.datetime):
-            return _constant(pa.scalar(value, pa.date32()))
+            return in_arrow.constant(pa.scalar(value, pa.date32()))
         if kind == TIMESTAMP and isinstance(value, dt.datetime):
             if value.tzinfo is None:  # as the SQL's CAST('...' AS TIMESTAMPTZ) at UTC
                 value = value.replace(tzinfo=dt.UTC)
-            return _constant(pa.scalar(value, _STORED["TIMESTAMPTZ"]))
+            return in_arrow.constant(pa.scalar(value, _STORED["TIMESTAMPTZ"]))
         if kind == DOUBLE and isinstance(value, float):
-            return _constant(pa.scalar(value, pa.float64()))  # compared only without NaN
+            return in_arrow.constant(pa.scalar(value, pa.float64()))  # compared only without NaN
         if isinstance(value, (bool, str)):
             return in_arrow.literal(value)
         return None  # decimals
@@ -92,7 +86,7 @@ class ArrowCompiler(ExpressionCompiler[Computed]):
         arrow_type = _STORED.get(duck_type(kind)) if kind != NULL_TYPE else None
         if arrow_type is None:
             return None
-        return _constant(pa.scalar(None, arrow_type))
+        return in_arrow.constant(pa.scalar(None, arrow_type))
 
     def coerce(self, column: Computed, kind: str, target: str) -> Computed:
         if kind == target or target == NULL_TYPE:

@@ -96,7 +96,7 @@ def plain_floats(values: ArrowValues) -> bool:
         return False
     if values.null_count == len(values):
         return True
-    if pc.any(pc.is_nan(values)).as_py():
+    if _holds_nan(values):
         return False
     zeros = pc.equal(values, 0.0)
     if not pc.any(zeros).as_py():
@@ -120,6 +120,11 @@ def distinct(table: pa.Table) -> pa.Table | None:
     return table.group_by(table.column_names, use_threads=False).aggregate([])
 
 
+def constant(scalar: pa.Scalar) -> ArrowColumn:
+    """``scalar`` repeated per row."""
+    return lambda table: pa.repeat(scalar, table.num_rows)
+
+
 def literal(value: Any) -> ArrowColumn | None:
     """A literal of DuckDB's type for it, repeated per row."""
     kind = _literal_type(value)
@@ -129,7 +134,7 @@ def literal(value: Any) -> ArrowColumn | None:
         scalar = pa.scalar(value, kind)
     except (pa.ArrowInvalid, OverflowError):
         return None
-    return lambda table: pa.repeat(scalar, table.num_rows)
+    return constant(scalar)
 
 
 def typed_literal(value: Any, target: pa.DataType) -> ArrowColumn | None:
@@ -146,7 +151,7 @@ def typed_literal(value: Any, target: pa.DataType) -> ArrowColumn | None:
         scalar = pa.scalar(value, target)
     except (pa.ArrowInvalid, OverflowError):  # out of range: DuckDB's error, as Spark's
         return None
-    return lambda table: pa.repeat(scalar, table.num_rows)
+    return constant(scalar)
 
 
 def cast(source: ArrowColumn | None, target: pa.DataType | None) -> ArrowColumn | None:
@@ -232,7 +237,12 @@ def _without_nan(a: ArrowValues, b: ArrowValues) -> bool:
     0.0 in both), where SQL's NaN equals itself and orders above every number."""
     if not (pa.types.is_floating(a.type) and a.type == b.type):
         return False
-    return not any(pc.any(pc.is_nan(v)).as_py() for v in (a, b) if v.null_count < len(v))
+    return not (_holds_nan(a) or _holds_nan(b))
+
+
+def _holds_nan(values: ArrowValues) -> bool:
+    """Whether a double column holds a NaN (an all-NULL one holds none)."""
+    return values.null_count < len(values) and bool(pc.any(pc.is_nan(values)).as_py())
 
 
 def _same_comparable(a: pa.DataType, b: pa.DataType) -> bool:

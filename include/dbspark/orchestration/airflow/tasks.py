@@ -357,17 +357,21 @@ class EpochTasks:
         reads committed at the run's epoch. The engine checks again (the close in the
         transaction that commits); this check also covers spark-submit, whose driver's
         error reaches the task only as a failed submission, and starts no Spark."""
-        catalog = self._catalog(deployment)
-        try:
-            missing = catalog.missing_units(self.name, run.epoch, units.stages, units.loops)
-        finally:
-            catalog.close()
+        missing = self._missing(deployment, run, units)
         if missing:
             raise _fail(
                 f"{what} of circuit {self.name!r} cannot run at epoch {run.epoch} "
                 f"{run.interval}: the units it reads have not committed: "
                 f"{_units(missing)}.{_clear_hint(missing)}"
             )
+
+    def _missing(self, deployment: Deployment, run: EpochOfRun, units: Units) -> list[str]:
+        """Which of ``units`` have not committed at the run's epoch (the catalog's answer)."""
+        catalog = self._catalog(deployment)
+        try:
+            return catalog.missing_units(self.name, run.epoch, units.stages, units.loops)
+        finally:
+            catalog.close()
 
     def _submit(self, deployment: Deployment, unit: Unit) -> dict[str, Any]:
         """``spark-submit spark_jobs/run_unit.py`` with the unit in a private JSON file
@@ -566,12 +570,7 @@ class EpochTasks:
         in the transaction that commits it: a task marked success without running
         committed nothing, and this task then fails at once, naming it."""
         deployment, run = self._current(context)
-        planned = epoch_units(self.plan)
-        catalog = self._catalog(deployment)
-        try:
-            missing = catalog.missing_units(self.name, run.epoch, planned.stages, planned.loops)
-        finally:
-            catalog.close()
+        missing = self._missing(deployment, run, epoch_units(self.plan))
         if missing:
             raise _fail(
                 f"epoch {run.epoch} {run.interval} of circuit {self.name!r} cannot commit: "
