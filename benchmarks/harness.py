@@ -88,7 +88,10 @@ class Meter:
     @contextmanager
     def measure(self, measurement: Measurement) -> Iterator[Measurement]:
         """Time the block; fill in ``seconds``, ``input_bytes``, ``shuffle_bytes`` and
-        ``jobs`` of ``measurement``."""
+        ``jobs`` of ``measurement``. Dirty pages are written out first (``os.sync``):
+        what the run wrote before (a warehouse copied for another measurement, the last
+        one's output) must not be paid for by this one's fsyncs."""
+        os.sync()
         before = self.counters()
         start = time.perf_counter()
         yield measurement

@@ -2,11 +2,14 @@
 
 Used by ``test_kill_retry.py`` as a subprocess (never imported by library code). The
 harness, not the library, wraps ``Catalog.commit`` in this process only: the K-th call
-whose stage name starts with PREFIX calls ``os._exit(137)`` just BEFORE or just AFTER
-the real commit. The stage and time of the fatal call are written to ``WAREHOUSE/killed.json``
-first, so the test knows which unit died.
+whose stage name starts with PREFIX calls ``os._exit(137)`` just BEFORE the real
+commit, just AFTER it (flushed: ``run_epoch`` groups its units' commits, and this one is
+durable), or after it but before the group's flush (GROUPED: the commit, and the group's
+earlier ones, never reached the disk). The stage and time of the fatal call are written
+to ``WAREHOUSE/killed.json`` first, so the test knows which unit died.
 
-    python kill_retry_child.py VECTOR.json WAREHOUSE PREFIX K before|after EPOCHS [AT_EPOCH]
+    python kill_retry_child.py VECTOR.json WAREHOUSE PREFIX K before|after|grouped EPOCHS \
+        [AT_EPOCH]
 
 Only the first EPOCHS epochs run; with AT_EPOCH only commits at that epoch count.
 """
@@ -23,7 +26,7 @@ def main() -> None:
     vector_path, warehouse, prefix, k, when, epochs = sys.argv[1:7]
     at_epoch = int(sys.argv[7]) if len(sys.argv) > 7 else None
     target, moment = int(k), when
-    assert moment in ("before", "after"), moment
+    assert moment in ("before", "after", "grouped"), moment
 
     from pyspark.sql import SparkSession
 
@@ -47,6 +50,8 @@ def main() -> None:
         if moment == "before":
             os._exit(137)
         result = real_commit(self, circuit, stage, time, *args, **kwargs)
+        if moment == "after":
+            self.flush()
         os._exit(137)
         return result  # pragma: no cover
 

@@ -66,6 +66,9 @@ KILLS = [
     ("watermarks_and_tombstones.json", 3, "ingest_orders", 1, "before", 2),
     # publish of epoch 1 committed, the epoch itself not yet
     ("watermarks_and_tombstones.json", 3, "publish", 1, "after", 1),
+    # publish of epoch 1 committed in run_epoch's commit group, which was never flushed:
+    # none of epoch 1's units reached the disk
+    ("watermarks_and_tombstones.json", 3, "publish", 1, "grouped", 1),
 ]
 
 
@@ -104,8 +107,10 @@ def test_a_killed_unit_retried_gives_the_same_committed_result(
     if committed >= 0:
         assert {v: zset_to_rows(z) for v, z in engine.views().items()} == expected[committed]
     dead_unit = (killed["stage"], tuple(killed["time"]))
-    # The dead unit's run row exists exactly when it died after its commit.
+    # The dead unit's run row exists exactly when it died after its commit was flushed.
     assert (dead_unit in runs_before) == (when == "after")
+    if when == "grouped":
+        assert not [r for r in runs_before if r[1][0] == dead_epoch], "the group was lost"
 
     # Garbage collection removes only unregistered directories (the dead unit's files),
     # and never a registered batch.

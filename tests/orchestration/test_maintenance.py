@@ -33,6 +33,7 @@ from dbspark.orchestration.sinks.files import (
 )
 from dbspark.orchestration.sinks.serving import ServingCatchUpError, ServingTarget, catch_up
 from dbspark.orchestration.sinks.tables import publish_table, table_path
+from dbspark.storage.durability import SYNC_METHOD_SETTING
 
 SCHEMA = Schema.of({"k": "bigint", "s": "string"}, what="test")
 
@@ -143,6 +144,7 @@ def test_a_failing_serving_table_is_reported_and_the_others_catch_up(
 def test_an_export_is_fsynced_before_it_is_renamed_into_place(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv(SYNC_METHOD_SETTING, "fsync")  # each file, in order
     synced: list[str] = []
     real = os.fsync
 

@@ -18,6 +18,7 @@ from dbspark.storage.durability import filesystem_type, shared_filesystem
 def test_a_commit_fsyncs_its_files_and_directories_before_the_catalog_names_them(
     warehouse_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv(durability.SYNC_METHOD_SETTING, "fsync")
     root = warehouse_path.resolve()
     cat = Catalog.for_warehouse(root)
     cat.register_circuit("c", "fp")
@@ -49,6 +50,33 @@ def test_a_commit_fsyncs_its_files_and_directories_before_the_catalog_names_them
     wanted.add(str(root))
     assert wanted <= set(synced), sorted(wanted - set(synced))
     assert committed_first == []
+    cat.close()
+
+
+@pytest.mark.skipif(durability._libc_syncfs() is None, reason="needs Linux 5.8 or later")
+def test_with_syncfs_a_commit_syncs_the_file_system_before_the_catalog_names_its_files(
+    warehouse_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(durability.SYNC_METHOD_SETTING, "syncfs")
+    root = warehouse_path.resolve()
+    cat = Catalog.for_warehouse(root)
+    cat.register_circuit("c", "fp")
+    rel = Warehouse(root).new_path("c", "n1.in0", "trace", (0, 1))
+    for bucket in (3, 7):
+        folder = root / rel / f"__bucket={bucket}"
+        folder.mkdir(parents=True)
+        pq.write_table(pa.table({"k": [bucket]}), folder / "part-0.parquet")
+    record = BatchRecord("c", "n1.in0", "trace", (0, 1), rel, rows=2, bytes=1)
+    synced: list[tuple[str, bool]] = []
+    real = durability._syncfs
+
+    def syncfs(path: str) -> None:
+        synced.append((path, cat.stage_done("c", "n1", (0, 1))))
+        real(path)
+
+    monkeypatch.setattr(durability, "_syncfs", syncfs)
+    assert cat.commit("c", "n1", (0, 1), [record])
+    assert synced == [(str(root), False)]
     cat.close()
 
 

@@ -31,6 +31,7 @@ import json
 import os
 import re
 import shutil
+import threading
 import time as _time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -393,6 +394,45 @@ def _seconds_setting(name: str, default: float) -> float:
     return value
 
 
+class _CommitGroup:
+    """The transaction and pending files of :meth:`Catalog.grouped`, begun at its first
+    write, in the thread that opened the group."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.thread = threading.get_ident()
+        self.paths: list[Path] = []
+        self._conn: Connection | None = None
+
+    @property
+    def open(self) -> bool:
+        return self._conn is not None
+
+    def connection(self) -> Connection:
+        if self._conn is None:
+            conn = self.engine.connect()
+            conn.execution_options(dbspark_write=True)
+            conn.begin()
+            self._conn = conn
+        return self._conn
+
+    def commit(self) -> None:
+        assert self._conn is not None
+        self._conn.commit()
+        self.close()
+
+    def rollback(self) -> None:
+        if self._conn is not None:
+            self._conn.rollback()
+        self.close()
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        self.paths = []
+
+
 class Catalog:
     """The trace catalog over any SQLAlchemy URL (tables are created if missing).
 
@@ -437,6 +477,7 @@ class Catalog:
             connect_args.setdefault("connect_timeout", CONNECT_TIMEOUT_SECONDS)
             options["connect_args"] = connect_args
         self.engine: Engine = sa.create_engine(url, **options)
+        self._group: _CommitGroup | None = None
         if self.engine.dialect.name == "sqlite":
             _configure_sqlite(self.engine, self.lock_timeout)
         elif self.engine.dialect.name == "postgresql":
@@ -482,7 +523,7 @@ class Catalog:
             return _now()
         if conn is not None:
             return conn.execute(sa.select(sa.func.clock_timestamp())).scalar_one()
-        with self.engine.connect() as own:
+        with self._read() as own:
             return own.execute(sa.select(sa.func.clock_timestamp())).scalar_one()
 
     def close(self) -> None:
@@ -490,11 +531,78 @@ class Catalog:
 
     @contextlib.contextmanager
     def _write(self) -> Iterator[Connection]:
-        """A read-write transaction (on SQLite it takes the write lock up front)."""
+        """A read-write transaction (on SQLite it takes the write lock up front); inside
+        :meth:`grouped`, a savepoint of the group's transaction."""
+        group = self._own_group()
+        if group is not None:
+            conn = group.connection()
+            with conn.begin_nested():
+                yield conn
+            return
         with self.engine.connect() as conn:
             conn.execution_options(dbspark_write=True)
             with conn.begin():
                 yield conn
+
+    @contextlib.contextmanager
+    def _read(self) -> Iterator[Connection]:
+        """A connection to read with: the group's while it holds uncommitted writes (so
+        this thread reads what it wrote), else a fresh one."""
+        group = self._own_group()
+        if group is not None and group.open:
+            yield group.connection()
+            return
+        with self.engine.connect() as conn:
+            yield conn
+
+    def _own_group(self) -> _CommitGroup | None:
+        group = self._group
+        return group if group is not None and group.thread == threading.get_ident() else None
+
+    @contextlib.contextmanager
+    def grouped(self) -> Iterator[None]:
+        """Group the commits made in this thread inside the block into one transaction:
+        each keeps its own checks (a savepoint), and all become durable and visible
+        together at :meth:`flush` or at the end of the block, whether it ends normally or
+        by an exception (what committed stays committed, as without the group).
+
+        One epoch's units in one process so cost one fsync pass over all their files and
+        one database commit instead of one of each per unit. The group holds the
+        database's write lock (SQLite) from its first write to the flush: flush before
+        work that takes long, such as a Spark job. A commit's ``finished_at`` is when it
+        ran in the group, at most that long before the flush; garbage collection's
+        minimum age is minutes."""
+        if self._group is not None:
+            raise CatalogError("commit groups do not nest")
+        group = _CommitGroup(self.engine)
+        self._group = group
+        try:
+            yield
+        except BaseException:
+            try:
+                self._flush_group(group)
+            except Exception:
+                group.rollback()
+            raise
+        else:
+            self._flush_group(group)
+        finally:
+            group.close()
+            self._group = None
+
+    def flush(self) -> None:
+        """Make the commits of this thread's group durable and visible now (a no-op
+        outside :meth:`grouped`)."""
+        group = self._own_group()
+        if group is not None:
+            self._flush_group(group)
+
+    def _flush_group(self, group: _CommitGroup) -> None:
+        if not group.open:
+            return
+        if group.paths and self.warehouse is not None:
+            sync_trees(group.paths, up_to=self.warehouse)
+        group.commit()
 
     def __enter__(self) -> Catalog:
         return self
@@ -521,7 +629,7 @@ class Catalog:
                     return
         except sa.exc.IntegrityError:
             # Registered concurrently by someone else: compare with theirs.
-            with self.engine.connect() as conn:
+            with self._read() as conn:
                 stored = self._fingerprint(conn, name)
         if stored != fingerprint:
             raise CatalogError(
@@ -531,11 +639,11 @@ class Catalog:
             )
 
     def circuit_fingerprint(self, name: str) -> str | None:
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             return self._fingerprint(conn, name)
 
     def circuits(self) -> list[str]:
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             rows = conn.execute(sa.select(circuits_table.c.name).order_by(circuits_table.c.name))
             return [r.name for r in rows]
 
@@ -622,7 +730,7 @@ class Catalog:
     ) -> list[str]:
         """Of ``stages``, those not committed at ``(epoch,)``, then of ``loops``, those
         not converged there (as ``loop:<name>``), in the order given."""
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             return self._missing_units(conn, circuit, epoch, list(stages), list(loops))
 
     def require_units(
@@ -697,7 +805,7 @@ class Catalog:
     def epoch_labels(self, circuit: str) -> dict[int, str]:
         """Every labelled epoch of ``circuit`` and its label."""
         t = epoch_labels_table
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             rows = conn.execute(
                 sa.select(t.c.epoch, t.c.label).where(t.c.circuit == circuit).order_by(t.c.epoch)
             )
@@ -705,7 +813,7 @@ class Catalog:
 
     def epoch_state(self, circuit: str, epoch: int) -> str | None:
         t = epochs_table
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             return conn.execute(
                 sa.select(t.c.state).where(t.c.circuit == circuit, t.c.epoch == epoch)
             ).scalar_one_or_none()
@@ -713,7 +821,7 @@ class Catalog:
     def last_committed_epoch(self, circuit: str) -> int:
         """The greatest committed epoch, or -1 when none is."""
         t = epochs_table
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             value = conn.execute(
                 sa.select(sa.func.max(t.c.epoch)).where(
                     t.c.circuit == circuit, t.c.state == "committed"
@@ -730,7 +838,7 @@ class Catalog:
             .where(t.c.circuit == circuit)
             .order_by(t.c.epoch)
         )
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             return [
                 EpochRecord(int(r.epoch), r.state, r.label, r.opened_at, r.committed_at)
                 for r in conn.execute(q)
@@ -762,7 +870,7 @@ class Catalog:
         """The DAG runs recorded for ``circuit``'s epochs, by epoch, then as recorded."""
         t = epoch_runs_table
         q = sa.select(t).where(t.c.circuit == circuit).order_by(t.c.epoch, t.c.recorded_at)
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             return [
                 EpochRun(int(r.epoch), r.dag_id, r.run_id, r.recorded_at) for r in conn.execute(q)
             ]
@@ -804,8 +912,14 @@ class Catalog:
                 raise CatalogError(f"batch kind must be one of {KINDS}, got {b.kind!r}")
         if batches and self.warehouse is not None:
             # Durable before visible: a crash after the commit must not leave the catalog
-            # naming files the kernel never wrote out.
-            sync_trees([self.warehouse / b.path for b in batches], up_to=self.warehouse)
+            # naming files the kernel never wrote out. A group syncs all of its files
+            # before its one database commit.
+            paths = [self.warehouse / b.path for b in batches]
+            group = self._own_group()
+            if group is None:
+                sync_trees(paths, up_to=self.warehouse)
+            else:
+                group.paths.extend(paths)
         try:
             with self._write() as conn:
                 now = _now()  # inside the transaction: SQLite's writers are serialised
@@ -869,7 +983,7 @@ class Catalog:
     def input_fingerprint(self, circuit: str, stage: str, time: Sequence[int]) -> str | None:
         """The fingerprint of the input a committed unit consumed, if it recorded one."""
         t = unit_inputs_table
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             return conn.execute(
                 sa.select(t.c.fingerprint).where(
                     t.c.circuit == circuit, t.c.stage == stage, t.c.time == encode_time(time)
@@ -877,7 +991,7 @@ class Catalog:
             ).scalar_one_or_none()
 
     def stage_done(self, circuit: str, stage: str, time: Sequence[int]) -> bool:
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             return self._stage_run_id(conn, circuit, stage, encode_time(time)) is not None
 
     def stage_runs(self, circuit: str, *, epoch: int | None = None) -> list[tuple[str, Time]]:
@@ -886,7 +1000,7 @@ class Catalog:
         q = sa.select(t.c.stage, t.c.time).where(t.c.circuit == circuit).order_by(t.c.id)
         if epoch is not None:
             q = q.where(t.c.epoch == epoch)
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             return [(r.stage, decode_time(r.time)) for r in conn.execute(q)]
 
     def stage_outputs(self, circuit: str) -> list[StageOutput]:
@@ -908,7 +1022,7 @@ class Catalog:
             .group_by(rt.c.id, rt.c.stage, rt.c.time, bt.c.collection)
             .order_by(rt.c.id, bt.c.collection)
         )
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             return [
                 StageOutput(
                     r.stage, decode_time(r.time), r.collection, r.batches, int(r.rows), int(r.bytes)
@@ -951,7 +1065,7 @@ class Catalog:
         if live_only:
             q = q.where(t.c.superseded_by.is_(None))
         q = q.order_by(t.c.epoch, t.c.id)
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             return [_batch_record(r) for r in conn.execute(q)]
 
     def operator_batches(self, circuit: str) -> list[BatchRecord]:
@@ -969,25 +1083,25 @@ class Catalog:
             )
             .order_by(t.c.epoch, t.c.id)
         )
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             return [_batch_record(r) for r in conn.execute(q)]
 
     def batch(self, id: int) -> BatchRecord | None:
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             row = conn.execute(sa.select(batches_table).where(batches_table.c.id == id)).first()
         return None if row is None else _batch_record(row)
 
     def collections(self, circuit: str) -> list[str]:
         t = batches_table
         q = sa.select(t.c.collection).where(t.c.circuit == circuit).distinct()
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             return sorted(r.collection for r in conn.execute(q))
 
     def all_batches(self, circuit: str | None = None) -> list[BatchRecord]:
         q = sa.select(batches_table).order_by(batches_table.c.id)
         if circuit is not None:
             q = q.where(batches_table.c.circuit == circuit)
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             return [_batch_record(r) for r in conn.execute(q)]
 
     def collection_sizes(self, circuit: str) -> list[CollectionSize]:
@@ -1013,7 +1127,7 @@ class Catalog:
             .group_by(t.c.collection)
             .order_by(t.c.collection)
         )
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             return [
                 CollectionSize(r.collection, *(int(value) for value in r[1:]))
                 for r in conn.execute(q)
@@ -1029,7 +1143,7 @@ class Catalog:
     def frontier(self, circuit: str, collection: str) -> list[Time] | None:
         """The stored frontier's times, or None if none was ever recorded."""
         t = frontiers_table
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             text = conn.execute(
                 sa.select(t.c.frontier).where(t.c.circuit == circuit, t.c.collection == collection)
             ).scalar_one_or_none()
@@ -1039,7 +1153,7 @@ class Catalog:
         """Every stored frontier of ``circuit``, by collection."""
         t = frontiers_table
         q = sa.select(t.c.collection, t.c.frontier).where(t.c.circuit == circuit)
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             return {
                 r.collection: [tuple(int(x) for x in e) for e in json.loads(r.frontier)]
                 for r in conn.execute(q.order_by(t.c.collection))
@@ -1082,14 +1196,14 @@ class Catalog:
             .where(t.c.circuit == circuit, t.c.loop == loop, t.c.prefix == encode_time(prefix))
             .order_by(t.c.iteration)
         )
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             return [_loop_iteration(r) for r in conn.execute(q)]
 
     def all_loop_iterations(self, circuit: str) -> list[LoopIteration]:
         """Every recorded iteration of every loop of ``circuit``, in the order recorded."""
         t = loop_iterations_table
         q = sa.select(t).where(t.c.circuit == circuit).order_by(t.c.id)
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             return [_loop_iteration(r) for r in conn.execute(q)]
 
     def loop_converged(self, circuit: str, loop: str, prefix: Sequence[int]) -> bool:
@@ -1100,7 +1214,7 @@ class Catalog:
             t.c.prefix == encode_time(prefix),
             t.c.converged.is_(True),
         )
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             return bool(conn.execute(q).scalar_one())
 
     @staticmethod
@@ -1175,7 +1289,7 @@ class Catalog:
     def leases(self, circuit: str) -> list[Lease]:
         """The live leases of ``circuit`` (not expired by the database's clock)."""
         lt = leases_table
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             now = self.clock(conn)
             q = sa.select(lt).where(lt.c.circuit == circuit, lt.c.expires_at > now)
             return [
@@ -1212,7 +1326,7 @@ class Catalog:
         )
         if lease_start is not None:
             q = q.where(rt.c.finished_at < lease_start)
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             return [_batch_record(r) for r in conn.execute(q)]
 
     def _gc_marks(self, circuit: str, paths: Sequence[str]) -> dict[str, datetime]:

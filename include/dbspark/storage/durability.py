@@ -3,7 +3,9 @@
 A catalog commit makes files visible; if the machine loses power after the commit but
 before the kernel wrote the files out, the catalog names files that are empty or gone.
 So every file and directory a commit registers is fsynced first (:func:`sync_tree`),
-then the directories above it up to the warehouse root, whose entries name it.
+then the directories above it up to the warehouse root, whose entries name it; or, on
+Linux 5.8 and later, the whole file system is synced with one ``syncfs(2)``, which
+costs a tenth as much for an epoch's files (``DBSPARK_SYNC_METHOD`` chooses).
 
 SQLite's locks do not work on network file systems, and a SQLite file on one host's disk
 is not shared with the others: a warehouse on NFS, CIFS, a FUSE mount and the like means
@@ -13,10 +15,16 @@ table (``/proc/mounts``) which file system a path is on.
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
+import platform
+import re
+import sys
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 #: The mount table read by :func:`filesystem_type` (Linux).
 MOUNTS = Path("/proc/mounts")
@@ -50,6 +58,63 @@ SHARED_TYPES = frozenset(
 #: fsyncs together, so a batch of 16 bucket files costs about one journal commit.
 SYNC_THREADS = 8
 
+#: How :func:`sync_trees` makes files durable: ``syncfs`` (one ``syncfs(2)`` of the
+#: file system they are on), ``fsync`` (each file and directory), or ``auto`` (the
+#: default: ``syncfs`` where Linux reports write-back errors through it, 5.8 and later).
+SYNC_METHOD_SETTING = "DBSPARK_SYNC_METHOD"
+SYNC_METHODS = ("auto", "syncfs", "fsync")
+
+
+@functools.cache
+def _libc_syncfs() -> Any:
+    """libc's ``syncfs``, when this is Linux 5.8 or later (earlier kernels return 0
+    from it even when write-back failed), else None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    release = re.match(r"(\d+)\.(\d+)", platform.release())
+    if release is None or (int(release[1]), int(release[2])) < (5, 8):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        function = libc.syncfs
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = [ctypes.c_int]
+    function.restype = ctypes.c_int
+    return function
+
+
+def sync_method() -> str:
+    """``syncfs`` or ``fsync``: what :data:`SYNC_METHOD_SETTING` asks for, and this
+    system supports."""
+    wanted = os.environ.get(SYNC_METHOD_SETTING, "auto").strip().lower() or "auto"
+    if wanted not in SYNC_METHODS:
+        raise ValueError(
+            f"{SYNC_METHOD_SETTING}={wanted!r}: expected one of {', '.join(SYNC_METHODS)}"
+        )
+    if wanted == "fsync":
+        return "fsync"
+    if _libc_syncfs() is None:
+        if wanted == "syncfs":
+            raise ValueError(
+                f"{SYNC_METHOD_SETTING}=syncfs: this system has no syncfs that reports "
+                "write-back errors (Linux 5.8 or later); use fsync"
+            )
+        return "fsync"
+    return "syncfs"
+
+
+def _syncfs(path: str) -> None:
+    """``syncfs(2)`` of the file system holding ``path``: everything written to it so
+    far, data and directory entries, is on disk when it returns."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        if _libc_syncfs()(fd) != 0:
+            code = ctypes.get_errno()
+            raise OSError(code, f"syncfs of {path} failed: {os.strerror(code)}")
+    finally:
+        os.close(fd)
+
 
 def _fsync(path: str, directory: bool) -> None:
     fd = os.open(path, (os.O_RDONLY | os.O_DIRECTORY) if directory else os.O_RDONLY)
@@ -61,7 +126,8 @@ def _fsync(path: str, directory: bool) -> None:
 
 def sync_tree(path: str | os.PathLike[str], *, up_to: str | os.PathLike[str]) -> None:
     """fsync every file and directory under ``path`` and ``path``'s parents up to and
-    including ``up_to``, so a crash after this leaves the tree as it is now. A missing ``path`` is an error: the caller is about to register it."""
+    including ``up_to``, so a crash after this leaves the tree as it is now. A missing
+    ``path`` is an error: the caller is about to register it."""
     sync_trees([path], up_to=up_to)
 
 
@@ -71,8 +137,10 @@ def sync_trees(paths: Iterable[str | os.PathLike[str]], *, up_to: str | os.PathL
     files: list[str] = []
     directories: list[str] = []
     parents: dict[str, None] = {}
+    tops: list[Path] = []
     for path in paths:
         top = Path(path)
+        tops.append(top)
         if not top.exists():
             raise FileNotFoundError(f"cannot make {top} durable: it does not exist")
         if top.is_file():
@@ -91,12 +159,25 @@ def sync_trees(paths: Iterable[str | os.PathLike[str]], *, up_to: str | os.PathL
     # the catalog commit, not their order; one at a time, the parents' fsyncs cost a
     # journal commit each (about 3 ms here), which made up most of a small epoch's.
     jobs = [(f, False) for f in files] + [(d, True) for d in (*directories, *parents)]
+    if len(jobs) > 2 and sync_method() == "syncfs" and _one_filesystem(root, tops):
+        # One call for the lot: an epoch's 50 files took 11-25 ms of concurrent fsyncs
+        # here, a syncfs 2 ms. It also writes out other dirty data on that file system,
+        # which a journal commit in ordered mode (ext4's default) does as well.
+        _syncfs(str(root))
+        return
     if len(jobs) > 2:
         with ThreadPoolExecutor(min(SYNC_THREADS, len(jobs))) as pool:
             list(pool.map(lambda job: _fsync(*job), jobs))
     else:
         for job in jobs:
             _fsync(*job)
+
+
+def _one_filesystem(root: Path, paths: Iterable[Path]) -> bool:
+    """Whether ``root`` and every one of ``paths`` are on one file system (a mount
+    inside the warehouse would need a syncfs of its own)."""
+    device = os.stat(root).st_dev
+    return all(os.stat(p).st_dev == device for p in paths)
 
 
 def _unescape(field: str) -> str:

@@ -217,6 +217,7 @@ class TraceStore:
         if local is not None and sum(b.rows for b in chosen) <= local_rows:
             record = local(chosen, frontier, out_time)
         else:
+            self.catalog.flush()  # a commit group must not hold the write lock over a job
             record = self._merge_on_spark(
                 collection, chosen, frontier, schema, key_columns, time_cols, out_time
             )

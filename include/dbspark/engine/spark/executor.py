@@ -178,6 +178,10 @@ class SparkEngine(Ingest, OperatorEvaluation, Loops, Views, Maintenance):
         return self._unit(tier, driver_rows if tier.name == "spark" else 0)
 
     def _unit(self, tier: Tier, driver_rows: int = 0) -> Unit:
+        if not isinstance(tier, LocalTier):
+            # A commit group (run_epoch) must not hold the catalog's write lock while
+            # Spark works: what committed so far becomes durable and visible first.
+            self.catalog.flush()
         return Unit(tier, self.catalog, self.circuit.name, driver_rows)
 
     def last_committed_epoch(self) -> int:
@@ -215,21 +219,26 @@ class SparkEngine(Ingest, OperatorEvaluation, Loops, Views, Maintenance):
         require_sources(self.circuit.name, self.circuit.sources, inputs)
         # Bad rows are rejected before the epoch opens or anything is written.
         checked = {name: self.check_batch(name, batch) for name, batch in inputs.items()}
-        if not self.open_epoch(epoch):
-            report.skipped = True
-            return report
-        t = (epoch,)
-        for stage in self.plan.stages_in_scope(0):
-            anchor = self.circuit.node(stage.anchor)
-            if anchor.op in ("zset_source", "upsert_source"):
-                report.units.append(self.ingest(anchor.label, epoch, checked.get(anchor.label)))
-                continue
-            if anchor.op == "leave":
-                loop = self.plan.loops[anchor.params["loop"]]
-                report.iterations.extend(self.run_loop(loop, t))
-            report.units.append(self.run_stage(stage.id, t))
-        report.units.append(self.publish(epoch))
-        self.close_epoch(epoch)
+        # One process runs every unit: their commits are grouped (one fsync pass and one
+        # database commit for all of them, flushed before any Spark work), each unit
+        # still committing, or not, on its own.
+        with self.catalog.grouped():
+            if not self.open_epoch(epoch):
+                report.skipped = True
+                return report
+            t = (epoch,)
+            for stage in self.plan.stages_in_scope(0):
+                anchor = self.circuit.node(stage.anchor)
+                if anchor.op in ("zset_source", "upsert_source"):
+                    batch = checked.get(anchor.label)
+                    report.units.append(self.ingest(anchor.label, epoch, batch))
+                    continue
+                if anchor.op == "leave":
+                    loop = self.plan.loops[anchor.params["loop"]]
+                    report.iterations.extend(self.run_loop(loop, t))
+                report.units.append(self.run_stage(stage.id, t))
+            report.units.append(self.publish(epoch))
+            self.close_epoch(epoch)
         return report
 
     def step(self, inputs: Mapping[str, Any] | None = None) -> EpochResult:
@@ -256,6 +265,7 @@ class SparkEngine(Ingest, OperatorEvaluation, Loops, Views, Maintenance):
         self.catalog.commit_epoch(
             self.circuit.name, epoch, stages=planned.stages, loops=planned.loops
         )
+        self.catalog.flush()  # the epoch is durable before its compaction starts
         self.compact(epoch)
         if self._local is not None:
             self._local.forget_files()
