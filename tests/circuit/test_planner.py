@@ -3,10 +3,10 @@ stages are grouped per loop; every stage knows what it reads and what others rea
 
 from __future__ import annotations
 
-from dbspark.circuit.aggregations import count
+from dbspark.circuit.aggregations import count, max_
 from dbspark.circuit.builder import Circuit, Stream
 from dbspark.circuit.expressions import col, sequence
-from dbspark.circuit.planner import Plan, plan
+from dbspark.circuit.planner import Plan, aggregate_columns, plan
 from dbspark.examples.circuits import NAMED_CIRCUITS
 
 
@@ -271,3 +271,60 @@ def test_trace_keys_arrange_each_stateful_input_by_its_keys() -> None:
             else:
                 assert keys == (), (c.name, node)
     assert kinds == {"join", "distinct", "aggregate", "global", "upsert_source"}
+
+
+# --- positivity, and the columns an aggregate reads --------------------------------------
+def _upserts(c: Circuit) -> Stream:
+    return c.upsert_source(
+        "u", {"k": "bigint", "g": "string", "v": "bigint", "ts": "bigint"}, key="k", watermark="ts"
+    )
+
+
+def test_positive_collections_are_told_from_their_operators() -> None:
+    c = Circuit("t")
+    live = _upserts(c)
+    z = c.zset_source("z", {"k": "bigint", "g": "string", "v": "bigint"})
+    picked = live.select("k", "g", "v").filter(col("v") > 0)
+    joined = picked.join(picked.select("k", w=col("v")), on="k")
+    signed = z.select("k", "g", "v")
+    folded = signed.distinct()
+    cancelled = picked.minus(picked)
+    exploded = picked.explode(col("v"))
+    constant = c.constant({"k": "bigint", "g": "string", "v": "bigint"}, [((1, "a", 2), 1)])
+    negative = c.constant({"k": "bigint", "g": "string", "v": "bigint"}, [((1, "a", 2), -1)])
+    for name, stream in {"a": joined, "b": folded, "c": cancelled, "d": exploded}.items():
+        c.view(name, stream)
+    c.view("e", picked.plus(constant))
+    c.view("f", picked.plus(negative))
+    positive = plan(c).positive
+    assert {picked.node_id, joined.node_id, folded.node_id, constant.node_id} <= positive
+    assert c.views["e"] in positive
+    not_positive = {z.node_id, signed.node_id, cancelled.node_id, exploded.node_id}
+    assert not_positive.isdisjoint(positive)
+    assert negative.node_id not in positive and c.views["f"] not in positive
+
+
+def test_a_loop_variable_is_positive_only_when_its_body_keeps_it_so() -> None:
+    c = Circuit("t")
+    edges = _upserts(c).select(src=col("k"), dst=col("v"))
+    kept = edges.iterate(lambda x: x.plus(edges).distinct(), name="kept")
+    flipped = edges.iterate(lambda x: edges.minus(x.distinct()), name="flipped", max_iterations=5)
+    c.view("kept", kept)
+    c.view("flipped", flipped)
+    p = plan(c)
+    assert p.loops[1].variable in p.positive and kept.node_id in p.positive
+    assert p.loops[2].variable not in p.positive and flipped.node_id not in p.positive
+
+
+def test_an_aggregate_over_a_positive_input_reads_only_its_group_and_value_columns() -> None:
+    c = Circuit("t")
+    live = _upserts(c).select("k", "g", "v")
+    z = c.zset_source("z", {"k": "bigint", "g": "string", "v": "bigint"})
+    over_live = live.aggregate(by=("g",), n=count(), top=max_(col("v")))
+    over_z = z.aggregate(by=("g",), n=count(), top=max_(col("v")))
+    c.view("live", over_live)
+    c.view("z", over_z)
+    p = plan(c)
+    assert aggregate_columns(c, over_live.node, p.positive) == ("g", "v")
+    # A Z-set source's rows may cancel each other: each stays a row of its own.
+    assert aggregate_columns(c, over_z.node, p.positive) == ("k", "g", "v")

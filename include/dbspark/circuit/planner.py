@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dbspark.circuit.builder import LINEAR_OPS, STATEFUL_OPS, Circuit, Node
+from dbspark.circuit.expressions import Literal, referenced_columns
 
 #: Linear operators that may be fused onto the stage of their (single) input.
 FUSABLE_OPS = LINEAR_OPS - {"plus", "minus", "delay"}
@@ -60,6 +61,8 @@ class Plan:
     stages: list[Stage]
     loops: dict[int, LoopPlan]
     node_stage: dict[int, int] = field(default_factory=dict)
+    #: The nodes whose collection is positive at every time (``positive_nodes``).
+    positive: frozenset[int] = frozenset()
 
     def stages_in_scope(self, scope: int) -> list[Stage]:
         return [s for s in self.stages if s.scope == scope]
@@ -137,7 +140,88 @@ def plan(circuit: Circuit) -> Plan:
             max_iterations=scope.max_iterations,
             nested=tuple(s.id for s in circuit.scopes if s.parent == scope.id),
         )
-    return Plan(circuit, stages, loops, node_stage)
+    return Plan(circuit, stages, loops, node_stage, positive_nodes(circuit))
+
+
+#: Operators whose output is positive when every input is: they pass rows on with their
+#: weights, add positive collections, or multiply weights (join). ``join_function`` also
+#: when each emit keeps the weight as it is (see ``_keeps_weights``).
+_POSITIVE_WHEN_INPUTS_ARE = frozenset(
+    {
+        "select",
+        "filter",
+        "flat_map",
+        "index_by",
+        "inspect",
+        "consolidate",
+        "upsert_live",
+        "delay",
+        "plus",
+        "join",
+        "enter",
+        "leave",
+    }
+)
+
+
+def positive_nodes(circuit: Circuit) -> frozenset[int]:
+    """The nodes whose collection is a positive Z-set at every time: no row's weight,
+    accumulated to any time, is ever below zero.
+
+    An upsert source's state holds each key at most once, and ``distinct`` and
+    ``aggregate`` give each row weight 1; a Z-set source may carry any weight, and
+    ``negate``, ``minus`` and weights from data (``explode``) make negative ones.
+    ``_POSITIVE_WHEN_INPUTS_ARE`` keeps positivity. A loop's variable is positive when
+    the collection it starts from is, and its body's result is, assuming the variable
+    is: by induction over the iterations.
+
+    On a positive collection, a group's rows may be merged when they agree on the
+    columns an aggregate reads (``aggregate_columns``): a row is present exactly when
+    the merged row is, and a sum or a multiset of values is the same."""
+    assumed = {s.variable for s in circuit.scopes[1:] if s.variable is not None}
+    while True:
+        positive: set[int] = set()
+        for node in circuit.nodes:
+            inputs_positive = all(i in positive for i in node.inputs)
+            if (
+                node.op in ("upsert_source", "distinct", "aggregate")
+                or (node.op == "variable" and node.id in assumed and inputs_positive)
+                or (node.op == "constant" and all(w > 0 for _, w in node.params["rows"]))
+                or (node.op in _POSITIVE_WHEN_INPUTS_ARE and inputs_positive)
+                or (node.op == "join_function" and inputs_positive and _keeps_weights(node))
+            ):
+                positive.add(node.id)
+        broken = {
+            s.variable
+            for s in circuit.scopes[1:]
+            if s.variable in assumed and s.result not in positive
+        }
+        if not broken:
+            return frozenset(positive)
+        assumed -= broken
+
+
+def _keeps_weights(node: Node) -> bool:
+    """Whether every emit of a ``join_function`` keeps its input row's weight."""
+    return all(
+        isinstance(emit["weight"], Literal) and emit["weight"].value == 1
+        for emit in node.params["emits"]
+    )
+
+
+def aggregate_columns(circuit: Circuit, node: Node, positive: frozenset[int]) -> tuple[str, ...]:
+    """The columns of an aggregate's input its trace must be read with: its group
+    columns and those its aggregations read when the input is positive (rows that agree
+    on them may merge, ``positive_nodes``), else every column (a row whose weight
+    cancels another's at some time must stay a row of its own)."""
+    source = circuit.node(node.inputs[0])
+    if source.id not in positive:
+        return tuple(source.schema.names)
+    read = set(node.params["keys"])
+    for aggregation in node.params["aggregations"].values():
+        if aggregation.expr is not None:
+            read |= referenced_columns(aggregation.expr)
+    return tuple(n for n in source.schema.names if n in read)
 
 
 def trace_keys(circuit: Circuit, node: Node) -> tuple[tuple[str, ...], ...]:

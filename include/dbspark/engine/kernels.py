@@ -185,14 +185,19 @@ def aggregate_delta(
     aggregations: dict[str, Aggregation],
     out_schema: Schema,
     t: Time,
+    *,
+    touched_only: bool = False,
 ) -> DataFrame:
     """The change of the per-group aggregates at ``t``, for the groups present in ``trace``
     (already pruned to the touched keys). User-defined aggregates are evaluated on the
-    driver for those groups only (``user_aggregates``)."""
+    driver for those groups only (``user_aggregates``). ``touched_only`` says every
+    group in ``trace`` may change at ``t`` (a root-clock read of exactly the touched
+    keys): the groups are not looked for again. Either way the answer is the same, since
+    a group with no update at ``t`` has the same value at every corner."""
     d = dialect_of(trace)
     F = d.F
     box = box_corners(t)
-    group_keys = candidates(trace, keys, t) if keys else None
+    group_keys = candidates(trace, keys, t) if keys and not touched_only else None
     rows = trace if group_keys is None else d.semi_join(trace, group_keys, keys)
     if not keys:
         rows = rows.where(F.lit(True))

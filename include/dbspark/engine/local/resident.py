@@ -245,16 +245,20 @@ class ResidentFile:
         index = self.index(key)
         return index is not None and index.covered == key
 
-    def rows_with(self, columns: str | Sequence[str], probe: KeyProbe) -> pa.Table:
+    def rows_with(
+        self, columns: str | Sequence[str], probe: KeyProbe, select: Sequence[str] | None = None
+    ) -> pa.Table:
         """The rows whose key equals a key of the probe (NULL matches NULL), in file
-        order: on every key column the index covers (``covers``), at least the first."""
+        order: on every key column the index covers (``covers``), at least the first.
+        With ``select``, only those columns (the others are not copied)."""
+        table = self.table if select is None else self.table.select(list(select))
         index = self.index(columns)
         if index is None:
             first = (columns,) if isinstance(columns, str) else tuple(columns)
             values = self.table.column(first[0])
             wanted = probe.cast(0, values.type)
-            return self.table.filter(pc.is_in(values, value_set=wanted, skip_nulls=False))
-        return self.table.take(pa.array(index.rows_of(probe)))
+            return table.filter(pc.is_in(values, value_set=wanted, skip_nulls=False))
+        return table.take(pa.array(index.rows_of(probe)))
 
 
 class ResidentFiles:

@@ -297,8 +297,10 @@ class LocalTier:
             parts = [f.table for f in loaded]
         else:
             probes = _BucketProbes(keys.frame.toArrow(), [dict(fields)[k] for k in key_cols])
+            # The key columns too: a partial index leaves some for the semi-join below.
+            wanted = list(dict.fromkeys([*names, *key_cols]))
             parts = [
-                f.rows_with(key_cols, probes.of(file, buckets))
+                f.rows_with(key_cols, probes.of(file, buckets), wanted)
                 for f, file, buckets in zip(loaded, files, bucket_counts, strict=True)
             ]
         frame = self.session.frame(

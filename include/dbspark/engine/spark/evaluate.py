@@ -20,10 +20,11 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql import DataFrame
 
 from dbspark.circuit.builder import STATEFUL_OPS, Circuit, Node
-from dbspark.circuit.planner import trace_keys
+from dbspark.circuit.planner import Plan, aggregate_columns, trace_keys
 from dbspark.core import timestamps
 from dbspark.core.columns import EPOCH, time_columns
 from dbspark.core.timestamps import Time
+from dbspark.core.types import Schema
 from dbspark.engine import kernels as ops
 from dbspark.engine.api import UnitReport
 from dbspark.engine.dialect import dialect_of
@@ -195,6 +196,7 @@ class OperatorEvaluation:
     circuit, catalog and tiers)."""
 
     circuit: Circuit
+    plan: Plan
     buckets: int
     _key_sets: dict[tuple[Any, ...], KeySet]
 
@@ -276,18 +278,36 @@ class OperatorEvaluation:
         global_group = node.op == "aggregate" and not params["keys"]
         fields = [self._fields(self.circuit.node(i), depth) for i in node.inputs]
         touched = None if global_group else self._keys_of(node, now, port_keys, fields, unit)
+        if node.op == "aggregate":
+            # Only the columns the aggregate reads, when its rows may merge on them.
+            columns = aggregate_columns(self.circuit, node, self.plan.positive)
+            schemas[0] = Schema(tuple((n, schemas[0].type_of(n)) for n in columns))
         traces = []
         for port in range(len(node.inputs)):
             traces.append(
                 self._trace(
-                    node, port, unit, keys=touched, when=lambda time: timestamps.less_equal(time, t)
+                    node,
+                    port,
+                    unit,
+                    keys=touched,
+                    when=lambda time: timestamps.less_equal(time, t),
+                    columns=schemas[port].names,
                 )
             )
         if node.op == "distinct":
             return ops.distinct_delta(traces[0], out_names, t)
         if node.op == "aggregate":
+            # The local tier reads exactly the touched keys; at the root clock those are
+            # the groups updated at t.
+            exact = depth == 1 and touched is not None and unit.tier.name == "local"
             return ops.aggregate_delta(
-                traces[0], schemas[0], list(params["keys"]), params["aggregations"], node.schema, t
+                traces[0],
+                schemas[0],
+                list(params["keys"]),
+                params["aggregations"],
+                node.schema,
+                t,
+                touched_only=exact,
             )
         return ops.join_delta_nested(
             traces[0],
@@ -339,17 +359,23 @@ class OperatorEvaluation:
         *,
         keys: KeySet | None,
         when: Callable[[Time], bool],
+        columns: Sequence[str] | None = None,
     ) -> DataFrame:
         """Port ``port``'s trace at the times ``when`` accepts, pruned to ``keys`` (given in
-        either port's key names: they are renamed to this port's)."""
+        either port's key names: they are renamed to this port's), with the input's
+        ``columns`` only (default: all), its weight and times."""
         input_node = self.circuit.node(node.inputs[port])
         depth = self.circuit.scope(node.scope).depth
         collection = coll.arranged(node.id, port)
         records = unit.batches(collection, "trace", when)
         port_keys = list(keys_by_port(self.circuit, node)[port])
+        fields = self._fields(input_node, depth)
+        if columns is not None:
+            wanted = set(columns)
+            fields = [f for f in fields if f[0] in wanted or f[0] not in input_node.schema.names]
         return unit.tier.read(
             records,
-            self._fields(input_node, depth),
+            fields,
             keys=None if keys is None else keys.renamed(port_keys),
             bucket_by=port_keys,
         )
