@@ -5,6 +5,7 @@ retry, spaced so that a catalog outage of over a minute does not fail the run.""
 
 from __future__ import annotations
 
+import os
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -120,3 +121,22 @@ def test_bad_input_fails_its_task_without_the_retries_it_has(test_dags, place, c
     assert ingest.try_number == 1
     logs = capfd.readouterr().out
     assert "source 'words'" in logs and "bad input: a retry reads the same input" in logs
+
+
+def test_storage_settings_of_airflow_cfg_reach_the_catalog(monkeypatch) -> None:
+    from dbspark.orchestration.airflow.tasks import apply_storage_settings
+    from dbspark.storage.catalog import SHARED_SQLITE_SETTING
+    from dbspark.storage.durability import SYNC_METHOD_SETTING, sync_method
+
+    for name in (SHARED_SQLITE_SETTING, SYNC_METHOD_SETTING):
+        monkeypatch.setenv(name, "")  # so that teardown restores what was there before
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("AIRFLOW__DBSPARK__SYNC_METHOD", "fsync")
+    monkeypatch.setenv("AIRFLOW__DBSPARK__SQLITE_ON_SHARED_FILESYSTEM", "allow")
+    apply_storage_settings()
+    assert sync_method() == "fsync"
+    assert os.environ[SHARED_SQLITE_SETTING] == "allow"
+    # What the environment already says wins over airflow.cfg.
+    monkeypatch.setenv(SYNC_METHOD_SETTING, "auto")
+    apply_storage_settings()
+    assert os.environ[SYNC_METHOD_SETTING] == "auto"

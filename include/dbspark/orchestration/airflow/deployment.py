@@ -19,6 +19,7 @@ Connections, so one DAG file serves a laptop and a cluster alike.
 | | | ``gc_min_age_hours`` | 6 |
 | | | ``changes_retention_hours`` | 168 |
 | SQLite on NFS, CIFS, FUSE | | ``sqlite_on_shared_filesystem`` | refused (``allow``) |
+| making commits durable | | ``sync_method`` | ``DBSPARK_SYNC_METHOD``, or ``auto`` |
 
 The Spark connection decides where Spark work runs: of type ``spark_connect`` (the
 Spark provider's), every task is a Spark Connect client of that server; of type

@@ -79,6 +79,7 @@ from dbspark.storage.catalog import (
     Catalog,
     UncommittedUnits,
 )
+from dbspark.storage.durability import SYNC_METHOD_SETTING
 
 log = logging.getLogger("dbspark.airflow")
 
@@ -137,15 +138,20 @@ def apply_redaction_setting() -> None:
         os.environ[REDACT_SETTING] = "1"
 
 
-def apply_shared_sqlite_setting() -> None:
-    """``[dbspark] sqlite_on_shared_filesystem = allow`` from ``airflow.cfg``, handed to
-    the catalog as the environment variable it reads (``SHARED_SQLITE_SETTING``): a
-    SQLite catalog is refused on a shared file system unless so allowed."""
+def apply_storage_settings() -> None:
+    """The storage settings of ``airflow.cfg``, handed to the catalog as the environment
+    variables it reads: ``[dbspark] sqlite_on_shared_filesystem = allow``
+    (``SHARED_SQLITE_SETTING``: a SQLite catalog is refused on a shared file system
+    unless so allowed) and ``[dbspark] sync_method`` (``SYNC_METHOD_SETTING``: how
+    committed files are made durable). A variable already set stays as it is."""
     from airflow.sdk.configuration import conf
 
     value = conf.get("dbspark", "sqlite_on_shared_filesystem", fallback="")
     if (value or "").strip().lower() == "allow":
         os.environ[SHARED_SQLITE_SETTING] = "allow"
+    method = (conf.get("dbspark", "sync_method", fallback="") or "").strip()
+    if method:
+        os.environ.setdefault(SYNC_METHOD_SETTING, method)
 
 
 def lease_seconds() -> float:
@@ -238,7 +244,7 @@ class EpochTasks:
 
     @staticmethod
     def _catalog(deployment: Deployment) -> Catalog:
-        apply_shared_sqlite_setting()
+        apply_storage_settings()
         if deployment.catalog_url:
             return Catalog(deployment.catalog_url, warehouse=deployment.warehouse)
         return Catalog.for_warehouse(deployment.warehouse)
