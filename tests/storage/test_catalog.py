@@ -216,6 +216,21 @@ def test_operator_batches_are_the_live_deltas_and_traces_in_one_list(cat: Catalo
     assert listed == cat.batches("c", "n1.in0")
 
 
+def test_live_batches_of_several_collections_in_one_list(cat: Catalog) -> None:
+    cat.commit("c", "e0", (0,), [batch("n1.in0", (0,), "a"), batch("n3.input", (0,), "i")])
+    cat.commit("c", "e1", (1,), [batch("n1.in0", (1,), "b"), batch("view.v", (1,), "v")])
+    old = [b.id for b in cat.batches("c", "n1.in0")]
+    cat.commit("c", "compact", (1,), [batch("n1.in0", (1,), "m")], supersede=old[:1])
+
+    def names(records: list[BatchRecord]) -> list[str]:
+        return [b.path.rsplit("/", 1)[1] for b in records]
+
+    # Live only, oldest first, the collections asked for and no other.
+    assert names(cat.live_batches("c", ["n1.in0", "view.v"])) == ["b", "m", "v"]
+    assert names(cat.live_batches("c", ["n1.in0", "n3.input"], epoch=0)) == ["i"]
+    assert cat.live_batches("c", []) == [] and cat.live_batches("d", ["n1.in0"]) == []
+
+
 def test_frontiers_and_loop_iterations(cat: Catalog) -> None:
     assert cat.frontier("c", "t") is None
     cat.set_frontier("c", "t", [(2, 0), (1, 3)])

@@ -941,9 +941,10 @@ class Catalog:
                         finished_at=self._stamp(),
                     )
                 ).inserted_primary_key[0]
-                for b in batches:
+                if batches:  # one statement for all of them
                     conn.execute(
-                        batches_table.insert().values(**_batch_values(b, now), created_by=run_id)
+                        batches_table.insert(),
+                        [{**_batch_values(b, now), "created_by": run_id} for b in batches],
                     )
                 if supersede_ids:
                     bt = batches_table
@@ -1067,6 +1068,31 @@ class Catalog:
         q = q.order_by(t.c.epoch, t.c.id)
         with self._read() as conn:
             return [_batch_record(r) for r in conn.execute(q)]
+
+    def live_batches(
+        self,
+        circuit: str,
+        collections: Sequence[str],
+        *,
+        kind: str | None = None,
+        epoch: int | None = None,
+    ) -> list[BatchRecord]:
+        """The live batches of several collections (of ``kind``, of ``epoch``, when
+        given), oldest first (by epoch, then commit order), in one query."""
+        if not collections:
+            return []
+        t = batches_table
+        q = sa.select(t).where(
+            t.c.circuit == circuit,
+            t.c.collection.in_(list(collections)),
+            t.c.superseded_by.is_(None),
+        )
+        if kind is not None:
+            q = q.where(t.c.kind == kind)
+        if epoch is not None:
+            q = q.where(t.c.epoch == epoch)
+        with self._read() as conn:
+            return [_batch_record(r) for r in conn.execute(q.order_by(t.c.epoch, t.c.id))]
 
     def operator_batches(self, circuit: str) -> list[BatchRecord]:
         """The live batches of every collection an operator reads (deltas and arranged

@@ -65,6 +65,18 @@ class Compaction:
     committed: bool
 
 
+@dataclass(frozen=True)
+class CompactionPlanInput:
+    """What one compaction pass over several traces needs of the catalog, read in three
+    queries instead of three per trace (:meth:`TraceStore.planning_input`): each
+    collection's live trace batches, the stored frontiers, and the units committed at
+    the pass's epoch. Valid while the pass compacts each collection once."""
+
+    live: dict[str, list[BatchRecord]]
+    frontiers: dict[str, list[tuple[int, ...]]]
+    committed: frozenset[tuple[str, tuple[int, ...]]]
+
+
 class TraceStore:
     """The traces of one circuit: append, read (optionally by key), compact."""
 
@@ -167,6 +179,19 @@ class TraceStore:
         return df
 
     # --- compaction --------------------------------------------------------------------
+    def planning_input(self, collections: Iterable[str], epoch: int) -> CompactionPlanInput:
+        """The catalog's answers a compaction pass at ``epoch`` over ``collections`` needs,
+        read at once (see :class:`CompactionPlanInput`)."""
+        wanted = list(dict.fromkeys(collections))
+        live: dict[str, list[BatchRecord]] = {c: [] for c in wanted}
+        for record in self.catalog.live_batches(self.circuit, wanted, kind="trace"):
+            live[record.collection].append(record)
+        committed = frozenset(
+            (stage, tuple(time))
+            for stage, time in self.catalog.stage_runs(self.circuit, epoch=epoch)
+        )
+        return CompactionPlanInput(live, self.catalog.frontiers(self.circuit), committed)
+
     def compact(
         self,
         collection: str,
@@ -179,6 +204,7 @@ class TraceStore:
         local: Callable[[list[BatchRecord], Antichain, tuple[int, ...]], BatchRecord | None]
         | None = None,
         local_rows: int = 0,
+        known: CompactionPlanInput | None = None,
     ) -> Compaction | None:
         """Advance the live batches not beyond ``frontier`` to it and merge them into one.
 
@@ -196,9 +222,13 @@ class TraceStore:
         ``local(chosen, frontier, out_time)``, when given, rewrites a merge of at most
         ``local_rows`` rows instead of Spark (the same batch, written without a Spark job).
 
+        ``known``, read once for a pass over several traces, answers the catalog reads.
+
         Returns None when there is nothing to merge (or it was done already).
         """
-        frontier = self._checked_frontier(collection, frontier, schema, key_columns, time_columns)
+        frontier = self._checked_frontier(
+            collection, frontier, schema, key_columns, time_columns, known
+        )
         time_cols = list(time_columns)
         meet = frontier.elements[0]
         for f in frontier.elements[1:]:
@@ -206,9 +236,16 @@ class TraceStore:
         stage = f"compact:{collection}"
         if len(frontier) > 1:
             stage += "@" + ";".join(encode_time(f) for f in frontier)
-        if self.catalog.stage_done(self.circuit, stage, meet):
+        if (
+            (stage, meet) in known.committed
+            if known is not None
+            else self.catalog.stage_done(self.circuit, stage, meet)
+        ):
             return None
-        chosen = self._to_merge(collection, frontier, meet, len(time_cols), tiered=tiered)
+        live = None if known is None else known.live.get(collection, [])
+        chosen = self._to_merge(
+            collection, frontier, meet, len(time_cols), tiered=tiered, live=live
+        )
         if not chosen:
             return None
         out_time = frontier.advance(chosen[0].time)
@@ -230,6 +267,7 @@ class TraceStore:
         schema: StructType,
         key_columns: Sequence[str],
         time_columns: Sequence[str],
+        known: CompactionPlanInput | None = None,
     ) -> Antichain:
         """``frontier`` as an antichain, refused when it is empty, does not match the time
         columns, or would move the collection's stored frontier backwards."""
@@ -244,7 +282,11 @@ class TraceStore:
         missing = [c for c in [*time_cols, WEIGHT, *key_columns] if c not in names]
         if missing:
             raise ValueError(f"columns {missing} are not in the trace schema {names}")
-        stored = self.catalog.frontier(self.circuit, collection)
+        stored = (
+            known.frontiers.get(collection)
+            if known is not None
+            else self.catalog.frontier(self.circuit, collection)
+        )
         if stored is not None and not Antichain(stored).dominates(frontier):
             raise ValueError(
                 f"frontier of {self.circuit}/{collection} would move backwards: "
@@ -260,13 +302,13 @@ class TraceStore:
         depth: int,
         *,
         tiered: bool,
+        live: list[BatchRecord] | None = None,
     ) -> list[BatchRecord]:
-        """The live batches one compaction merges (empty: nothing worth merging)."""
-        live = [
-            b
-            for b in self.catalog.batches(self.circuit, collection, kind="trace")
-            if len(b.time) == depth
-        ]
+        """The live batches one compaction merges (empty: nothing worth merging), from
+        ``live`` (the collection's live trace batches) when given."""
+        if live is None:
+            live = self.catalog.batches(self.circuit, collection, kind="trace")
+        live = [b for b in live if len(b.time) == depth]
         eligible = [b for b in live if not frontier.less_equal(b.time)]
         chosen = _tiered_choice(eligible) if tiered else eligible
         # Inside a loop an epoch writes a batch per iteration, each larger than all before

@@ -359,10 +359,8 @@ class SparkEngine(Ingest, OperatorEvaluation, Loops, Views, Maintenance):
         """How many rows the epoch's sources brought (its raw input logs, from the catalog):
         what decides the tier of its units, and whether a Spark unit writes from the driver
         (a unit fed by a few rows of change rarely writes many)."""
-        return sum(
-            records_rows(self.catalog.batches(self.circuit.name, coll.input_log(i), epoch=epoch))
-            for i in self.circuit.sources.values()
-        )
+        logs = [coll.input_log(i) for i in self.circuit.sources.values()]
+        return records_rows(self.catalog.live_batches(self.circuit.name, logs, epoch=epoch))
 
     def _or_empty(self, frame: Frame, node: Node, unit: Unit) -> Any:
         return frame if frame is not None else unit.tier.empty(self._fields(node))

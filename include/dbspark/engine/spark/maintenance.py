@@ -17,7 +17,7 @@ from dbspark.engine.dialect import dialect_of
 from dbspark.engine.kernels import consolidate
 from dbspark.engine.spark import collection_names as coll
 from dbspark.storage.catalog import BatchRecord
-from dbspark.storage.traces import advance_columns
+from dbspark.storage.traces import CompactionPlanInput, advance_columns
 
 log = logging.getLogger("dbspark.engine")
 
@@ -29,17 +29,24 @@ class Maintenance:
         """Advance every trace by the frontier ``(epoch, 0, ...)`` and merge batches
         (tiered, so old large batches are rewritten only as recent ones grow), then retire
         stream deltas no later epoch reads (``delay`` reads one epoch back)."""
-        for collection, node, depth, key_columns in self._traces():
+        traces = list(self._traces())
+        views = [coll.view(name) for name in self.circuit.views]
+        # The catalog read once for the whole pass (a pass compacts each trace once).
+        known = self.traces.planning_input([t[0] for t in traces] + views, epoch)
+        for collection, node, depth, key_columns in traces:
             frontier = [(epoch, *([0] * (depth - 1)))]
-            self._compact(collection, frontier, node, depth, key_columns)
-        for name in self.circuit.views:
+            self._compact(collection, frontier, node, depth, key_columns, known)
+        for name, collection in zip(self.circuit.views, views, strict=True):
             node = self.circuit.node(self.circuit.views[name])
-            self._compact(coll.view(name), [(epoch,)], node, 1, list(node.schema.names))
-        stale = [
+            self._compact(collection, [(epoch,)], node, 1, list(node.schema.names), known)
+        deltas = {coll.delta(node.id) for node in self.circuit.nodes}
+        stale = [  # one catalog read, not one per node
             record.id
-            for node in self.circuit.nodes
-            for record in self.catalog.batches(self.circuit.name, coll.delta(node.id), kind="delta")
-            if record.epoch < epoch and record.id is not None
+            for record in self.catalog.operator_batches(self.circuit.name)
+            if record.kind == "delta"
+            and record.collection in deltas
+            and record.epoch < epoch
+            and record.id is not None
         ]
         if stale:
             self.catalog.commit(self.circuit.name, "retire-deltas", (epoch,), [], supersede=stale)
@@ -77,6 +84,7 @@ class Maintenance:
         node: Node,
         depth: int,
         key_columns: list[str],
+        known: CompactionPlanInput | None = None,
     ) -> None:
         """One trace's tiered compaction; a merge of at most ``local_rows`` rows is
         rewritten on the local tier (no Spark job), a larger one by Spark."""
@@ -107,4 +115,5 @@ class Maintenance:
             tiered=True,
             local=rewrite,
             local_rows=self.local_rows,
+            known=known,
         )
