@@ -23,6 +23,7 @@ from types import SimpleNamespace
 
 import pytest
 import sqlalchemy as sa
+from scratch_databases import scratch_database
 
 from dbspark.core.zset import ZSet
 from dbspark.devtools.airflow import LocalAirflow
@@ -71,9 +72,19 @@ def day(n: int) -> Interval:
 
 
 @pytest.fixture(scope="module")
-def deployment(tmp_path_factory):
+def airflow_database(postgres_url):
+    """A fresh PostgreSQL database for Airflow's metadata. On SQLite, `airflow backfill
+    create` failed now and then with "database is locked" on a busy machine: a deferred
+    transaction upgrading to a write is refused at once, whatever the busy timeout."""
+    with scratch_database(postgres_url, "airflow") as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory, airflow_database):
     """Spark Connect server + Airflow (api-server, scheduler, dag-processor), with a
-    fresh AIRFLOW_HOME, warehouse, landing directory and outputs of their own."""
+    fresh AIRFLOW_HOME (its metadata on PostgreSQL), warehouse, landing directory and
+    outputs of their own."""
     root = tmp_path_factory.mktemp("scheduler")
     place = SimpleNamespace(
         root=root,
@@ -103,7 +114,9 @@ def deployment(tmp_path_factory):
         "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "600",
     }
     began = time.monotonic()
-    airflow = LocalAirflow(root / "airflow", DAGS, env=env, parallelism=2)
+    airflow = LocalAirflow(
+        root / "airflow", DAGS, env=env, parallelism=2, database_url=airflow_database
+    )
     spark = LocalConnectServer(port=spark_port, log_path=root / "spark-connect.log")
     try:
         # Airflow first: its start is mostly waiting on other processes, so the

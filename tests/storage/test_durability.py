@@ -15,11 +15,9 @@ from dbspark.storage.catalog import SHARED_SQLITE_SETTING
 from dbspark.storage.durability import filesystem_type, shared_filesystem
 
 
-def test_a_commit_fsyncs_its_files_and_directories_before_the_catalog_names_them(
-    warehouse_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv(durability.SYNC_METHOD_SETTING, "fsync")
-    root = warehouse_path.resolve()
+def _catalog_and_bucketed_batch(root: Path) -> tuple[Catalog, BatchRecord]:
+    """A catalog in ``root`` with circuit ``c``, and a batch of two bucket files written
+    but not registered."""
     cat = Catalog.for_warehouse(root)
     cat.register_circuit("c", "fp")
     rel = Warehouse(root).new_path("c", "n1.in0", "trace", (0, 1))
@@ -27,7 +25,16 @@ def test_a_commit_fsyncs_its_files_and_directories_before_the_catalog_names_them
         folder = root / rel / f"__bucket={bucket}"
         folder.mkdir(parents=True)
         pq.write_table(pa.table({"k": [bucket]}), folder / "part-0.parquet")
-    record = BatchRecord("c", "n1.in0", "trace", (0, 1), rel, rows=2, bytes=1, buckets=16)
+    return cat, BatchRecord("c", "n1.in0", "trace", (0, 1), rel, rows=2, bytes=1, buckets=16)
+
+
+def test_a_commit_fsyncs_its_files_and_directories_before_the_catalog_names_them(
+    warehouse_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(durability.SYNC_METHOD_SETTING, "fsync")
+    root = warehouse_path.resolve()
+    cat, record = _catalog_and_bucketed_batch(root)
+    rel = record.path
 
     synced: list[str] = []
     committed_first: list[str] = []
@@ -59,14 +66,7 @@ def test_with_syncfs_a_commit_syncs_the_file_system_before_the_catalog_names_its
 ) -> None:
     monkeypatch.setenv(durability.SYNC_METHOD_SETTING, "syncfs")
     root = warehouse_path.resolve()
-    cat = Catalog.for_warehouse(root)
-    cat.register_circuit("c", "fp")
-    rel = Warehouse(root).new_path("c", "n1.in0", "trace", (0, 1))
-    for bucket in (3, 7):
-        folder = root / rel / f"__bucket={bucket}"
-        folder.mkdir(parents=True)
-        pq.write_table(pa.table({"k": [bucket]}), folder / "part-0.parquet")
-    record = BatchRecord("c", "n1.in0", "trace", (0, 1), rel, rows=2, bytes=1)
+    cat, record = _catalog_and_bucketed_batch(root)
     synced: list[tuple[str, bool]] = []
     real = durability._syncfs
 
