@@ -226,7 +226,7 @@ def test_live_batches_of_several_collections_in_one_list(cat: Catalog) -> None:
         return [b.path.rsplit("/", 1)[1] for b in records]
 
     # Live only, oldest first, the collections asked for and no other.
-    assert names(cat.live_batches("c", ["n1.in0", "view.v"])) == ["b", "m", "v"]
+    assert names(cat.live_batches("c", ["n1.in0", "view.v"])) == ["b", "v", "m"]
     assert names(cat.live_batches("c", ["n1.in0", "n3.input"], epoch=0)) == ["i"]
     assert cat.live_batches("c", []) == [] and cat.live_batches("d", ["n1.in0"]) == []
 
