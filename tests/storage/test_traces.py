@@ -195,7 +195,7 @@ def test_a_refused_compaction_leaves_no_files(store: TraceStore, monkeypatch) ->
 
     # A compaction planned against batches that another one has just superseded (a
     # race between two workers): its commit is refused and its output deleted at once.
-    monkeypatch.setattr(store.catalog, "batches", lambda *a, **k: stale)
+    monkeypatch.setattr(store.catalog, "live_batches", lambda *a, **k: stale)
     with pytest.raises(CatalogError, match="supersedes batches"):
         store.compact("t", Antichain([(2,)]), FLAT, ["k"], time_columns(1))
     assert store.catalog.all_batches("c") == before

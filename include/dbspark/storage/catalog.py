@@ -571,7 +571,7 @@ class Catalog:
         database's write lock (SQLite) from its first write to the flush: flush before
         work that takes long, such as a Spark job. A commit's ``finished_at`` is when it
         ran in the group, at most that long before the flush; garbage collection's
-        minimum age is minutes."""
+        minimum age is hours (``gc_min_age_hours``)."""
         if self._group is not None:
             raise CatalogError("commit groups do not nest")
         group = _CommitGroup(self.engine)

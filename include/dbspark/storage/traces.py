@@ -222,12 +222,17 @@ class TraceStore:
         ``local(chosen, frontier, out_time)``, when given, rewrites a merge of at most
         ``local_rows`` rows instead of Spark (the same batch, written without a Spark job).
 
-        ``known``, read once for a pass over several traces, answers the catalog reads.
+        ``known``, read once for a pass over several traces, answers the catalog reads
+        (without it, they are read for this collection alone).
 
         Returns None when there is nothing to merge (or it was done already).
         """
+        if not isinstance(frontier, Antichain):
+            frontier = Antichain(tuple(int(x) for x in f) for f in frontier)
+        if known is None:
+            known = self.planning_input([collection], min((f[0] for f in frontier), default=0))
         frontier = self._checked_frontier(
-            collection, frontier, schema, key_columns, time_columns, known
+            frontier, schema, key_columns, time_columns, collection, known.frontiers
         )
         time_cols = list(time_columns)
         meet = frontier.elements[0]
@@ -236,16 +241,10 @@ class TraceStore:
         stage = f"compact:{collection}"
         if len(frontier) > 1:
             stage += "@" + ";".join(encode_time(f) for f in frontier)
-        if (
-            (stage, meet) in known.committed
-            if known is not None
-            else self.catalog.stage_done(self.circuit, stage, meet)
-        ):
+        if (stage, meet) in known.committed:
             return None
-        live = None if known is None else known.live.get(collection, [])
-        chosen = self._to_merge(
-            collection, frontier, meet, len(time_cols), tiered=tiered, live=live
-        )
+        live = known.live.get(collection, [])
+        chosen = self._to_merge(frontier, meet, len(time_cols), live, tiered=tiered)
         if not chosen:
             return None
         out_time = frontier.advance(chosen[0].time)
@@ -262,17 +261,15 @@ class TraceStore:
 
     def _checked_frontier(
         self,
-        collection: str,
-        frontier: Antichain | Iterable[Sequence[int]],
+        frontier: Antichain,
         schema: StructType,
         key_columns: Sequence[str],
         time_columns: Sequence[str],
-        known: CompactionPlanInput | None = None,
+        collection: str,
+        stored_frontiers: dict[str, list[tuple[int, ...]]],
     ) -> Antichain:
-        """``frontier`` as an antichain, refused when it is empty, does not match the time
-        columns, or would move the collection's stored frontier backwards."""
-        if not isinstance(frontier, Antichain):
-            frontier = Antichain(tuple(int(x) for x in f) for f in frontier)
+        """``frontier``, refused when it is empty, does not match the time columns, or
+        would move the collection's stored frontier (of ``stored_frontiers``) backwards."""
         if frontier.is_empty():
             raise ValueError("cannot compact to an empty frontier")
         time_cols = list(time_columns)
@@ -282,11 +279,7 @@ class TraceStore:
         missing = [c for c in [*time_cols, WEIGHT, *key_columns] if c not in names]
         if missing:
             raise ValueError(f"columns {missing} are not in the trace schema {names}")
-        stored = (
-            known.frontiers.get(collection)
-            if known is not None
-            else self.catalog.frontier(self.circuit, collection)
-        )
+        stored = stored_frontiers.get(collection)
         if stored is not None and not Antichain(stored).dominates(frontier):
             raise ValueError(
                 f"frontier of {self.circuit}/{collection} would move backwards: "
@@ -296,18 +289,15 @@ class TraceStore:
 
     def _to_merge(
         self,
-        collection: str,
         frontier: Antichain,
         meet: tuple[int, ...],
         depth: int,
+        live: list[BatchRecord],
         *,
         tiered: bool,
-        live: list[BatchRecord] | None = None,
     ) -> list[BatchRecord]:
-        """The live batches one compaction merges (empty: nothing worth merging), from
-        ``live`` (the collection's live trace batches) when given."""
-        if live is None:
-            live = self.catalog.batches(self.circuit, collection, kind="trace")
+        """Of ``live`` (the collection's live trace batches), those one compaction merges
+        (empty: nothing worth merging)."""
         live = [b for b in live if len(b.time) == depth]
         eligible = [b for b in live if not frontier.less_equal(b.time)]
         chosen = _tiered_choice(eligible) if tiered else eligible
