@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
 from pyspark.sql import SparkSession
 
 from dbspark.engine.local.tier import READS as LOCAL_READS
@@ -90,8 +91,11 @@ class Meter:
         """Time the block; fill in ``seconds``, ``input_bytes``, ``shuffle_bytes`` and
         ``jobs`` of ``measurement``. Dirty pages are written out first (``os.sync``):
         what the run wrote before (a warehouse copied for another measurement, the last
-        one's output) must not be paid for by this one's fsyncs."""
+        one's output) must not be paid for by this one's fsyncs; and the Spark JVM's
+        background work after the last measurement (JIT compilation, garbage collection)
+        must not share the 2 cores with this one (``settle``)."""
         os.sync()
+        measurement.params["settled_s"] = round(settle(), 2)
         before = self.counters()
         start = time.perf_counter()
         yield measurement
@@ -100,6 +104,33 @@ class Meter:
         measurement.input_bytes = after.input_bytes - before.input_bytes
         measurement.shuffle_bytes = after.shuffle_bytes - before.shuffle_bytes
         measurement.jobs = after.jobs - before.jobs
+
+
+def settle(*, window_s: float = 0.1, idle_share: float = 0.05, at_most_s: float = 5.0) -> float:
+    """Wait until this process's children (the local Spark JVM and its helpers) use less
+    than ``idle_share`` of one core over ``window_s``, for at most ``at_most_s``; the
+    seconds waited. After a heavy job, a JVM keeps compiling and collecting for a second
+    or more, which on a 2-core machine slowed a 0.2 s epoch measured right after by
+    30–40 ms: that belongs to the job before, not to the measured one."""
+    started = time.monotonic()
+    children = psutil.Process().children(recursive=True)
+    while time.monotonic() - started < at_most_s:
+        before = _cpu_seconds(children)
+        time.sleep(window_s)
+        if _cpu_seconds(children) - before < idle_share * window_s:
+            break
+    return time.monotonic() - started
+
+
+def _cpu_seconds(processes: list[psutil.Process]) -> float:
+    total = 0.0
+    for process in processes:
+        try:
+            times = process.cpu_times()
+        except psutil.Error:  # gone since it was listed
+            continue
+        total += times.user + times.system
+    return total
 
 
 class Budget:

@@ -29,6 +29,7 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from dbspark.engine.local import in_arrow
 
@@ -484,6 +485,11 @@ class LocalSession:
         sample = pa.table({"k": pa.array([1, 2], pa.int64()), "v": pa.array(["a", None])})
         frame = self.frame(sample)
         frame.where(f"{quote('k')} > 1").groupBy("v").agg(count("k")).toArrow()
+        # Arrow's own engine (Acero), which the steps done in Arrow use, starts its
+        # executor on its first plan (about 20 ms); so does Parquet's first write.
+        sample.group_by("v").aggregate([("k", "sum")])
+        sample.join(sample, "k")
+        pq.write_table(sample, pa.BufferOutputStream())
 
     def settled(self, lazy: LocalFrame, rows: pa.Table | None) -> LocalFrame:
         """``lazy``; or, when its rows were derived in Arrow, a frame over those rows, so
