@@ -142,6 +142,51 @@ def test_aggregate_delta(tiers: Tiers, trace: list[tuple], t: tuple[int, int]) -
     tiers.same(kernels.aggregate_delta, (spark, *args), (local, *args), out)
 
 
+#: A history whose accumulation is never negative at any time: each row is inserted,
+#: and maybe partly retracted at a time at or after the insertion's on both coordinates.
+POSITIVE_HISTORY = st.lists(
+    st.tuples(
+        KEYS,
+        VALUES,
+        TEXT,
+        st.integers(1, 3),
+        TIMES,
+        st.one_of(st.none(), st.tuples(st.integers(0, 1), st.integers(0, 1), st.integers(1, 3))),
+    ),
+    max_size=25,
+)
+
+
+def _positive_rows(history: list[tuple]) -> list[tuple]:
+    rows = []
+    for k, v, s, w, (e, i), retraction in history:
+        rows.append((k, v, s, w, e, i))
+        if retraction is not None:
+            later_e, later_i, r = retraction
+            rows.append((k, v, s, -min(r, w), e + later_e, i + later_i))
+    return rows
+
+
+@settings(PROPERTY, max_examples=6)
+@given(POSITIVE_HISTORY, TIMES)
+def test_aggregate_delta_over_a_positive_input(
+    tiers: Tiers, history: list[tuple], t: tuple[int, int]
+) -> None:
+    """Over an input with no negative weight at any time, the built-in aggregates
+    computed from the rows as stored (``positive=True``: no consolidation of each row)
+    equal the general rule's, on both tiers, grouped and global."""
+    spark, local = tiers.frames(_positive_rows(history), SCHEMA, [*WEIGHT, *TIME2])
+    builtin = {n: a for n, a in AGGREGATIONS.items() if a.kind != "udf"}
+    grouped = Schema(tuple(f for f in _aggregate_schema().fields if f[0] != "texts"))
+    every = Schema(tuple(f for f in grouped.fields if f[0] != "k"))
+    for keys, out in ((["k"], grouped), ([], every)):
+        args = (SCHEMA, keys, builtin, out, t)
+        for frame in (spark, local):
+            general = tiers.zset(kernels.aggregate_delta(frame, *args), out)
+            rows_as_stored = kernels.aggregate_delta(frame, *args, positive=True)
+            assert tiers.zset(rows_as_stored, out) == general, (keys, type(frame).__name__)
+
+
 @PROPERTY
 @given(TRACE, TIMES)
 def test_global_aggregate_delta(tiers: Tiers, trace: list[tuple], t: tuple[int, int]) -> None:

@@ -187,13 +187,17 @@ def aggregate_delta(
     t: Time,
     *,
     touched_only: bool = False,
+    positive: bool = False,
 ) -> DataFrame:
     """The change of the per-group aggregates at ``t``, for the groups present in ``trace``
     (already pruned to the touched keys). User-defined aggregates are evaluated on the
     driver for those groups only (``user_aggregates``). ``touched_only`` says every
     group in ``trace`` may change at ``t`` (a root-clock read of exactly the touched
     keys): the groups are not looked for again. Either way the answer is the same, since
-    a group with no update at ``t`` has the same value at every corner."""
+    a group with no update at ``t`` has the same value at every corner. ``positive``
+    says the input collection has no negative weight at any time (the planner's
+    ``positive_nodes``), which lets the built-in aggregates skip consolidating every row
+    (``_grouped_over_positive``)."""
     d = dialect_of(trace)
     F = d.F
     box = box_corners(t)
@@ -201,6 +205,9 @@ def aggregate_delta(
     rows = trace if group_keys is None else d.semi_join(trace, group_keys, keys)
     if not keys:
         rows = rows.where(F.lit(True))
+    if positive and all(a.kind != "udf" for a in aggregations.values()):
+        grouped = _grouped_over_positive(d, rows, schema, keys, aggregations, out_schema, box)
+        return _changes_at_corners(d, grouped, keys, aggregations, out_schema, box)
     per_row = rows.groupBy(*schema.names).agg(
         *[_accumulated(F, c).alias(f"__acc{i}") for i, (_, c) in enumerate(box)]
     )
@@ -238,6 +245,21 @@ def aggregate_delta(
         # Read the trace once: the driver collects the touched groups, and the rest of the
         # kernel runs on the collected rows with the functions' results.
         grouped = d.evaluate_user_aggregates(grouped, user_columns)
+    return _changes_at_corners(d, grouped, keys, aggregations, out_schema, box)
+
+
+def _changes_at_corners(
+    d: Dialect,
+    grouped: DataFrame,
+    keys: Sequence[str],
+    aggregations: dict[str, Aggregation],
+    out_schema: Schema,
+    box: list[tuple[int, Time]],
+) -> DataFrame:
+    """The output change from one row per group holding, per corner ``i``, whether the
+    group is present (``__present{i}``, 1 or 0) and each aggregate's value
+    (``{name}__{i}``): the present corners' rows, signed, consolidated."""
+    F = d.F
     # One row per group and corner, from a single pass over ``grouped``: a union of one
     # select per corner would group the touched rows once per corner on an engine that
     # does not share common subplans (DuckDB).
@@ -262,6 +284,101 @@ def aggregate_delta(
     present = at_corner(lambda i: F.col(f"__present{i}")) == 1
     changed = corners.where(present).select(*[F.col(k) for k in keys], *values, sign)
     return consolidate(changed, out_schema.names)
+
+
+def _grouped_over_positive(
+    d: Dialect,
+    rows: DataFrame,
+    schema: Schema,
+    keys: Sequence[str],
+    aggregations: dict[str, Aggregation],
+    out_schema: Schema,
+    box: list[tuple[int, Time]],
+) -> DataFrame:
+    """``_changes_at_corners``'s input for built-in aggregates over a positive input.
+
+    Every row of the input then has a net weight of zero or more at each corner, so a
+    count, a sum or an average (and whether a group or a value is present: its weights
+    sum to more than zero) is a plain sum of weighted values over the trace's rows as
+    they are stored, with no need to consolidate each row first. Only ``min`` and
+    ``max`` need a value's net weight: the rows are grouped by the group columns and
+    those values, not by every column. Each corner's weight and each aggregated value
+    is computed once per row, as a column."""
+    F = d.F
+    values = {
+        name: d.compile_expr(a.expr, schema).alias(f"__v_{name}")
+        for name, a in aggregations.items()
+        if a.expr is not None
+    }
+    weights = [
+        F.when(at_or_before(F, corner), F.col(WEIGHT)).otherwise(F.lit(0)).cast("bigint")
+        for _, corner in box
+    ]
+    prepared = rows.select(
+        *keys, *values.values(), *[w.alias(f"__w{i}") for i, w in enumerate(weights)]
+    )
+    extremes = [n for n, a in aggregations.items() if a.kind in ("min", "max")]
+    by = [*keys, *dict.fromkeys(f"__v_{n}" for n in extremes)]
+    # Each column's type when summed again per group (None: as the sum gives it).
+    types: dict[str, Any] = {}
+    first = []
+    for i in range(len(box)):
+        w = F.col(f"__w{i}")
+        first.append(F.sum(w).cast("bigint").alias(f"__a{i}"))
+        types[f"__a{i}"] = "bigint"
+        for name, aggregation in aggregations.items():
+            if aggregation.kind in ("min", "max") or aggregation.expr is None:
+                continue  # extremes come from the grouped values; count() is __a
+            value = F.col(f"__v_{name}")
+            counted = F.when(value.isNotNull(), w).otherwise(F.lit(0))
+            first.append(F.sum(counted).cast("bigint").alias(f"{name}__n{i}"))
+            types[f"{name}__n{i}"] = "bigint"
+            if aggregation.kind in ("sum", "avg"):
+                total = F.sum(F.when(value.isNotNull(), value * w))
+                types[f"{name}__t{i}"] = None
+                if aggregation.kind == "sum":  # as the value is finally cast (an exact
+                    # integer sum in Arrow is one cast to bigint)
+                    types[f"{name}__t{i}"] = d.column_type(out_schema.type_of(name))
+                    total = total.cast(types[f"{name}__t{i}"])
+                first.append(total.alias(f"{name}__t{i}"))
+    per_value = prepared.groupBy(*by).agg(*first) if by else prepared.agg(*first)
+    if not extremes:
+        totals = per_value
+    else:  # then per group
+        sums = [
+            (F.sum(c) if types[c] is None else F.sum(c).cast(types[c])).alias(c)
+            for c in per_value.columns
+            if c not in by
+        ]
+        for name in extremes:
+            pick = F.min if aggregations[name].kind == "min" else F.max
+            for i in range(len(box)):
+                kept = F.when(F.col(f"__a{i}") > 0, F.col(f"__v_{name}"))
+                sums.append(pick(kept).alias(f"{name}__{i}"))
+        totals = per_value.groupBy(*keys).agg(*sums) if keys else per_value.agg(*sums)
+    finished = []
+    for i in range(len(box)):
+        finished.append(
+            F.when(F.col(f"__a{i}") > 0, F.lit(1)).otherwise(F.lit(0)).alias(f"__present{i}")
+        )
+        for name, aggregation in aggregations.items():
+            out_type = d.column_type(out_schema.type_of(name))
+            present = F.col(f"{name}__n{i}") > 0
+            if aggregation.kind in ("min", "max"):
+                value = F.col(f"{name}__{i}")
+            elif aggregation.expr is None:  # count()
+                value = F.col(f"__a{i}").cast(out_type)
+            elif aggregation.kind == "count":
+                value = F.col(f"{name}__n{i}").cast(out_type)
+            elif aggregation.kind == "sum":
+                value = F.when(present, F.col(f"{name}__t{i}").cast(out_type))
+            elif aggregation.kind == "avg":
+                total = F.col(f"{name}__t{i}").cast("double")
+                value = F.when(present, total / F.col(f"{name}__n{i}").cast("double"))
+            else:
+                raise AssertionError(f"aggregate {aggregation.kind} has no native kernel")
+            finished.append(value.alias(f"{name}__{i}"))
+    return totals.select(*keys, *finished)
 
 
 def _user_aggregate(

@@ -308,6 +308,7 @@ class OperatorEvaluation:
                 node.schema,
                 t,
                 touched_only=exact,
+                positive=node.inputs[0] in self.plan.positive,
             )
         return ops.join_delta_nested(
             traces[0],
