@@ -135,8 +135,13 @@ def at_or_before(F: ModuleType, t: Time) -> Column:
     return reduce(lambda a, b: a & b, [F.col(n) <= v for n, v in zip(names, t, strict=True)])
 
 
+def _weight_at(F: ModuleType, corner: Time) -> Column:
+    """A row's weight counted at ``corner``: its ``__w`` if it lies at or before, else 0."""
+    return F.when(at_or_before(F, corner), F.col(WEIGHT)).otherwise(F.lit(0))
+
+
 def _accumulated(F: ModuleType, corner: Time) -> Column:
-    return F.sum(F.when(at_or_before(F, corner), F.col(WEIGHT)).otherwise(F.lit(0))).cast("bigint")
+    return F.sum(_weight_at(F, corner)).cast("bigint")
 
 
 def candidates(trace: DataFrame, key_columns: Sequence[str], t: Time) -> DataFrame:
@@ -310,10 +315,7 @@ def _grouped_over_positive(
         for name, a in aggregations.items()
         if a.expr is not None
     }
-    weights = [
-        F.when(at_or_before(F, corner), F.col(WEIGHT)).otherwise(F.lit(0)).cast("bigint")
-        for _, corner in box
-    ]
+    weights = [_weight_at(F, corner).cast("bigint") for _, corner in box]
     prepared = rows.select(
         *keys, *values.values(), *[w.alias(f"__w{i}") for i, w in enumerate(weights)]
     )
