@@ -24,7 +24,7 @@ from dbspark.core import timestamps
 from dbspark.core.antichain import Antichain
 from dbspark.core.columns import WEIGHT, time_columns
 from dbspark.storage.catalog import BatchRecord, Catalog, CatalogError, encode_time
-from dbspark.storage.warehouse import BUCKET_COLUMN, DEFAULT_BUCKETS, Warehouse, bucketed
+from dbspark.storage.warehouse import BUCKET_COLUMN, DEFAULT_BUCKETS, KeySet, Warehouse, bucketed
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -162,7 +162,7 @@ class TraceStore:
         self,
         collection: str,
         schema: StructType,
-        keys: DataFrame | None = None,
+        keys: DataFrame | KeySet | None = None,
         bucket_by: Sequence[str] | None = None,
         max_time: Sequence[int] | None = None,
     ) -> DataFrame:

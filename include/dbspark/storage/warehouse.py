@@ -20,6 +20,7 @@ reads Parquet footers with pyarrow.
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import shutil
 import uuid
@@ -29,6 +30,8 @@ from functools import reduce
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
@@ -42,6 +45,12 @@ BUCKET_COLUMN = "__bucket"
 DEFAULT_BUCKETS = 16
 #: A keyed read broadcasts its keys to the scan when there are at most this many.
 BROADCAST_KEYS = 100_000
+#: Keys known on the driver, up to this many, prune a Spark read by a literal ``IN``
+#: list instead of a broadcast semi-join: a filter inside the scan's own job, where a
+#: broadcast is a job of its own, and on one column Parquet can skip row groups by it.
+LITERAL_KEYS = 4_096
+#: Batches written from the driver whose rows stay known by path (newest last).
+DRIVER_WRITTEN_KEPT = 64
 
 
 def bucket_expr(columns: Sequence[str], buckets: int) -> Column:
@@ -75,17 +84,34 @@ class KeySet:
     lets every such read pick its bucket files without a job of its own, and gives the
     semi-joins a local relation to broadcast. ``buckets`` maps a bucket count to the
     buckets holding the keys; None means every bucket (too many keys to gather).
+    ``table`` holds the distinct keys on the driver when they were gathered there (a
+    Spark read then filters by them as literals, see ``LITERAL_KEYS``).
     """
 
     frame: DataFrame
     buckets: Mapping[int, frozenset[int]] | None
     rows: int | None
+    table: pa.Table | None = None
 
     def renamed(self, names: Sequence[str]) -> KeySet:
         """The same keys under other column names (one join side's keys as the other's):
         the buckets stay valid, since the hash depends on values and types, not names."""
         columns = [self.frame[c].alias(n) for c, n in zip(self.frame.columns, names, strict=True)]
-        return KeySet(self.frame.select(*columns), self.buckets, self.rows)
+        table = None if self.table is None else self.table.rename_columns(list(names))
+        return KeySet(self.frame.select(*columns), self.buckets, self.rows, table)
+
+
+def known_keys(frame: DataFrame, table: pa.Table, bucket_counts: Sequence[int]) -> KeySet:
+    """A key set the driver already holds (``table``, distinct, as ``frame`` in Spark):
+    its buckets are computed here, as Spark would (``storage/buckets.py``), with no job."""
+    from dbspark.storage.buckets import bucket_ids
+
+    columns = [table.column(c) for c in table.column_names]
+    buckets = {
+        n: frozenset(np.unique(bucket_ids(columns, n)).tolist()) if table.num_rows else frozenset()
+        for n in bucket_counts
+    }
+    return KeySet(frame, buckets, table.num_rows, table)
 
 
 def time_dir(time: Sequence[int]) -> str:
@@ -102,6 +128,8 @@ class Warehouse:
         self.root.mkdir(parents=True, exist_ok=True)
         # Batches never change, so a column's maximum is read from their footers once.
         self._maxima: dict[tuple[str, str], int | None] = {}
+        # ... and the rows of one written from the driver are known without a read.
+        self._driver_written: dict[str, pa.Table] = {}
 
     def __repr__(self) -> str:
         return f"Warehouse({str(self.root)!r})"
@@ -153,14 +181,60 @@ class Warehouse:
         target = self.abspath(rel)
         if BUCKET_COLUMN in df.columns and not (bucket_by and prebucketed):
             raise ValueError(f"{BUCKET_COLUMN} is reserved for the warehouse's bucketing")
-        small = driver_rows > 0 and self._write_from_driver(
-            df, target, bucket_by, buckets, prebucketed, driver_rows
-        )
-        if not small:
+        written = None
+        if driver_rows > 0:
+            written = self._write_from_driver(
+                df, target, bucket_by, buckets, prebucketed, driver_rows
+            )
+        if written is None:
             _write_with_spark(df, target, bucket_by, buckets, prebucketed)
-        rows, size = parquet_stats(target)
-        if rows == 0:
+        record = self._record(rel, circuit, collection, kind, time, buckets if bucket_by else 0)
+        if record is None:
             shutil.rmtree(target, ignore_errors=True)
+        elif written is not None:
+            self._remember(rel, written)
+        return record
+
+    def write_arrow(
+        self,
+        table: pa.Table,
+        circuit: str,
+        collection: str,
+        kind: str,
+        time: Sequence[int],
+        *,
+        bucket_by: Sequence[str] | None = None,
+        buckets: int = DEFAULT_BUCKETS,
+    ) -> BatchRecord | None:
+        """Write rows the driver holds as a new batch in the same layout as ``write``
+        (bucket ids computed as Spark computes them, ``storage/buckets.py``), with no
+        Spark job; None if ``table`` is empty."""
+        if table.num_rows == 0:
+            return None
+        if BUCKET_COLUMN in table.column_names:
+            raise ValueError(f"{BUCKET_COLUMN} is reserved for the warehouse's bucketing")
+        rel = self.new_path(circuit, collection, kind, time)
+        target = self.abspath(rel)
+        if bucket_by:
+            from dbspark.storage.buckets import bucket_ids
+
+            ids = bucket_ids([table.column(c) for c in bucket_by], buckets)
+            table = table.append_column(BUCKET_COLUMN, pa.array(ids, pa.int32()))
+        try:
+            _write_arrow(table, target, bucket_by)
+        except BaseException:
+            shutil.rmtree(target, ignore_errors=True)
+            raise
+        self._remember(rel, table.drop_columns([BUCKET_COLUMN]) if bucket_by else table)
+        return self._record(rel, circuit, collection, kind, time, buckets if bucket_by else 0)
+
+    def _record(
+        self, rel: str, circuit: str, collection: str, kind: str, time: Sequence[int], buckets: int
+    ) -> BatchRecord | None:
+        """The record of the batch written at ``rel`` (rows and bytes from its files);
+        None when it holds no row."""
+        rows, size = parquet_stats(self.abspath(rel))
+        if rows == 0:
             return None
         return BatchRecord(
             circuit=circuit,
@@ -170,8 +244,13 @@ class Warehouse:
             path=rel,
             rows=rows,
             bytes=size,
-            buckets=buckets if bucket_by else 0,
+            buckets=buckets,
         )
+
+    def _remember(self, rel: str, table: pa.Table) -> None:
+        self._driver_written[rel] = table
+        while len(self._driver_written) > DRIVER_WRITTEN_KEPT:
+            del self._driver_written[next(iter(self._driver_written))]
 
     def _write_from_driver(
         self,
@@ -181,30 +260,22 @@ class Warehouse:
         buckets: int,
         prebucketed: bool,
         driver_rows: int,
-    ) -> bool:
-        """Write ``df`` with pyarrow if it has at most ``driver_rows`` rows; False if not."""
+    ) -> pa.Table | None:
+        """Write ``df`` with pyarrow if it has at most ``driver_rows`` rows: the rows
+        written (without ``__bucket``); None if it has more."""
         if bucket_by and not prebucketed:
             df = df.withColumn(BUCKET_COLUMN, bucket_expr(bucket_by, buckets))
         table = df.limit(driver_rows + 1).toArrow()
         if table.num_rows > driver_rows:
-            return False
-        if table.num_rows == 0:
-            return True
-        target.mkdir(parents=True)
-        name = f"part-00000-{uuid.uuid4().hex}.parquet"
-        if not bucket_by:
-            pq.write_table(table, target / name)
-            return True
-        table = table.sort_by(
-            [(BUCKET_COLUMN, "ascending"), *[(c, "ascending") for c in bucket_by]]
-        )
-        ids = table.column(BUCKET_COLUMN)
-        for bucket in pc.unique(ids).to_pylist():
-            rows = table.filter(pc.equal(ids, bucket)).drop_columns([BUCKET_COLUMN])
-            folder = target / f"{BUCKET_COLUMN}={bucket}"
-            folder.mkdir()
-            pq.write_table(rows, folder / name)
-        return True
+            return None
+        if table.num_rows:
+            _write_arrow(table, target, bucket_by)
+        return table.drop_columns([BUCKET_COLUMN]) if bucket_by else table
+
+    def driver_written(self, record: BatchRecord) -> pa.Table | None:
+        """The rows of a batch this warehouse wrote from the driver, if it still knows
+        them (a batch never changes, so they are its rows)."""
+        return self._driver_written.get(record.path)
 
     def delete(self, record: BatchRecord) -> None:
         """Remove an (uncommitted) batch's files, e.g. after losing a commit race."""
@@ -222,13 +293,17 @@ class Warehouse:
         labelled = distinct.select(
             *columns, *[bucket_expr(columns, n).alias(f"__b{n}") for n in bucket_counts]
         )
-        rows = labelled.limit(BROADCAST_KEYS + 1).collect()
-        if len(rows) > BROADCAST_KEYS:
+        # As Arrow: a TIMESTAMP comes back as the instant it is (a Row's is a naive local
+        # time), so the keys can go back to Spark as literals unchanged.
+        gathered = labelled.limit(BROADCAST_KEYS + 1).toArrow()
+        if gathered.num_rows > BROADCAST_KEYS:
             return KeySet(distinct.localCheckpoint(), None, None)
+        table = gathered.select(columns)
         spark = keys.sparkSession
-        frame = spark.createDataFrame([tuple(r[c] for c in columns) for r in rows], keys.schema)
-        buckets = {n: frozenset(r[f"__b{n}"] for r in rows) for n in bucket_counts}
-        return KeySet(frame, buckets, len(rows))
+        rows = list(zip(*table.to_pydict().values(), strict=True))
+        frame = spark.createDataFrame(rows, keys.schema)
+        buckets = {n: frozenset(gathered.column(f"__b{n}").to_pylist()) for n in bucket_counts}
+        return KeySet(frame, buckets, table.num_rows, table)
 
     def read(
         self,
@@ -252,6 +327,7 @@ class Warehouse:
         key_cols: list[str] = []
         wanted: dict[int, set[int]] = {}
         n_keys: int | None = None
+        literal: Column | None = None
         if keys is not None:
             gathered = keys if isinstance(keys, KeySet) else None
             frame = gathered.frame if gathered else keys
@@ -269,6 +345,8 @@ class Warehouse:
                 n_keys = gathered.rows
             else:  # the hash depends on the type: other types need their own lookup
                 wanted, n_keys = self.key_buckets(keys, key_cols, counts)
+            if gathered is not None and gathered.table is not None:
+                literal = key_predicate(gathered.table, key_cols, schema)
 
         paths: list[str] = []
         for r in records:
@@ -287,6 +365,8 @@ class Warehouse:
         if not paths:
             return spark.createDataFrame([], schema)
         df = spark.read.schema(schema).parquet(*paths)
+        if literal is not None:
+            return df.where(literal)
         if keys is not None:
             small = n_keys is not None and n_keys <= BROADCAST_KEYS
             df = semi_join(df, keys.distinct(), key_cols, broadcast=small)
@@ -317,6 +397,27 @@ class Warehouse:
         if row is None:
             return {n: set() for n in counts}, 0
         return {n: set(row[f"b{n}"] or []) for n in counts}, int(row["n"])
+
+
+def _write_arrow(table: pa.Table, target: Path, bucket_by: Sequence[str] | None) -> None:
+    """``table`` (with ``__bucket`` when ``bucket_by``) as Spark lays a batch out: one
+    file, or one file per bucket folder sorted by the key."""
+    target.mkdir(parents=True)
+    name = f"part-00000-{uuid.uuid4().hex}.parquet"
+    if not bucket_by:
+        pq.write_table(table, target / name)
+        return
+    try:
+        order = [(BUCKET_COLUMN, "ascending"), *[(c, "ascending") for c in bucket_by]]
+        table = table.sort_by(order)
+    except (pa.ArrowNotImplementedError, pa.ArrowInvalid):  # keys Arrow cannot order
+        table = table.sort_by([(BUCKET_COLUMN, "ascending")])
+    ids = table.column(BUCKET_COLUMN)
+    for bucket in pc.unique(ids).to_pylist():
+        rows = table.filter(pc.equal(ids, bucket)).drop_columns([BUCKET_COLUMN])
+        folder = target / f"{BUCKET_COLUMN}={bucket}"
+        folder.mkdir()
+        pq.write_table(rows, folder / name)
 
 
 def _write_with_spark(
@@ -356,6 +457,105 @@ def semi_join(
         [F.col(f"__data.{c}").eqNullSafe(F.col(f"__keys.{c}")) for c in key_cols],
     )
     return left.join(right, cond, "left_semi")
+
+
+def key_predicate(keys: pa.Table, key_cols: Sequence[str], schema: StructType) -> Column | None:
+    """Rows whose key (NULL-safe) is a row of ``keys`` (named ``key_cols``), as a literal
+    ``IN`` list; None when there are more than ``LITERAL_KEYS`` keys or a key column's
+    type is compared differently by ``IN`` than by the semi-join's ``<=>`` (floats: NaN
+    and -0.0; nested types). The list is SQL text, parsed once by Spark: a literal made
+    through the Column API costs a round trip to the JVM each."""
+    from pyspark.sql import functions as F
+
+    if keys.num_rows > LITERAL_KEYS:
+        return None
+    types = [schema[c].dataType for c in key_cols]
+    if not all(_literal_type(t) for t in types):
+        return None
+    if keys.num_rows == 0:
+        return F.lit(False)
+    values = [keys.column(i).to_pylist() for i in range(len(key_cols))]
+    names = [_quoted(c) for c in key_cols]
+    if len(key_cols) == 1:
+        present = [v for v in values[0] if v is not None]
+        found = (
+            f"{names[0]} IN ({', '.join(sql_literal(v, types[0]) for v in present)})"
+            if present
+            else "FALSE"
+        )
+        # IN never matches NULL; the semi-join's <=> does.
+        if len(present) < len(values[0]):
+            found = f"({found}) OR {names[0]} IS NULL"
+        return F.expr(found)
+    # Tuples compare field by field with NULL equal to NULL, as <=> does.
+    rows = (
+        "(" + ", ".join(sql_literal(v, t) for v, t in zip(row, types, strict=True)) + ")"
+        for row in zip(*values, strict=True)
+    )
+    return F.expr(f"({', '.join(names)}) IN ({', '.join(rows)})")
+
+
+def _literal_type(data_type: object) -> bool:
+    from pyspark.sql.types import (
+        BooleanType,
+        DateType,
+        DecimalType,
+        IntegerType,
+        LongType,
+        StringType,
+        TimestampType,
+    )
+
+    exact = (BooleanType, DateType, DecimalType, IntegerType, LongType, StringType, TimestampType)
+    return isinstance(data_type, exact)
+
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
+def sql_literal(value: object, data_type: object) -> str:
+    """``value`` as a Spark SQL literal of ``data_type`` (one of ``_literal_type``'s)."""
+    from pyspark.sql.types import (
+        BooleanType,
+        DateType,
+        DecimalType,
+        IntegerType,
+        LongType,
+        StringType,
+    )
+
+    if value is None:
+        return f"CAST(NULL AS {data_type.simpleString()})"  # type: ignore[attr-defined]
+    if isinstance(data_type, BooleanType):
+        return "TRUE" if value else "FALSE"
+    if isinstance(data_type, LongType):
+        return f"{int(value)}L"  # type: ignore[call-overload]
+    if isinstance(data_type, IntegerType):
+        return str(int(value))  # type: ignore[call-overload]
+    if isinstance(data_type, StringType):
+        return "'" + "".join(map(_sql_char, str(value))) + "'"
+    if isinstance(data_type, DateType):
+        return f"DATE '{value.isoformat()}'"  # type: ignore[attr-defined]
+    if isinstance(data_type, DecimalType):
+        return f"CAST('{value:f}' AS {data_type.simpleString()})"
+    # TIMESTAMP: the instant in microseconds (a naive value is UTC, as dbspark keeps it).
+    assert isinstance(value, dt.datetime)
+    instant = value if value.tzinfo else value.replace(tzinfo=dt.UTC)
+    return f"TIMESTAMP_MICROS({(instant - _EPOCH) // dt.timedelta(microseconds=1)})"
+
+
+def _sql_char(char: str) -> str:
+    """A character of a SQL string literal: letters, digits and spaces as they are, any
+    other as a \\u escape (UTF-16, as Java strings are), so no quote, backslash or
+    ``${...}`` (which Spark's parser substitutes) reaches the SQL text."""
+    if char.isascii() and (char.isalnum() or char == " "):
+        return char
+    data = char.encode("utf-16-be")
+    return "".join(f"\\u{data[i]:02x}{data[i + 1]:02x}" for i in range(0, len(data), 2))
+
+
+def _quoted(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
 
 
 def parquet_files(path: Path) -> list[str]:

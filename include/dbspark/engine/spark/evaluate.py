@@ -30,6 +30,7 @@ from dbspark.engine.api import UnitReport
 from dbspark.engine.dialect import dialect_of
 from dbspark.engine.kernels import consolidate
 from dbspark.engine.spark import collection_names as coll
+from dbspark.engine.spark.tier import SparkTier
 from dbspark.engine.spark.unit import Frame, Unit, with_time
 from dbspark.storage.catalog import BatchRecord
 from dbspark.storage.warehouse import KeySet
@@ -231,6 +232,7 @@ class OperatorEvaluation:
         depth = len(t)
         port_keys = keys_by_port(self.circuit, node)
         deltas: list[Frame] = []
+        arranged: list[BatchRecord | None] = []
         for port, input_id in enumerate(node.inputs):
             delta = self._delta(input_id, t, unit, frames)
             if delta is not None:
@@ -250,7 +252,10 @@ class OperatorEvaluation:
                 )
                 # The input delta is exactly what was just arranged: read it from there.
                 delta = self._read_back(record, input_node, unit, depth)
+            else:
+                record = None
             deltas.append(delta)
+            arranged.append(record)
         schemas = [self.circuit.node(i).schema for i in node.inputs]
         out_names = list(node.schema.names)
         if depth == 1 and all(d is None for d in deltas):
@@ -267,13 +272,12 @@ class OperatorEvaluation:
         ]
         if depth > 1 and not any(now):
             return None  # no key of this node changed in this epoch: nothing can be owed
-        present = [d is not None for d in deltas]
         deltas = [
             self._or_empty(d, self.circuit.node(i), unit)
             for d, i in zip(deltas, node.inputs, strict=True)
         ]
         if node.op == "join" and depth == 1:
-            return self._join_at_root(node, t, unit, deltas, present)
+            return self._join_at_root(node, t, unit, deltas, arranged)
         # A global aggregate (no group columns) is one group: it reads its whole trace.
         global_group = node.op == "aggregate" and not params["keys"]
         fields = [self._fields(self.circuit.node(i), depth) for i in node.inputs]
@@ -323,10 +327,16 @@ class OperatorEvaluation:
         )
 
     def _join_at_root(
-        self, node: Node, t: Time, unit: Unit, deltas: list[Any], present: list[bool]
+        self,
+        node: Node,
+        t: Time,
+        unit: Unit,
+        deltas: list[Any],
+        arranged: list[BatchRecord | None],
     ) -> Frame:
         """A join at the root clock: each side's delta against the other side's history
-        before this epoch, read only for the delta's keys."""
+        before this epoch, read only for the delta's keys (``arranged``: each side's delta
+        as just arranged, None where it is empty)."""
         params = node.params
         left_keys, right_keys = list(params["left_keys"]), list(params["right_keys"])
 
@@ -334,9 +344,13 @@ class OperatorEvaluation:
             """One side's history before this epoch, for the other side's delta keys
             (no read at all when the other side did not change)."""
             other = 1 - port
-            if not present[other]:
+            record = arranged[other]
+            if record is None:
                 return self._or_empty(None, self.circuit.node(node.inputs[port]), unit)
-            gathered = self._gather(unit, deltas[other].select(*keys))
+            fields = self._fields(self.circuit.node(node.inputs[other]))
+            gathered = self._written_keys(unit, [([record], keys)], fields, keys)
+            if gathered is None:
+                gathered = self._gather(unit, deltas[other].select(*keys))
             rows = self._trace(node, port, unit, keys=gathered, when=lambda x: x[0] < t[0])
             return rows.drop(*time_columns(1))
 
@@ -384,6 +398,20 @@ class OperatorEvaluation:
     def _gather(self, unit: Unit, keys: Any) -> KeySet:
         return unit.tier.gather_keys(keys, (self.buckets,))
 
+    def _written_keys(
+        self,
+        unit: Unit,
+        parts: Sequence[tuple[Sequence[BatchRecord], Sequence[str]]],
+        fields: Sequence[tuple[str, str]],
+        names: Sequence[str],
+    ) -> KeySet | None:
+        """On the Spark tier, the keys ``names`` (typed as in ``fields``) of batches it
+        wrote from the driver, known without a job; None elsewhere (gather them)."""
+        if not isinstance(unit.tier, SparkTier):
+            return None
+        types = dict(fields)
+        return unit.tier.written_keys(parts, [(n, types[n]) for n in names], (self.buckets,))
+
     def _keys_of(
         self,
         node: Node,
@@ -400,11 +428,14 @@ class OperatorEvaluation:
         memo = (unit.tier.name, node.id, paths)
         if memo in self._key_sets:
             return self._key_sets[memo]
-        frames = [
-            renamed(unit.tier.read(rs, schemas[port]), port_keys[port], port_keys[0])
-            for port, rs in enumerate(records)
-        ]
-        keys = self._gather(unit, reduce(ops.plus, frames))
+        parts = [(rs, port_keys[port]) for port, rs in enumerate(records)]
+        keys = self._written_keys(unit, parts, schemas[0], port_keys[0])
+        if keys is None:
+            frames = [
+                renamed(unit.tier.read(rs, schemas[port]), port_keys[port], port_keys[0])
+                for port, rs in enumerate(records)
+            ]
+            keys = self._gather(unit, reduce(ops.plus, frames))
         if keys.buckets is not None:  # gathered to the driver: a local relation to keep
             self._key_sets[memo] = keys
             while len(self._key_sets) > KEY_SETS_KEPT:

@@ -23,6 +23,7 @@ from pyspark.sql import functions as F
 from dbspark.circuit.builder import Node
 from dbspark.core.columns import WEIGHT, time_fields
 from dbspark.core.timestamps import Time
+from dbspark.core.types import is_scalar
 from dbspark.core.upsert import UpsertError, updates_against
 from dbspark.core.zset import ZSet
 from dbspark.engine import kernels as ops
@@ -49,6 +50,8 @@ from dbspark.engine.spark.session import is_connect
 from dbspark.engine.spark.tier import spark_struct
 from dbspark.engine.spark.unit import Tier, Unit, with_time
 from dbspark.engine.spark.upserts import state_delta
+from dbspark.storage.catalog import BatchRecord
+from dbspark.storage.warehouse import KeySet
 
 log = logging.getLogger("dbspark.engine")
 
@@ -131,18 +134,6 @@ class Ingest:
                     file,
                 )
             return UnitReport(unit_name, t, skipped=True, note="same batch as committed")
-        rows_in = 0
-        if node.op == "zset_source":
-            delta = frame
-        else:
-            try:
-                delta = self._upsert_delta(node, frame, t, unit, file)
-            except UpsertError as error:
-                if from_files is None or len(from_files.files) < 2:
-                    raise
-                # Name only the files that hold the offending keys.
-                holding = from_files.files_holding(error.key_columns, error.keys)
-                raise error.in_files(holding) from None
         # The raw input log lets full refresh replay every source from scratch.
         logged, observation = frame, None
         if fingerprint is None:
@@ -150,11 +141,26 @@ class Ingest:
             logged = frame.observe(observation, *_fingerprint_columns(frame))
         input_fields = [*self._user_schema(node).fields, *_weight_field(node), *time_fields(1)]
         logged = with_time(logged, t)
-        unit.write(logged, coll.input_log(node.id), "trace", t, input_fields)
+        if node.op == "upsert_source" and not local:
+            # Written first, from the driver when the batch is small: its rows are then
+            # the ones the upsert is decided on, with no job of their own (upserts.py).
+            unit.driver_rows = self.driver_rows
+        log_record = unit.write(logged, coll.input_log(node.id), "trace", t, input_fields)
         if observation is not None:
             fingerprint = _fingerprint_text(frame, observation.get)
-        if unit.records:
-            rows_in = unit.records[-1].rows
+        rows_in = log_record.rows if log_record else 0
+        if node.op == "zset_source":
+            delta = frame
+        else:
+            try:
+                delta = self._upsert_delta(node, frame, t, unit, file, log_record)
+            except UpsertError as error:
+                unit.discard()
+                if from_files is None or len(from_files.files) < 2:
+                    raise
+                # Name only the files that hold the offending keys.
+                holding = from_files.files_holding(error.key_columns, error.keys)
+                raise error.in_files(holding) from None
         frames = {(node.id, t): delta}
         report = UnitReport(unit_name, t, rows_in=rows_in, tier=unit.tier.name)
         self._finish_stage(stage, t, frames, unit, report, start=1, fingerprint=fingerprint)
@@ -199,10 +205,19 @@ class Ingest:
         rows = upsert_batch(node.label, user, batch or [], file)
         return self.spark.createDataFrame(rows, schema)
 
-    def _upsert_delta(self, node: Node, batch: Any, t: Time, unit: Unit, file: str | None) -> Any:
+    def _upsert_delta(
+        self,
+        node: Node,
+        batch: Any,
+        t: Time,
+        unit: Unit,
+        file: str | None,
+        logged: BatchRecord | None,
+    ) -> Any:
         """Turn upserts into the state delta by consulting the source's arranged state
-        (``upserts.py``; on the local tier ``core/upsert.py`` decides directly), and write
-        the delta to the state trace."""
+        (``upserts.py`` on Spark, ``kernels.upsert_delta`` on the local tier), and write
+        the delta to the state trace. ``logged`` is the batch as just written to the
+        input log (None: it was empty)."""
         spec = self._specs[node.id]
         keys = list(spec.key)
         state_collection = coll.state(node.id)
@@ -212,16 +227,27 @@ class Ingest:
         else:
             state_struct = spark_struct(state_fields)
 
-            def read_state(key_frame: DataFrame) -> DataFrame:
+            def read_state(key_frame: DataFrame | KeySet) -> DataFrame:
                 return self.traces.read(
                     state_collection, state_struct, keys=key_frame, bucket_by=keys
                 )
 
-            delta, on_driver = state_delta(
-                spec, node.schema, batch, read_state, file, driver_rows=self.driver_rows
+            # The batch's rows, when the driver wrote its input log (a small batch).
+            rows: list[tuple[Any, ...]] | None = None
+            if logged is None:
+                rows = []  # an empty batch
+            elif all(is_scalar(kind) for kind in spec.types):
+                written = self.warehouse.driver_written(logged)
+                if written is not None:
+                    columns = [written.column(c).to_pylist() for c in spec.columns]
+                    rows = list(zip(*columns, strict=True))
+            delta, decided = state_delta(
+                spec, node.schema, batch, read_state, file, rows, buckets=self.buckets
             )
-            if on_driver:  # the batch was small: so are the writes that follow from it
-                unit.driver_rows = self.driver_rows
+            if decided is not None:  # small: written here, and so are the writes after it
+                unit.write_table(decided, state_collection, "trace", t, bucket_by=keys)
+                return delta
+            unit.driver_rows = 0
         unit.write(with_time(delta, t), state_collection, "trace", t, state_fields, bucket_by=keys)
         return delta
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
 from dbspark.core.types import Schema
 from dbspark.engine.spark.compile import struct_type
 from dbspark.storage.catalog import BatchRecord
-from dbspark.storage.warehouse import DEFAULT_BUCKETS, KeySet, Warehouse
+from dbspark.storage.warehouse import DEFAULT_BUCKETS, KeySet, Warehouse, known_keys
 
 Fields = Sequence[tuple[str, str]]
 
@@ -62,6 +63,48 @@ class SparkTier:
         self, keys: DataFrame, bucket_counts: Sequence[int] = (DEFAULT_BUCKETS,)
     ) -> KeySet:
         return self.warehouse.gather_keys(keys, bucket_counts)
+
+    def written_keys(
+        self,
+        parts: Sequence[tuple[Sequence[BatchRecord], Sequence[str]]],
+        fields: Fields,
+        bucket_counts: Sequence[int] = (DEFAULT_BUCKETS,),
+    ) -> KeySet | None:
+        """The distinct keys of batches written from the driver, with no Spark job: each
+        part is some batches and their key columns, taken as ``fields`` (the key set's
+        names and types). None when a batch's rows are not known here (Spark wrote it,
+        or it is no longer kept) or Arrow cannot group the keys: gather them then."""
+        names = [name for name, _ in fields]
+        tables = []
+        for records, key_columns in parts:
+            for record in records:
+                table = self.warehouse.driver_written(record)
+                if table is None:
+                    return None
+                tables.append(table.select(list(key_columns)).rename_columns(names))
+        if not tables:
+            return None
+        try:
+            keys = pa.concat_tables(tables).group_by(names).aggregate([]).select(names)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+            return None
+        rows = list(zip(*keys.to_pydict().values(), strict=True))
+        frame = self.spark.createDataFrame(rows, spark_struct(fields))
+        return known_keys(frame, keys, bucket_counts)
+
+    def write_table(
+        self,
+        table: pa.Table,
+        circuit: str,
+        collection: str,
+        kind: str,
+        time: Sequence[int],
+        *,
+        bucket_by: Sequence[str] | None = None,
+    ) -> BatchRecord | None:
+        return self.warehouse.write_arrow(
+            table, circuit, collection, kind, time, bucket_by=bucket_by, buckets=self.buckets
+        )
 
     def write(
         self,

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+import pyarrow as pa
 from pyspark.sql import DataFrame
 
 from dbspark.core.columns import time_columns
@@ -65,6 +66,33 @@ class Unit:
         if record is not None:
             self.records.append(record)
         return record
+
+    def write_table(
+        self,
+        table: pa.Table,
+        collection: str,
+        kind: str,
+        t: Time,
+        *,
+        bucket_by: Sequence[str] | None = None,
+    ) -> BatchRecord | None:
+        """Write rows the driver holds (with the time columns of ``t`` added) as they are,
+        in the warehouse's layout, with no Spark job; keep the record for the commit."""
+        for i, (name, value) in enumerate(zip(time_columns(len(t)), t, strict=True)):
+            kind_of = pa.int64() if i == 0 else pa.int32()
+            table = table.append_column(name, pa.array([value] * table.num_rows, kind_of))
+        record = self.tier.write_table(
+            table, self.circuit, collection, kind, t, bucket_by=bucket_by
+        )
+        if record is not None:
+            self.records.append(record)
+        return record
+
+    def discard(self) -> None:
+        """Remove every file the unit wrote (it will not commit: bad input, say)."""
+        for record in self.records:
+            self.tier.warehouse.delete(record)
+        self.records.clear()
 
     def batches(
         self, collection: str, kind: str, predicate: Callable[[Time], bool]

@@ -8,11 +8,13 @@ trace read), and the delta is ``-old + new`` for each key whose version changes.
 
 Two ways to compute it, with one answer:
 
-* **On the driver**, for a batch of at most ``driver_rows`` rows: the batch and the
-  stored rows of its keys are collected (one job each) and ``core.upsert`` itself
-  decides, so the delta is a small local relation. A Spark plan for the same work runs
-  one job per shuffle (ties, the conflict check, the freshest-row window, the
-  consolidation) and costs seconds however few rows arrive; this costs two jobs.
+* **On the driver**, for a batch of at most ``driver_rows`` rows: the batch's rows are
+  those its input log was written with from the driver, the stored rows of its keys
+  are read by one job (the keys a literal filter, their buckets computed here), and
+  ``core.upsert`` itself decides. The delta is a small local relation, and its
+  state-trace batch is written by pyarrow. A Spark plan for the same work runs one job
+  per shuffle (ties, the conflict check, the freshest-row window, the consolidation)
+  and costs seconds however few rows arrive; this costs one job.
 * **In Spark**, for larger batches: the set-based kernels of ``engine/kernels.py``
   (the local tier runs the same ones on DuckDB): every check in one job, then the
   delta with a window per key, checkpointed so that its consumers do not recompute it.
@@ -20,19 +22,22 @@ Two ways to compute it, with one answer:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import pyarrow as pa
 from pyspark.sql import DataFrame
 
 from dbspark.core.columns import WEIGHT
-from dbspark.core.types import Schema, is_scalar
+from dbspark.core.types import Schema
 from dbspark.core.upsert import BadUpsertRow, UpsertConflict, UpsertSpec, updates_against
 from dbspark.core.zset import ZSet
 from dbspark.engine import kernels
+from dbspark.engine.local.tier import arrow_table
 from dbspark.engine.spark.compile import struct_type
 from dbspark.engine.spark.frames import frame_to_zset, from_spark_value, to_spark_value
 from dbspark.engine.spark.session import int_setting
+from dbspark.storage.warehouse import DEFAULT_BUCKETS, KeySet, known_keys
 
 #: Batches of at most this many rows are decided on the driver (see the module text).
 DRIVER_ROWS = 20_000
@@ -43,8 +48,9 @@ def default_driver_rows() -> int:
     return int_setting("DBSPARK_DRIVER_ROWS", DRIVER_ROWS, minimum=0)
 
 
-#: Reads the stored state rows (with ``__w``, not consolidated) of the keys in a frame.
-StateReader = Callable[[DataFrame], DataFrame]
+#: Reads the stored state rows (with ``__w``, not consolidated) of the keys in a frame
+#: (or a key set the driver holds).
+StateReader = Callable[[DataFrame | KeySet], DataFrame]
 
 
 def state_delta(
@@ -53,29 +59,31 @@ def state_delta(
     batch: DataFrame,
     read_state: StateReader,
     file: str | None,
+    rows: Sequence[Sequence[Any]] | None,
     *,
-    driver_rows: int = DRIVER_ROWS,
-) -> tuple[DataFrame, bool]:
-    """The state delta (state columns and ``__w``) that ``batch`` causes, and whether it
-    was decided on the driver; raises ``BadUpsertRow`` or ``UpsertConflict`` before
-    anything is written."""
-    if driver_rows > 0 and all(is_scalar(t) for t in spec.types):
-        rows = batch.select(*spec.columns).limit(driver_rows + 1).collect()
-        if len(rows) <= driver_rows:
-            return _on_driver(spec, state_schema, batch, rows, read_state, file), True
-    return _in_spark(spec, state_schema, batch, read_state, file), False
+    buckets: int = DEFAULT_BUCKETS,
+) -> tuple[DataFrame, pa.Table | None]:
+    """The state delta (state columns and ``__w``) that ``batch`` causes; raises
+    ``BadUpsertRow`` or ``UpsertConflict`` before anything is written. ``rows`` are the
+    batch's rows (``spec.columns``) when the driver holds them (a small batch): the
+    delta is then decided here and also returned as an Arrow table to write as it is;
+    otherwise (None) in Spark."""
+    if rows is not None:
+        return _on_driver(spec, state_schema, batch, rows, read_state, file, buckets)
+    return _in_spark(spec, state_schema, batch, read_state, file), None
 
 
 def _on_driver(
     spec: UpsertSpec,
     state_schema: Schema,
     batch: DataFrame,
-    rows: list[Any],
+    rows: Sequence[Sequence[Any]],
     read_state: StateReader,
     file: str | None,
-) -> DataFrame:
+    buckets: int,
+) -> tuple[DataFrame, pa.Table]:
     spark = batch.sparkSession
-    # Spark's rows hold naive local times: take every value as the reference holds it.
+    # Take every value as the reference holds it (Arrow's instants, one NaN, tuples).
     row_types = [state_schema.type_of(c) for c in spec.columns]
     rows = [tuple(from_spark_value(v, t) for v, t in zip(r, row_types, strict=True)) for r in rows]
     positions = {c: i for i, c in enumerate(spec.columns)}
@@ -92,20 +100,22 @@ def _on_driver(
     # The stored rows of those keys, judged by the reference engine's own rule.
     stored = ZSet()
     if keys:
+        key_fields = list(zip(spec.key, key_types, strict=True))
         key_frame = spark.createDataFrame(
             [tuple(to_spark_value(v, t) for v, t in zip(k, key_types, strict=True)) for k in keys],
-            struct_type(Schema(tuple(zip(spec.key, key_types, strict=True)))),
+            struct_type(Schema(tuple(key_fields))),
         )
-        stored = frame_to_zset(read_state(key_frame), state_schema)
-    delta = updates_against(spec, rows, stored, file)
+        # Known here: their buckets need no job, and the read filters by them as literals.
+        known = known_keys(key_frame, arrow_table(keys, key_fields), (buckets,))
+        stored = frame_to_zset(read_state(known), state_schema)
+    delta = [(*row, weight) for row, weight in updates_against(spec, rows, stored, file).items()]
     types = state_schema.types
-    return spark.createDataFrame(
-        [
-            (*[to_spark_value(v, t) for v, t in zip(row, types, strict=True)], weight)
-            for row, weight in delta.items()
-        ],
-        struct_type(state_schema, extra=[(WEIGHT, "bigint")]),
-    )
+    spark_rows = [
+        (*[to_spark_value(v, t) for v, t in zip(row[:-1], types, strict=True)], row[-1])
+        for row in delta
+    ]
+    frame = spark.createDataFrame(spark_rows, struct_type(state_schema, extra=[(WEIGHT, "bigint")]))
+    return frame, arrow_table(delta, [*state_schema.fields, (WEIGHT, "bigint")])
 
 
 def _in_spark(
