@@ -43,6 +43,7 @@ from dbspark.storage.warehouse import (
     KeySet,
     Warehouse,
     _bucket_dirs,
+    known_keys,
     parquet_files,
 )
 
@@ -378,9 +379,7 @@ class LocalTier:
     ) -> KeySet:
         """The distinct rows of ``keys`` kept as an Arrow table, with their buckets."""
         table = keys.distinct().toArrow()
-        frame = self.session.frame(table)
-        buckets = {n: frozenset(_table_buckets(table, n)) for n in bucket_counts}
-        return KeySet(frame, buckets, table.num_rows)
+        return known_keys(self.session.frame(table), table, bucket_counts)
 
     # writing -------------------------------------------------------------------------
     def write(
