@@ -37,6 +37,8 @@ from typing import Any, cast
 
 from pyspark.sql import SparkSession
 
+from dbspark.engine.spark.class_archive import with_archive
+
 log = logging.getLogger(__name__)
 
 DEFAULT_MASTER = "local[2]"
@@ -309,4 +311,6 @@ def _quiet_jvm_startup(settings: dict[str, str]) -> None:
     if current != _LOG4J2:
         with open(path, "w", encoding="utf-8") as handle:
             handle.write(_LOG4J2)
-    settings["spark.driver.extraJavaOptions"] = f"-Dlog4j.configurationFile=file:{path}"
+    # The class-data archive (class_archive) goes with it: a third off the JVM's start.
+    log4j = f"-Dlog4j.configurationFile=file:{path}"
+    settings["spark.driver.extraJavaOptions"] = with_archive(log4j)

@@ -391,6 +391,7 @@ class EpochTasks:
 
         from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
+        from dbspark.engine.spark import class_archive
         from dbspark.engine.spark.executor import circuit_fingerprint
 
         if self.recipe is None:
@@ -418,6 +419,10 @@ class EpochTasks:
             "PYSPARK_DRIVER_PYTHON": sys.executable,
             UNIT_KEY_VARIABLE: key.hex(),
         }
+        archive = class_archive.java_options()
+        if archive and "SPARK_SUBMIT_OPTS" not in os.environ:
+            # A client-mode driver starts on this machine: a third off its JVM's start.
+            env_vars["SPARK_SUBMIT_OPTS"] = " ".join(archive)
         if deployment.catalog_url:
             env_vars[CATALOG_URL_VARIABLE] = deployment.catalog_url
         if deployment.serving_url:
