@@ -36,6 +36,7 @@ def spark():
     from pyspark.sql import SparkSession
 
     from dbspark.devtools.spark_daemons import DEFAULT_JAVA_OPTIONS
+    from dbspark.engine.spark.gateway import remember_jvm_lookups
 
     session = (
         SparkSession.builder.master("local[2]")
@@ -54,9 +55,12 @@ def spark():
         # Airflow, spark-submit, the bench) start their own sessions and keep codegen.
         .config("spark.sql.codegen.wholeStage", "false")
         .config("spark.sql.codegen.factoryMode", "NO_CODEGEN")
+        # As in dbspark's own sessions (session.py, gateway.py): Py4J calls per column.
+        .config("spark.python.sql.dataFrameDebugging.enabled", "false")
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("WARN")
+    remember_jvm_lookups(session)
     yield session
     session.stop()
 

@@ -54,6 +54,7 @@ from dbspark.engine.local.resident import default_resident_bytes
 from dbspark.engine.local.tier import LocalTier
 from dbspark.engine.spark import collection_names as coll
 from dbspark.engine.spark.evaluate import Evaluation, OperatorEvaluation, evaluate
+from dbspark.engine.spark.gateway import remember_jvm_lookups
 from dbspark.engine.spark.ingest import Ingest
 from dbspark.engine.spark.loops import Loops
 from dbspark.engine.spark.maintenance import Maintenance
@@ -112,6 +113,7 @@ class SparkEngine(Ingest, OperatorEvaluation, Loops, Views, Maintenance):
         self.resident_bytes = default_resident_bytes() if resident_bytes is None else resident_bytes
         self.plan: Plan = plan(circuit)
         self._spark = spark
+        self._lookups_remembered = False
         self.root = Path(warehouse)
         self.root.mkdir(parents=True, exist_ok=True)
         self.catalog = (
@@ -143,6 +145,9 @@ class SparkEngine(Ingest, OperatorEvaluation, Loops, Views, Maintenance):
             self._spark = spark_session()
         elif callable(self._spark):  # a session object is not callable; its opener is
             self._spark = self._spark()
+        if not self._lookups_remembered:
+            remember_jvm_lookups(self._spark)
+            self._lookups_remembered = True
         return self._spark
 
     @property

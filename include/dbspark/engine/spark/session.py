@@ -57,6 +57,10 @@ RUNTIME_DEFAULTS = {
     # The expression compiler uses try_* functions, so it does not depend on ANSI mode;
     # but only ANSI mode makes BIGINT overflow an error instead of a silent wrap-around.
     "spark.sql.ansi.enabled": "true",
+    # PySpark's DataFrame debugging context costs two JVM calls and a walk of the Python
+    # stack around every Column method (a third of a Spark unit's Py4J calls); it points
+    # errors at the line of dbspark that built the column, which tells a user nothing.
+    "spark.python.sql.dataFrameDebugging.enabled": "false",
 }
 
 
