@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from dbspark.storage.catalog import KINDS, BatchRecord, _check_name
@@ -221,7 +220,7 @@ class Warehouse:
             ids = bucket_ids([table.column(c) for c in bucket_by], buckets)
             table = table.append_column(BUCKET_COLUMN, pa.array(ids, pa.int32()))
         try:
-            _write_arrow(table, target, bucket_by)
+            write_files(table, target, bucket_by)
         except BaseException:
             shutil.rmtree(target, ignore_errors=True)
             raise
@@ -269,7 +268,7 @@ class Warehouse:
         if table.num_rows > driver_rows:
             return None
         if table.num_rows:
-            _write_arrow(table, target, bucket_by)
+            write_files(table, target, bucket_by)
         return table.drop_columns([BUCKET_COLUMN]) if bucket_by else table
 
     def driver_written(self, record: BatchRecord) -> pa.Table | None:
@@ -399,25 +398,39 @@ class Warehouse:
         return {n: set(row[f"b{n}"] or []) for n in counts}, int(row["n"])
 
 
-def _write_arrow(table: pa.Table, target: Path, bucket_by: Sequence[str] | None) -> None:
-    """``table`` (with ``__bucket`` when ``bucket_by``) as Spark lays a batch out: one
-    file, or one file per bucket folder sorted by the key."""
+def write_files(
+    table: pa.Table, target: Path, bucket_by: Sequence[str] | None
+) -> list[tuple[Path, pa.Table]]:
+    """Write ``table`` into the new directory ``target`` as Spark lays a batch out: one
+    file, or (``bucket_by`` given, ``table`` carrying ``__bucket``) one file per bucket
+    folder, sorted by bucket and then by key. Returns each file with the rows it holds
+    (without ``__bucket``), for a caller that keeps them decoded.
+
+    Keys Arrow cannot order (arrays) keep their order within a bucket: the order speeds
+    reads up, no reader relies on it.
+    """
     target.mkdir(parents=True)
     name = f"part-00000-{uuid.uuid4().hex}.parquet"
     if not bucket_by:
         pq.write_table(table, target / name)
-        return
+        return [(target / name, table)]
     try:
         order = [(BUCKET_COLUMN, "ascending"), *[(c, "ascending") for c in bucket_by]]
         table = table.sort_by(order)
-    except (pa.ArrowNotImplementedError, pa.ArrowInvalid):  # keys Arrow cannot order
+    except (pa.ArrowNotImplementedError, pa.ArrowInvalid):
         table = table.sort_by([(BUCKET_COLUMN, "ascending")])
-    ids = table.column(BUCKET_COLUMN)
-    for bucket in pc.unique(ids).to_pylist():
-        rows = table.filter(pc.equal(ids, bucket)).drop_columns([BUCKET_COLUMN])
-        folder = target / f"{BUCKET_COLUMN}={bucket}"
+    ids = table.column(BUCKET_COLUMN).to_numpy()
+    table = table.drop_columns([BUCKET_COLUMN])
+    # Sorted by bucket, each bucket is one slice: its bounds are where the id changes.
+    bounds = (np.flatnonzero(np.diff(ids)) + 1).tolist()
+    written = []
+    for start, end in zip([0, *bounds], [*bounds, len(ids)], strict=True):
+        folder = target / f"{BUCKET_COLUMN}={int(ids[start])}"
         folder.mkdir()
-        pq.write_table(rows, folder / name)
+        part = table.slice(start, end - start)
+        pq.write_table(part, folder / name)
+        written.append((folder / name, part))
+    return written
 
 
 def _write_with_spark(

@@ -17,7 +17,6 @@ from __future__ import annotations
 import functools
 import os
 import shutil
-import uuid
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -45,6 +44,7 @@ from dbspark.storage.warehouse import (
     _bucket_dirs,
     known_keys,
     parquet_files,
+    write_files,
 )
 
 #: ``(name, type)`` of every column of a collection, reserved ones included.
@@ -416,29 +416,19 @@ class LocalTier:
             return None
         rel = self.warehouse.new_path(circuit, collection, kind, time)
         target = self.warehouse.abspath(rel)
-        name = f"part-00000-{uuid.uuid4().hex}.parquet"
-        target.mkdir(parents=True)
         bucketed = bool(bucket_by) and table.num_rows > SMALL_BATCH_ROWS
         try:
-            if not bucketed:
+            if bucketed:
+                ids = bucket_ids([table.column(c) for c in bucket_by], self.buckets)
+                table = table.append_column(BUCKET_COLUMN, pa.array(ids, pa.int32()))
+                written = write_files(table, target, bucket_by)
+                table = table.drop_columns([BUCKET_COLUMN])
+            else:
                 if bucket_by:
                     table = _sorted(table, bucket_by)
-                pq.write_table(table, target / name)
-                self.resident.keep(str(target / name), table)
-            else:
-                ids = bucket_ids([table.column(c) for c in bucket_by], self.buckets)
-                table = _sorted_by_bucket(table, ids, bucket_by)
-                ids = table.column(BUCKET_COLUMN).to_numpy()
-                table = table.drop_columns([BUCKET_COLUMN])
-                bounds = np.flatnonzero(np.diff(ids)) + 1
-                starts = [0, *bounds.tolist()]
-                ends = [*bounds.tolist(), len(ids)]
-                for start, end in zip(starts, ends, strict=True):
-                    folder = target / f"{BUCKET_COLUMN}={int(ids[start])}"
-                    folder.mkdir()
-                    part = table.slice(start, end - start)
-                    pq.write_table(part, folder / name)
-                    self.resident.keep(str(folder / name), part)
+                written = write_files(table, target, None)
+            for path, part in written:
+                self.resident.keep(str(path), part)
         except BaseException:
             shutil.rmtree(target, ignore_errors=True)
             raise
@@ -501,17 +491,6 @@ def _conform(table: pa.Table, fields: Fields) -> pa.Table:
             raise ValueError(f"column {name!r} missing from {table.column_names}")
         columns[name] = table.column(name).cast(arrow_type(kind))
     return pa.table(columns, schema=schema)
-
-
-def _sorted_by_bucket(table: pa.Table, ids: np.ndarray, keys: Sequence[str]) -> pa.Table:
-    """``table`` with its bucket ids, sorted by bucket and then by key (one sorted file per
-    bucket, as Spark writes them). Keys that Arrow cannot order (arrays) keep their
-    order within a bucket: the order speeds reads up, no reader relies on it."""
-    table = table.append_column(BUCKET_COLUMN, pa.array(ids, pa.int32()))
-    try:
-        return table.sort_by([(BUCKET_COLUMN, "ascending"), *((k, "ascending") for k in keys)])
-    except (pa.ArrowNotImplementedError, pa.ArrowInvalid):
-        return table.sort_by([(BUCKET_COLUMN, "ascending")])
 
 
 def _sorted(table: pa.Table, keys: Sequence[str]) -> pa.Table:
