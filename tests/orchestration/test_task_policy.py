@@ -13,11 +13,17 @@ import pytest
 import sqlalchemy as sa
 
 from dbspark.core.errors import InputError
+from dbspark.engine.circuits import CircuitChangedError
 from dbspark.examples.circuits import reachability
 from dbspark.orchestration import LandingDirectory, build_dag
 from dbspark.orchestration.airflow.policy import DEFAULT_TIMEOUTS, retry_window
 from dbspark.orchestration.intervals import Interval
-from dbspark.storage.catalog import UncommittedUnits
+from dbspark.storage.catalog import (
+    CatalogError,
+    CircuitDefinitionChanged,
+    UncommittedUnits,
+    UnsafeCatalog,
+)
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -96,6 +102,14 @@ def test_failures_a_retry_cannot_fix_fail_at_once_and_others_retry(tmp_path: Pat
         assert policy.evaluate(bad_input, 1, 4).action == RetryAction.FAIL, task
         missing = UncommittedUnits("missing", ["ingest_edges"])
         assert policy.evaluate(missing, 1, 4).action == RetryAction.FAIL
+        changed = CircuitDefinitionChanged("the definition of circuit 'r' changed")
+        assert policy.evaluate(changed, 1, 4).action == RetryAction.FAIL
+        evolved = CircuitChangedError("view 'reach' changed", evolution=None)
+        assert policy.evaluate(evolved, 1, 4).action == RetryAction.FAIL
+        unsafe = UnsafeCatalog("refusing a SQLite catalog: ... (nfs4)")
+        assert policy.evaluate(unsafe, 1, 4).action == RetryAction.FAIL
+        other = CatalogError("commit of stage 's' at 3 failed: disk I/O error")
+        assert policy.evaluate(other, 1, 4).action == RetryAction.DEFAULT
         outage = sa.exc.OperationalError("SELECT 1", {}, Exception("connection refused"))
         assert policy.evaluate(outage, 1, 4).action == RetryAction.DEFAULT
 

@@ -26,14 +26,14 @@ from typing import Any
 from dbspark.circuit.builder import Circuit
 from dbspark.circuit.evolution import Evolution, compare, signature
 from dbspark.circuit.fingerprint import circuit_fingerprint
-from dbspark.storage.catalog import Catalog, CatalogError
+from dbspark.storage.catalog import Catalog, CircuitDefinitionChanged
 
 log = logging.getLogger("dbspark.engine")
 
 CIRCUITS = "_circuits"
 
 
-class CircuitChangedError(CatalogError):
+class CircuitChangedError(CircuitDefinitionChanged):
     """A circuit's definition differs from the one its warehouse's state was kept for;
     ``evolution`` says how."""
 
@@ -49,12 +49,13 @@ def signature_path(warehouse: str | os.PathLike[str], circuit: str) -> Path:
 def register(catalog: Catalog, warehouse: str | os.PathLike[str], circuit: Circuit) -> None:
     """Register ``circuit`` with ``catalog`` (see the module docstring), keeping its
     signature in ``warehouse``; a changed definition raises :class:`CircuitChangedError`
-    when the kept signature can say what changed, else the catalog's ``CatalogError``."""
+    when the kept signature can say what changed, else the catalog's
+    ``CircuitDefinitionChanged``."""
     fingerprint = circuit_fingerprint(circuit)
     path = signature_path(warehouse, circuit.name)
     try:
         catalog.register_circuit(circuit.name, fingerprint)
-    except CatalogError:
+    except CircuitDefinitionChanged:
         kept = _read(path)
         stored = catalog.circuit_fingerprint(circuit.name)
         if kept is None or kept.get("fingerprint") != stored:

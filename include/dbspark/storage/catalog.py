@@ -55,6 +55,16 @@ class CatalogError(RuntimeError):
     """The catalog refuses an operation that would leave it inconsistent."""
 
 
+class CircuitDefinitionChanged(CatalogError):
+    """The circuit's definition differs from the one the catalog holds state for: every
+    retry finds the same definition, so a task fails at once."""
+
+
+class UnsafeCatalog(CatalogError):
+    """A SQLite catalog whose file or warehouse is on a shared file system: refused until
+    the deployment changes, so a task fails at once."""
+
+
 class UncommittedUnits(CatalogError):
     """An epoch cannot commit, or a unit cannot run, because units it needs have not
     committed (``missing``: stage names, ``loop:<name>`` for a loop not converged)."""
@@ -632,7 +642,7 @@ class Catalog:
             with self._read() as conn:
                 stored = self._fingerprint(conn, name)
         if stored != fingerprint:
-            raise CatalogError(
+            raise CircuitDefinitionChanged(
                 f"the definition of circuit {name!r} changed (fingerprint {fingerprint}, "
                 f"stored {stored}): the warehouse holds state of the old definition. "
                 "Use a new circuit name or a new warehouse, or rebuild with a full refresh."
@@ -1421,7 +1431,7 @@ def _refuse_shared_sqlite(database: str | None, warehouse: Path | None, allow: b
             continue
         kind = shared_filesystem(place)
         if kind is not None:
-            raise CatalogError(
+            raise UnsafeCatalog(
                 f"refusing a SQLite catalog: {what} {place} is on a shared file system "
                 f"({kind}). SQLite's locks do not hold across hosts and its file on one "
                 "host is not the other hosts' catalog, so commits could be lost or "

@@ -11,11 +11,12 @@ DAG of a deployment, ``[dbspark] execution_timeouts`` in ``airflow.cfg`` (or
 **Retries.** Failures that a retry cannot fix fail at once (:func:`retry_policy`, Airflow
 3.3's ``ExceptionRetryPolicy``): bad input (``InputError``: the same input is read
 again), units that never committed (``UncommittedUnits``: someone must run them), a loop
-that reached its bound. Everything else retries with exponential backoff from
-``retry_delay``: with the defaults (3 retries, 30 s doubling, at most 10 min apart) the
-retries come at least 30 s, 60 s and 120 s after each failure, so an outage of the
-catalog database of three and a half minutes, a restart or a failover, costs a delay,
-not the run (:func:`retry_window`).
+that reached its bound, a circuit whose definition changed (``CircuitDefinitionChanged``)
+and a SQLite catalog refused on a shared file system (``UnsafeCatalog``). Everything else
+retries with exponential backoff from ``retry_delay``: with the defaults (3 retries, 30 s
+doubling, at most 10 min apart) the retries come at least 30 s, 60 s and 120 s after each
+failure, so an outage of the catalog database of three and a half minutes, a restart or
+a failover, costs a delay, not the run (:func:`retry_window`).
 """
 
 from __future__ import annotations
@@ -130,6 +131,18 @@ def retry_policy() -> Any:
                 exception="dbspark.storage.catalog.UncommittedUnits",
                 action=RetryAction.FAIL,
                 reason="units it needs never committed: run them (clear their tasks)",
+            ),
+            RetryRule(
+                exception="dbspark.storage.catalog.CircuitDefinitionChanged",
+                action=RetryAction.FAIL,
+                reason="the circuit's definition changed: a retry finds the same one; "
+                "rename the circuit, use a new warehouse or rebuild",
+            ),
+            RetryRule(
+                exception="dbspark.storage.catalog.UnsafeCatalog",
+                action=RetryAction.FAIL,
+                reason="the SQLite catalog is refused on a shared file system: "
+                "change the deployment (PostgreSQL), then clear the task",
             ),
             RetryRule(
                 exception="dbspark.engine.api.LoopDidNotConverge",
