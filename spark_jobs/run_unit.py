@@ -30,11 +30,14 @@ def main(argv: list[str] | None = None) -> int:
 
     from pyspark.sql import SparkSession
 
-    from dbspark.engine.spark.session import RUNTIME_DEFAULTS
+    from dbspark.engine.spark.session import CLASSIC_STATIC_DEFAULTS, RUNTIME_DEFAULTS
     from dbspark.orchestration.units import run_unit_file
 
     # spark-submit chose the master; dbspark's semantics (UTC, ANSI overflow) are set here.
-    spark = SparkSession.builder.appName(f"dbspark-unit-{args.unit_file.stem}").getOrCreate()
+    builder = SparkSession.builder.appName(f"dbspark-unit-{args.unit_file.stem}")
+    for key, value in CLASSIC_STATIC_DEFAULTS.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
     for key, value in RUNTIME_DEFAULTS.items():
         spark.conf.set(key, value)
     spark.sparkContext.setLogLevel("WARN")

@@ -58,3 +58,6 @@ def test_without_remembering_pyspark_would_look_classes_up(spark) -> None:
 
 def test_dbspark_sessions_turn_off_the_dataframe_debugging_context() -> None:
     assert session_conf()["spark.python.sql.dataFrameDebugging.enabled"] == "false"
+    # A static setting: a Spark Connect client may not set it (the server refuses).
+    remote = session_conf(remote="sc://127.0.0.1:15002")
+    assert "spark.python.sql.dataFrameDebugging.enabled" not in remote

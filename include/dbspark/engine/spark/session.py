@@ -57,6 +57,11 @@ RUNTIME_DEFAULTS = {
     # The expression compiler uses try_* functions, so it does not depend on ANSI mode;
     # but only ANSI mode makes BIGINT overflow an error instead of a silent wrap-around.
     "spark.sql.ansi.enabled": "true",
+}
+
+#: Settings every classic session dbspark starts gets; static, so they are given when the
+#: session is built (a Connect client cannot set them, nor can a reused session take them).
+CLASSIC_STATIC_DEFAULTS = {
     # PySpark's DataFrame debugging context costs two JVM calls and a walk of the Python
     # stack around every Column method (a third of a Spark unit's Py4J calls); it points
     # errors at the line of dbspark that built the column, which tells a user nothing.
@@ -95,6 +100,7 @@ def session_conf(
     settings: dict[str, str] = dict(RUNTIME_DEFAULTS)
     settings["spark.sql.shuffle.partitions"] = str(shuffle_partitions())
     if remote is None:
+        settings.update(CLASSIC_STATIC_DEFAULTS)
         settings["spark.ui.enabled"] = "true" if _ui_enabled() else "false"
         settings["spark.ui.showConsoleProgress"] = "false"
         if _is_local(master or DEFAULT_MASTER):
@@ -265,7 +271,9 @@ def _apply_runtime(session: SparkSession, settings: Mapping[str, str]) -> None:
 
 def _static(key: str) -> bool:
     """Settings that only take effect when the JVM/context starts."""
-    return key.startswith(("spark.ui.", "spark.driver.", "spark.executor.", "spark.master"))
+    return key in CLASSIC_STATIC_DEFAULTS or key.startswith(
+        ("spark.ui.", "spark.driver.", "spark.executor.", "spark.master")
+    )
 
 
 def _is_local(master: str) -> bool:
