@@ -64,3 +64,40 @@ def test_an_epoch_through_spark_submit(airflow_db, tmp_path, monkeypatch, capfd)
     units = tmp_path / "warehouse" / "_units" / "word_count"
     assert stat.S_IMODE(units.stat().st_mode) == 0o700
     assert list(units.iterdir()) == []
+
+
+def test_bad_input_in_the_driver_fails_the_task_with_the_drivers_error(tmp_path, monkeypatch):
+    """The task sees only spark-submit's exit status; the driver sends an error no retry
+    can fix back in its result file, so the task raises that very error (and the retry
+    policy fails it at once) instead of a failed submission that would be retried."""
+    from dbspark.core.errors import InputError
+    from dbspark.examples.circuits import word_count
+    from dbspark.orchestration.airflow.deployment import Deployment, DeploymentOptions
+    from dbspark.orchestration.airflow.tasks import EpochTasks
+    from dbspark.orchestration.units import CircuitRecipe, IngestUnit
+
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_DBSPARK_SPARK", json.dumps({"conn_type": "spark", "host": "local[1]"})
+    )
+    tasks = EpochTasks(
+        circuit=word_count(),
+        sources={},
+        options=DeploymentOptions(),
+        start_date=START,
+        iteration_tasks=1,
+        recipe=CircuitRecipe.of_factory(word_count),
+    )
+    deployment = Deployment(
+        warehouse=tmp_path / "warehouse",
+        outputs=tmp_path / "published",
+        catalog_url=None,
+        spark_remote=None,
+        spark_submit_conn_id="dbspark_spark",
+        serving_url=None,
+        serving_table_prefix="dbspark_",
+    )
+    with pytest.raises(InputError, match=r"source 'sentences'.*has no such source") as refused:
+        tasks._submit(deployment, IngestUnit(0, "sentences", [("to",)]))
+    assert refused.value.source == "sentences"
+    # Nothing is left of the unit: neither its file nor the result that carried the error.
+    assert list((tmp_path / "warehouse" / "_units" / "word_count").iterdir()) == []

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from dbspark.core.errors import InputError
+from dbspark.engine.api import LoopDidNotConverge
 from dbspark.engine.file_batches import FileBatch
 from dbspark.engine.spark.executor import circuit_fingerprint
 from dbspark.examples.circuits import word_count
@@ -23,11 +25,16 @@ from dbspark.orchestration.units import (
     RebuildUnit,
     ShippedUnit,
     UnitFileError,
+    final_error,
+    final_error_document,
+    read_result_file,
     read_unit_file,
+    result_path,
     run_unit_file,
     unit_directory,
     write_unit_file,
 )
+from dbspark.storage.catalog import CircuitDefinitionChanged, UncommittedUnits, UnsafeCatalog
 
 KEY = bytes(range(32))
 PASSWORD = "hunter2-do-not-ship"
@@ -198,3 +205,52 @@ def test_spark_submit_refuses_a_circuit_the_driver_cannot_rebuild(tmp_path):
     with pytest.raises(AirflowFailException, match="module-level function that returns"):
         tasks._submit(deployment, CloseUnit(0))
     assert not (tmp_path / "_units").exists()  # refused before anything was written
+
+
+def test_a_failure_no_retry_can_fix_comes_back_in_the_result_file(tmp_path):
+    """The driver's bad input reaches the task as the same error (the task sees only the
+    spark-submit exit status otherwise), so the retry policy fails the task at once."""
+    warehouse = tmp_path / "warehouse"
+    unit = ShippedUnit(
+        recipe=CircuitRecipe.of_factory(word_count),
+        fingerprint=circuit_fingerprint(word_count()),
+        unit=IngestUnit(0, "no_such_source", [("to",)]),
+        warehouse=str(warehouse),
+    )
+    path = write_unit_file(unit_directory(warehouse, "word_count"), unit, KEY)
+    environ = {UNIT_KEY_VARIABLE: KEY.hex()}
+    with pytest.raises(InputError, match="no_such_source") as in_driver:
+        run_unit_file(path, spark=None, environ=environ)
+    assert mode(result_path(path)) == 0o600
+    with pytest.raises(InputError) as in_task:
+        read_result_file(path, KEY)
+    assert str(in_task.value) == str(in_driver.value)
+    assert in_task.value.source == "no_such_source"
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        InputError("edges", "column 'src' is NULL in row 3", "part-0.parquet"),
+        UncommittedUnits("units it needs never committed", ["ingest_edges", "loop:reach"]),
+        LoopDidNotConverge("loop 'reach' reached its bound of 5 iterations"),
+        CircuitDefinitionChanged("the definition of circuit 'r' changed"),
+        UnsafeCatalog("refusing a SQLite catalog: the warehouse /w is on nfs4"),
+    ],
+    ids=lambda e: type(e).__name__,
+)
+def test_each_final_error_crosses_as_its_own_kind_and_fails_at_once(error):
+    from airflow.sdk.definitions.retry_policy import RetryAction
+
+    from dbspark.orchestration.airflow.policy import retry_policy
+
+    document = json.loads(json.dumps(final_error_document(error)))
+    again = final_error(document)
+    assert type(again) is type(error) and str(again) == str(error)
+    assert getattr(again, "missing", None) == getattr(error, "missing", None)
+    assert retry_policy().evaluate(again, 1, 4).action == RetryAction.FAIL
+
+
+def test_a_result_file_with_an_unknown_error_kind_is_refused():
+    refused = final_error({"kind": "SomethingElse", "message": "boom"})
+    assert isinstance(refused, UnitFileError) and "SomethingElse" in str(refused)

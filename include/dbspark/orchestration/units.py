@@ -42,8 +42,15 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from dbspark.circuit.builder import Circuit
+from dbspark.core.errors import InputError
+from dbspark.engine.api import LoopDidNotConverge
 from dbspark.engine.file_batches import FileBatch
-from dbspark.storage.catalog import UNITS_FOLDER
+from dbspark.storage.catalog import (
+    UNITS_FOLDER,
+    CircuitDefinitionChanged,
+    UncommittedUnits,
+    UnsafeCatalog,
+)
 
 log = logging.getLogger("dbspark.airflow")
 
@@ -238,6 +245,17 @@ UNIT_KINDS: dict[str, type] = {
     cls.kind: cls
     for cls in (IngestUnit, StageUnit, IterateUnit, PublishUnit, CloseUnit, RebuildUnit, VerifyUnit)
 }
+
+
+#: Failures of a spark-submitted unit that a retry would repeat (the retry policy's
+#: ``FAIL`` rules, ``airflow/policy.py``): the driver sends them back in its result file.
+FINAL_ERRORS = (
+    InputError,
+    UncommittedUnits,
+    LoopDidNotConverge,
+    CircuitDefinitionChanged,
+    UnsafeCatalog,
+)
 
 
 class UnitFileError(RuntimeError):
@@ -517,26 +535,67 @@ def run_unit_file(
     if isinstance(unit, PublishUnit) and shipped.serving_conn_id:
         serving_url = _url_of(shipped.serving_conn_id, SERVING_URL_VARIABLE, environ)
         unit = dataclasses.replace(unit, serving_url=serving_url)
-    engine = SparkEngine(
-        circuit,
-        shipped.warehouse,
-        spark=spark,
-        catalog_url=_url_of(shipped.catalog_conn_id, CATALOG_URL_VARIABLE, environ),
-        resident_bytes=0,  # one unit per process: nothing to keep across epochs
-    )
     try:
-        result = execute_unit(engine, unit)
-    finally:
-        engine.catalog.close()
-    body = json.loads(json.dumps(result, default=str))
-    document = {"format": RESULT_FORMAT, "body": body, "hmac_sha256": _mac(key, body)}
-    _write_private(result_path(path), json.dumps(document))
+        engine = SparkEngine(
+            circuit,
+            shipped.warehouse,
+            spark=spark,
+            catalog_url=_url_of(shipped.catalog_conn_id, CATALOG_URL_VARIABLE, environ),
+            resident_bytes=0,  # one unit per process: nothing to keep across epochs
+        )
+        try:
+            result = execute_unit(engine, unit)
+        finally:
+            engine.catalog.close()
+    except FINAL_ERRORS as err:
+        # The task cannot see this process's exception, only its exit status: the error
+        # goes back in the result file, so the task raises it and fails at once.
+        _write_result(path, key, {"error": final_error_document(err)})
+        raise
+    _write_result(path, key, json.loads(json.dumps(result, default=str)))
     return result
 
 
+def _write_result(unit_file: Path, key: bytes, body: dict[str, Any]) -> None:
+    document = {"format": RESULT_FORMAT, "body": body, "hmac_sha256": _mac(key, body)}
+    _write_private(result_path(unit_file), json.dumps(document))
+
+
 def read_result_file(unit_file: Path, key: bytes) -> dict[str, Any]:
-    """The result the driver wrote for ``unit_file``, checked as the unit file is."""
-    return _verified_body(result_path(unit_file), key, RESULT_FORMAT, "the unit's result")
+    """The result the driver wrote for ``unit_file``, checked as the unit file is. A unit
+    that failed in a way no retry can fix (:data:`FINAL_ERRORS`) raises its error again
+    here; a driver that wrote no result is a :class:`UnitFileError` (from the check)."""
+    body = _verified_body(result_path(unit_file), key, RESULT_FORMAT, "the unit's result")
+    if set(body) == {"error"}:
+        raise final_error(body["error"])
+    return body
+
+
+def final_error_document(err: BaseException) -> dict[str, Any]:
+    """``err`` (one of :data:`FINAL_ERRORS`) as JSON: its kind and what rebuilds it."""
+    document: dict[str, Any] = {"kind": type(err).__name__, "message": str(err)}
+    if isinstance(err, InputError):
+        document.update(source=err.source, detail=err.message, file=err.file)
+    elif isinstance(err, UncommittedUnits):
+        document["missing"] = list(err.missing)
+    return document
+
+
+def final_error(document: Mapping[str, Any]) -> Exception:
+    """The exception ``final_error_document`` described, of the same family, so the
+    task's retry policy treats it as the driver's own."""
+    kind, message = document.get("kind"), str(document.get("message", ""))
+    if kind == "InputError":
+        return InputError(document["source"], document["detail"], document.get("file"))
+    if kind == "UncommittedUnits":
+        return UncommittedUnits(message, document.get("missing", []))
+    if kind == "LoopDidNotConverge":
+        return LoopDidNotConverge(message)
+    if kind == "UnsafeCatalog":
+        return UnsafeCatalog(message)
+    if kind in ("CircuitDefinitionChanged", "CircuitChangedError"):
+        return CircuitDefinitionChanged(message)
+    return UnitFileError(f"the driver reported an error of unknown kind {kind!r}: {message}")
 
 
 def result_path(unit_file: Path) -> Path:

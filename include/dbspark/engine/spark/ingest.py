@@ -30,6 +30,7 @@ from dbspark.engine import kernels as ops
 from dbspark.engine.api import (
     InputError,
     UnitReport,
+    require_sources,
 )
 from dbspark.engine.batches import (
     CheckedTable,
@@ -96,6 +97,7 @@ class Ingest:
         self, source: str, epoch: int, batch: Any = None, file: str | None = None
     ) -> UnitReport:
         """Ingest one source's batch for ``epoch`` and run the linear chain fused onto it."""
+        require_sources(self.circuit.name, self.circuit.sources, [source], epoch=epoch)
         node = self.circuit.node(self.circuit.sources[source])
         stage = self.plan.stage_of(node.id)
         t = (epoch,)

@@ -434,7 +434,14 @@ class EpochTasks:
             env_vars=env_vars,
         )
         try:
-            hook.submit(application=str(SPARK_JOB))
+            try:
+                hook.submit(application=str(SPARK_JOB))
+            except Exception:
+                if result_path(stage).exists():
+                    # The driver's own error when no retry can fix it (bad input, say):
+                    # raised here so the retry policy fails the task at once.
+                    read_result_file(stage, key)
+                raise
             return json.loads(json.dumps(read_result_file(stage, key)))
         finally:
             for leftover in (stage, result_path(stage)):
