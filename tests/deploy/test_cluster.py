@@ -22,8 +22,11 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import stat
+import subprocess
 from datetime import datetime, timedelta
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import sqlalchemy as sa
@@ -32,6 +35,7 @@ from dbspark.core.zset import ZSet
 from dbspark.devtools.cluster import LocalCluster
 from dbspark.devtools.demo import land
 from dbspark.devtools.engine_demo import SCENARIOS, engine_inputs, verify_views
+from dbspark.devtools.redis import LocalRedis
 from dbspark.engine.reference.full_refresh import full_refresh
 from dbspark.examples.circuits import orders, reachability
 from dbspark.orchestration.intervals import Interval
@@ -201,3 +205,23 @@ def test_example_dags_on_the_compose_topology(tmp_path):
     for port in ports:
         with socket.socket() as s:
             assert s.connect_ex(("127.0.0.1", port)) != 0, port
+
+
+def test_the_broker_refuses_clients_without_its_password(tmp_path):
+    """The local Redis requires a password, as the compose file's does (issue 18,
+    finding 10): made afresh per server, carried in its URL, never on a command line."""
+    require_redis()
+    redis = LocalRedis(tmp_path / "redis").start()
+    try:
+        assert redis.refuses_without_password()
+        assert urlsplit(redis.url()).password == redis.password
+        assert redis._answers()  # with AUTH first, as Celery does from the URL
+        config = tmp_path / "redis" / "redis.conf"
+        assert stat.S_IMODE(config.stat().st_mode) == 0o600
+        shown = subprocess.run(
+            ["ps", "-o", "args=", "-p", str(redis.pid)], capture_output=True, text=True
+        ).stdout
+        assert shown and redis.password not in shown
+    finally:
+        redis.stop()
+    assert LocalRedis(tmp_path / "other").password != redis.password

@@ -1060,6 +1060,14 @@ def check_airflow_settings(deployment: Deployment) -> list[str]:
             )
         elif broker.port not in (None, 6379):
             problems.append(f"{where}: the Celery broker port {broker.port}, Redis listens on 6379")
+        else:
+            required = option(command_tokens(services[broker.hostname]), "--requirepass")
+            if required is None:
+                problems.append(f"{where}: Redis (the Celery broker) requires no password")
+            elif broker.password != required:
+                problems.append(
+                    f"{where}: the Celery broker URL does not carry Redis's --requirepass"
+                )
         backend = env.get("AIRFLOW__CELERY__RESULT_BACKEND", "")
         if not backend.startswith("db+"):
             problems.append(f"{where}: the Celery result backend is not a database (db+...)")
@@ -1392,6 +1400,18 @@ MUTATIONS: dict[str, tuple[Check, Callable[[Deployment], None], str]] = {
         ),
         "is not the redis service",
     ),
+    "broker without its password": (
+        check_airflow_settings,
+        lambda d: _env(d, "airflow-worker").update(
+            {"AIRFLOW__CELERY__BROKER_URL": "redis://redis:6379/0"}
+        ),
+        "does not carry Redis's --requirepass",
+    ),
+    "broker that requires no password": (
+        check_airflow_settings,
+        lambda d: d.services["redis"].pop("command"),
+        "Redis (the Celery broker) requires no password",
+    ),
     "result backend in another database": (
         check_airflow_settings,
         lambda d: _env(d, "airflow-scheduler").update(
@@ -1555,10 +1575,12 @@ def _with_text(change: Callable[[str], str]) -> Deployment:
             "${DBSPARK_JWT_SECRET} is a secret, so it must be ${DBSPARK_JWT_SECRET:?message}",
         ),
         (
-            lambda text: text.replace(
-                "redis://redis:6379/0", "redis://:${DBSPARK_REDIS_PASSWORD:-redis}@redis:6379/0"
+            lambda text: re.sub(
+                r"redis://:\$\{DBSPARK_REDIS_PASSWORD:\?[^}]*\}@",
+                "redis://:${DBSPARK_BROKER_PASSWORD:-redis}@",
+                text,
             ),
-            "${DBSPARK_REDIS_PASSWORD} looks like a secret, but bin/make-env does not make it",
+            "${DBSPARK_BROKER_PASSWORD} looks like a secret, but bin/make-env does not make it",
         ),
     ],
     ids=["a secret with a default", "a new secret with a default"],

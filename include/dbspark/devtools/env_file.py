@@ -54,6 +54,7 @@ SECRETS: dict[str, tuple[str, Callable[[], str]]] = {
     "DBSPARK_POSTGRES_PASSWORD": ("PostgreSQL's superuser", _hex(24)),
     "DBSPARK_AIRFLOW_DB_PASSWORD": ("the role of Airflow's metadata database", _hex(24)),
     "DBSPARK_CATALOG_DB_PASSWORD": ("the role of the dbspark catalog database", _hex(24)),
+    "DBSPARK_REDIS_PASSWORD": ("Redis, the Celery broker (the task queue)", _hex(24)),
     "DBSPARK_SPARK_AUTH_SECRET": (
         "spark.authenticate: the Spark master, workers, executors and driver",
         _hex(32),

@@ -1,9 +1,12 @@
 """A throwaway Redis server on loopback, from the system's ``redis-server`` (Debian
 package ``redis-server``): the Celery broker of the multi-machine deployment's local
-stand-in (``cluster.py``). No persistence; its log is ``redis.log`` in its folder."""
+stand-in (``cluster.py``). No persistence; its log is ``redis.log`` in its folder. As in
+``docker-compose.yml`` it requires a password, made afresh for each server and carried in
+``url()``, so other users of the machine cannot read or queue tasks through it."""
 
 from __future__ import annotations
 
+import secrets
 import shutil
 import socket
 import subprocess
@@ -23,6 +26,7 @@ class LocalRedis:
         self.root = Path(root)
         self.startup_timeout = startup_timeout
         self.port: int | None = None
+        self.password = secrets.token_hex(16)
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -36,7 +40,7 @@ class LocalRedis:
     def url(self, db: int = 0) -> str:
         if self.port is None:
             raise RedisUnavailable("the Redis server has not been started")
-        return f"redis://{LOOPBACK}:{self.port}/{db}"
+        return f"redis://:{self.password}@{LOOPBACK}:{self.port}/{db}"
 
     def start(self) -> LocalRedis:
         binary = shutil.which("redis-server")
@@ -47,9 +51,13 @@ class LocalRedis:
             )
         self.root.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
-        options = {"port": self.port, "bind": LOOPBACK, "save": "", "appendonly": "no"}
-        options |= {"dir": self.root, "daemonize": "no"}
-        command = [binary, *(part for k, v in options.items() for part in (f"--{k}", str(v)))]
+        options = {"port": self.port, "bind": LOOPBACK, "save": '""', "appendonly": "no"}
+        options |= {"dir": self.root, "daemonize": "no", "requirepass": self.password}
+        # A private file, not the command line, so the password is not in `ps`.
+        config = self.root / "redis.conf"
+        config.touch(mode=0o600)
+        config.write_text("".join(f"{k} {v}\n" for k, v in options.items()), encoding="utf-8")
+        command = [binary, str(config)]
         self._proc = launch(command, log_path=self.log_path, parent_death_signal=None)
         proc = self._proc
 
@@ -70,11 +78,29 @@ class LocalRedis:
         assert self.port is not None
         try:
             with socket.create_connection((LOOPBACK, self.port), timeout=1.0) as conn:
-                conn.sendall(b"PING\r\n")
-                return conn.recv(16).startswith(b"+PONG")
+                conn.sendall(f"AUTH {self.password}\r\nPING\r\n".encode())
+                return _replies(conn, 2) == [b"+OK", b"+PONG"]
         except OSError:
             return False
+
+    def refuses_without_password(self) -> bool:
+        """Does the server refuse a command from a client that did not authenticate?"""
+        assert self.port is not None
+        with socket.create_connection((LOOPBACK, self.port), timeout=1.0) as conn:
+            conn.sendall(b"PING\r\n")
+            return _replies(conn, 1)[0].startswith(b"-NOAUTH")
 
     def stop(self) -> None:
         proc, self._proc = self._proc, None
         stop_group(proc, timeout=10.0)
+
+
+def _replies(conn: socket.socket, count: int) -> list[bytes]:
+    """The next ``count`` one-line replies on ``conn``."""
+    data = b""
+    while data.count(b"\r\n") < count:
+        chunk = conn.recv(256)
+        if not chunk:
+            break
+        data += chunk
+    return data.split(b"\r\n")[:count]
