@@ -108,8 +108,8 @@ def test_a_file_batch_is_a_checked_value(tmp_path: Path) -> None:
 
 
 # --- the engine ----------------------------------------------------------------------------
-#: ``local_rows`` per tier: small Parquet files are read in this process on the local
-#: tier; CSV and JSON always, and Parquet with ``local_rows=0``, by Spark.
+#: ``local_rows`` per tier: small Parquet and JSON-lines files are read in this process
+#: on the local tier; CSV always, and everything with ``local_rows=0``, by Spark.
 TIERS = {"local": 200_000, "spark": 0}
 
 
@@ -253,6 +253,39 @@ BAD_FILES = {
             "jsonl",
         ),
         r"line 1: unknown key\(s\) amout",
+    ),
+    # JSON lines are read by the local tier too: the same words on both (issue 20).
+    "jsonl_not_an_object": (
+        lambda d: FileBatch(_text(d / "o.jsonl", "[1, 2]\n"), "jsonl"),
+        r"line 1: not a JSON object: \[1, 2\]",
+    ),
+    "jsonl_key_twice": (
+        lambda d: FileBatch(
+            _text(d / "o.jsonl", '{"order_id": 1, "cust_id": 7, "amount": 1, "amount": 2}\n'),
+            "jsonl",
+        ),
+        r"line 1: not valid JSON \(or a key appears twice\)",
+    ),
+    "jsonl_nan": (
+        lambda d: FileBatch(
+            _text(d / "o.jsonl", '\r\n{"order_id": 1, "cust_id": 7, "amount": NaN}\r\n'),
+            "jsonl",
+        ),
+        r"line 2: not valid JSON",
+    ),
+    "jsonl_fraction_for_bigint": (
+        lambda d: FileBatch(
+            _text(d / "o.jsonl", '{"order_id": 1, "cust_id": 7, "amount": 1.0, "ts": 1}\n'),
+            "jsonl",
+        ),
+        r"line 1: column 'amount' is BIGINT, got 1: ",  # Spark shows 1.0 as DECIMAL 1
+    ),
+    "jsonl_past_bigint": (
+        lambda d: FileBatch(
+            _text(d / "o.jsonl", '{"order_id": 9223372036854775808, "ts": 1}\n'),
+            "jsonl",
+        ),
+        r"line 1: column 'order_id' is BIGINT, got 9223372036854775808:",
     ),
     "csv_not_a_number": (
         lambda d: FileBatch(

@@ -141,3 +141,39 @@ def test_a_warmed_engine_answers_its_first_epoch_from_memory(tmp_path: Path) -> 
         expected = reference.step(inputs).views
         assert worker.views() == expected  # (reading the published views decodes them)
     assert not worker.spark_started
+
+
+def test_a_small_json_lines_landing_is_read_without_spark(spark: Any, tmp_path: Path) -> None:
+    """JSON lines of BIGINT, DOUBLE, STRING, BOOLEAN and ARRAY columns are read on the
+    local tier (``engine/local/jsonl.py``); a compressed file, or a source with a DATE,
+    TIMESTAMP or DECIMAL column, is Spark's."""
+    import gzip
+
+    from dbspark.core.types import Schema
+    from dbspark.engine.file_batches import FileBatch
+    from dbspark.engine.local.files import read_files
+    from dbspark.engine.local.jsonl import jsonl_readable
+
+    opened: list[int] = []
+
+    def open_spark() -> Any:
+        opened.append(1)
+        return spark
+
+    engine = SparkEngine(
+        NAMED_CIRCUITS["word_count"](), tmp_path / "wh", spark=open_spark, local_rows=100
+    )
+    landing = tmp_path / "words.jsonl"
+    landing.write_text('{"word": "to"}\r\n\n  \n{"word": "be", "__w": 2}\n{"word": "to"}')
+    engine.run_epoch(0, {"words": FileBatch(landing, "jsonl")})
+    assert not opened and not engine.spark_started
+    assert dict(engine.view("counts").items()) == {("to", 2): 1, ("be", 2): 1}
+
+    schema = Schema((("word", "string"),))
+    zipped = tmp_path / "words.jsonl.gz"
+    zipped.write_bytes(gzip.compress(b'{"word": "or"}\n'))
+    batch = FileBatch(zipped, "jsonl")
+    assert read_files("words", schema, batch, weighted=True, upsert=None, max_rows=100) is None
+    assert not jsonl_readable(Schema((("day", "date"),)))
+    assert not jsonl_readable(Schema((("price", "decimal(10,2)"),)))
+    assert jsonl_readable(Schema((("tags", "array<string>"), ("n", "bigint"), ("x", "double"))))

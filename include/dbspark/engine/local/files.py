@@ -1,4 +1,4 @@
-"""Feeding a source from small Parquet files without Spark: read them with pyarrow.
+"""Feeding a source from small Parquet and JSON-lines files without Spark.
 
 A landing batch of a few thousand rows is read in this process, so the Airflow task
 that ingests it starts no JVM. The rules are the Spark tier's (``engine/spark/files.py``):
@@ -7,8 +7,10 @@ the file's own schema is checked against the declared columns (the same messages
 types, and rows then get the checks Python rows get, naming the files that hold a bad
 key. What this tier does not take it leaves to Spark, which reads anything:
 
-* files that are not Parquet (CSV and JSON parsing rules are Spark's own, and a second
-  parser would read some files differently);
+* CSV files (Spark's CSV parsing rules are its own, and a second parser would read some
+  files differently), and JSON-lines files with DATE, TIMESTAMP or DECIMAL columns
+  (strings Spark casts by its rules); other JSON lines map strictly to types, and are
+  read here (``jsonl.py``);
 * paths that are not local files (``s3a://``, ``hdfs://``);
 * batches with more than ``local_rows`` rows, counted from the files' footers.
 """
@@ -51,9 +53,15 @@ from dbspark.engine.file_batches import (
     wrong_type,
 )
 from dbspark.engine.local.dialect import arrow_type
+from dbspark.engine.local.jsonl import count_lines, jsonl_readable, read_jsonl
 
 #: Bad rows shown in one error.
 _MAX_SHOWN = 5
+#: A JSON-lines batch of more than ``local_rows`` times this many bytes goes to Spark
+#: without its lines being counted.
+_MAX_LINE_BYTES = 1024
+#: File name endings Spark (Hadoop's codecs) decompresses on the fly; such files are its.
+_COMPRESSED = (".gz", ".bz2", ".deflate", ".lz4", ".snappy", ".zst")
 
 
 @dataclass(frozen=True)
@@ -104,23 +112,29 @@ def read_files(
 ) -> CheckedFiles | None:
     """Read and check ``batch`` here, or None if it is the Spark tier's to read (see the
     module docstring). Raises what the Spark tier raises for a bad file."""
-    if batch.format != "parquet" or max_rows <= 0:
+    if batch.format not in ("parquet", "jsonl") or max_rows <= 0:
         return None
     paths = [local_path(p) for p in batch.paths]
     if any(p is None for p in paths):
         return None
-    files = [_open(source, path) for path in paths]  # type: ignore[arg-type]
-    if sum(f.metadata.num_rows for f in files) > max_rows:
-        return None
-    tables = [
-        _read(source, schema, file, path, weighted)
-        for file, path in zip(files, batch.paths, strict=True)
-    ]
+    if batch.format == "jsonl":
+        tables = _read_jsonl_files(source, schema, paths, batch.paths, weighted, max_rows)  # type: ignore[arg-type]
+        if tables is None:
+            return None
+    else:
+        files = [_open(source, path) for path in paths]  # type: ignore[arg-type]
+        if sum(f.metadata.num_rows for f in files) > max_rows:
+            return None
+        tables = [
+            _read(source, schema, file, path, weighted)
+            for file, path in zip(files, batch.paths, strict=True)
+        ]
     row_files = tuple(
         path for table, path in zip(tables, batch.paths, strict=True) for _ in range(table.num_rows)
     )
     if upsert is not None:
-        _check_null_keys(source, upsert, tables, batch.paths)
+        # JSON lines have no row position to give (as on the Spark tier).
+        _check_null_keys(source, upsert, tables, batch.paths, batch.format == "parquet")
     table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
     label = ", ".join(batch.paths)
     if upsert is not None:
@@ -169,8 +183,38 @@ def _has_ties(spec: UpsertSpec, table: pa.Table) -> bool:
     return bool(pc.any(pc.greater(counts.column("count_all"), 1)).as_py())
 
 
+def _read_jsonl_files(
+    source: str,
+    schema: Schema,
+    paths: Sequence[str],
+    names: Sequence[str],
+    weighted: bool,
+    max_rows: int,
+) -> list[pa.Table] | None:
+    """The JSON-lines files as tables, or None when they are Spark's to read (a column
+    type parsed from text, or more than ``max_rows`` lines)."""
+    if not jsonl_readable(schema) or any(p.endswith(_COMPRESSED) for p in paths):
+        return None
+    for path, name in zip(paths, names, strict=True):
+        if not os.path.isfile(path):
+            raise InputError(source, "the file does not exist", name)
+    # Counting lines reads the files: a batch far too large is not even counted.
+    if sum(os.path.getsize(p) for p in paths) > max_rows * _MAX_LINE_BYTES:
+        return None
+    if sum(count_lines(p) for p in paths) > max_rows:
+        return None
+    return [
+        read_jsonl(source, schema, path, weighted, name)
+        for path, name in zip(paths, names, strict=True)
+    ]
+
+
 def _check_null_keys(
-    source: str, spec: UpsertSpec, tables: Sequence[pa.Table], paths: Sequence[str]
+    source: str,
+    spec: UpsertSpec,
+    tables: Sequence[pa.Table],
+    paths: Sequence[str],
+    positions: bool = True,
 ) -> None:
     """Rows with a NULL in a key column, reported as the Spark tier reports them."""
     keys = list(spec.key)
@@ -183,11 +227,12 @@ def _check_null_keys(
         return
     path, position, table = found[0]
     first = [table.column(c)[position].as_py() for c in spec.columns]
+    where = f" (row {position} of the file)" if positions else ""
     raise BadUpsertRow(
         source,
         ", ".join(sorted({p for p, _, _ in found})),
         [tuple(t.column(k)[i].as_py() for k in keys) for _, i, t in found[:_MAX_SHOWN]],
-        detail=f"NULL in a key column (row {position} of the file): {shown(first)}",
+        detail=f"NULL in a key column{where}: {shown(first)}",
         key_columns=keys,
     )
 

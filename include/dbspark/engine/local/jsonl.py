@@ -1,0 +1,207 @@
+"""JSON-lines landings read in this process, with the Spark tier's rules.
+
+A small ``jsonl`` batch is parsed here, so its ingest starts no JVM. The rules are those
+of ``engine/spark/files.py`` (the conformance vectors' JSON mapping), checked line by
+line in file order, the first failure raised with the Spark tier's words:
+
+* lines are split at ``\\n``, ``\\r\\n`` or ``\\r`` (Hadoop's line reader), counted from
+  1; a line of nothing but spaces is skipped;
+* a line must be one JSON object with no key twice at any depth (``NaN`` and
+  ``Infinity`` are not JSON), and hold no key the source does not declare; a declared
+  key that is absent, or ``null``, is NULL;
+* types map strictly: BIGINT takes an integer that fits 64 bits (not ``1.0``, not
+  ``"1"``), DOUBLE any number, STRING a string, BOOLEAN ``true``/``false``, ARRAY an
+  array of such values or ``null``s; a Z-set's ``__w`` is a BIGINT, 1 when absent and a
+  problem when ``null``.
+
+Only these types are read here: DATE, TIMESTAMP and DECIMAL columns arrive as JSON
+strings that Spark casts with its own text rules, which a second parser could read
+differently, so a source with one of them is left to Spark (``jsonl_readable``).
+"""
+
+from __future__ import annotations
+
+import decimal
+import json
+import math
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from dbspark.core.columns import WEIGHT
+from dbspark.core.errors import REDACTED, redacting, shown_text
+from dbspark.core.types import BIGINT, BOOLEAN, DOUBLE, STRING, Schema, element_type, is_array
+from dbspark.engine.api import InputError
+from dbspark.engine.file_batches import declared_columns
+from dbspark.engine.local.dialect import arrow_type
+
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+_INT64 = (-(2**63), 2**63 - 1)
+
+
+def jsonl_readable(schema: Schema) -> bool:
+    """Can every column of ``schema`` be read from JSON here (see the module docstring)?"""
+    return all(_readable(kind) for kind in schema.types)
+
+
+def _readable(kind: str) -> bool:
+    if is_array(kind):
+        return _readable(element_type(kind))
+    return kind in (BIGINT, DOUBLE, STRING, BOOLEAN)
+
+
+def count_lines(path: str) -> int:
+    """Lines of ``path`` that are not blank (an upper bound on its rows)."""
+    return sum(1 for line in _lines(Path(path).read_bytes()) if line.strip(" "))
+
+
+class _Fraction(float):
+    """A JSON number with a fraction or an exponent, keeping its text: Spark reads one
+    without an exponent as a DECIMAL (and shows it so), one with an exponent as a DOUBLE."""
+
+    text: str
+
+    def __new__(cls, text: str) -> _Fraction:
+        number = super().__new__(cls, text)
+        number.text = text
+        return number
+
+
+def read_jsonl(
+    source: str, schema: Schema, path: str, weighted: bool, name: str | None = None
+) -> pa.Table:
+    """The rows of the JSON-lines file ``path`` as a table of the declared columns (and
+    ``__w`` when ``weighted``), or the Spark tier's :class:`InputError` for its first bad
+    line (naming the file ``name``, as the batch gave it; default ``path``)."""
+    declared = declared_columns(schema, weighted)
+    columns: dict[str, list[Any]] = {name: [] for name in declared}
+    for number, line in enumerate(_lines(Path(path).read_bytes()), start=1):
+        if not line.strip(" "):
+            continue
+        values = _parse(line, declared, schema)
+        if isinstance(values, str):
+            message = values
+            if redacting():
+                message = re.sub(r"(, got ).*$", r"\1" + REDACTED, message)
+            raise InputError(source, f"line {number}: {message}: {shown_text(line)}", name or path)
+        for column in declared:
+            columns[column].append(values[column])
+    if weighted:
+        columns[WEIGHT] = [1 if w is None else w for w in columns[WEIGHT]]
+    return pa.Table.from_arrays(
+        [pa.array(columns[n], arrow_type(t)) for n, t in declared.items()],
+        names=list(declared),
+    )
+
+
+def _lines(data: bytes) -> list[str]:
+    # Spark's text reader decodes UTF-8, replacing what is not.
+    return _LINE_BREAK.split(data.decode("utf-8", errors="replace"))
+
+
+class _Rejected(ValueError):
+    pass
+
+
+def _no_duplicates(pairs: Sequence[tuple[str, Any]]) -> dict[str, Any]:
+    found = dict(pairs)
+    if len(found) != len(pairs):
+        raise _Rejected("a key appears twice")
+    return found
+
+
+def _not_json(constant: str) -> Any:
+    raise _Rejected(f"{constant} is not JSON")
+
+
+def _parse(line: str, declared: dict[str, str], schema: Schema) -> dict[str, Any] | str:
+    """The line's values by column, or the problem with it (the Spark tier's words)."""
+    try:
+        record = json.loads(
+            line,
+            object_pairs_hook=_no_duplicates,
+            parse_constant=_not_json,
+            parse_float=_Fraction,
+        )
+    except (ValueError, RecursionError):
+        return "not valid JSON (or a key appears twice)"
+    if not isinstance(record, dict):
+        return "not a JSON object"
+    unknown = [key for key in record if key not in declared]
+    if unknown:
+        return f"unknown key(s) {', '.join(unknown)}; the source declares {schema}"
+    values = {}
+    for name, kind in declared.items():
+        value = record.get(name)
+        if value is not None and not _fits(value, kind):
+            return f"column {name!r} is {kind.upper()}, got {_as_json(value)}"
+        values[name] = float(value) if kind == DOUBLE and value is not None else value
+        if is_array(kind) and value is not None and element_type(kind) == DOUBLE:
+            values[name] = [None if v is None else float(v) for v in value]
+    if WEIGHT in declared and WEIGHT in record and record[WEIGHT] is None:
+        return f"the weight {WEIGHT!r} is null"
+    return values
+
+
+def _fits(value: Any, kind: str) -> bool:
+    if is_array(kind):
+        inner = element_type(kind)
+        return isinstance(value, list) and all(v is None or _fits(v, inner) for v in value)
+    if isinstance(value, bool):
+        return kind == BOOLEAN
+    if kind == BIGINT:
+        return isinstance(value, int) and _INT64[0] <= value <= _INT64[1]
+    if kind == DOUBLE:  # an integer past a double's range is not a number Spark reads
+        return isinstance(value, float) or (isinstance(value, int) and abs(value) < 2**1024)
+    if kind == STRING:
+        return isinstance(value, str)
+    return False
+
+
+def _as_json(value: Any) -> str:
+    """``value`` as Spark's ``to_json`` of the variant shows it (a wrong value's message)."""
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, list):
+        return "[" + ",".join(_as_json(v) for v in value) + "]"
+    if isinstance(value, dict):  # a variant keeps an object's keys sorted
+        items = sorted(value.items())
+        return "{" + ",".join(f"{_as_json(k)}:{_as_json(v)}" for k, v in items) + "}"
+    if isinstance(value, _Fraction) and not re.search("[eE]", value.text):
+        exact = decimal.Decimal(value.text)
+        if len(exact.normalize().as_tuple().digits) <= _DECIMAL_DIGITS:
+            return _plain(exact)
+    elif isinstance(value, int) and abs(value) < 10**_DECIMAL_DIGITS:
+        return str(value)
+    return _java_double(float(value))
+
+
+#: Digits of Spark's widest DECIMAL: a number with more is read as a DOUBLE.
+_DECIMAL_DIGITS = 38
+
+
+def _plain(exact: decimal.Decimal) -> str:
+    if exact == 0:
+        return "0"
+    return format(exact.normalize(), "f")
+
+
+def _java_double(number: float) -> str:
+    """``Double.toString``: plain from 10^-3 up to 10^7, else ``d.dddE±n``."""
+    if math.isinf(number):
+        return '"Infinity"' if number > 0 else '"-Infinity"'
+    if number == 0:
+        return "-0.0" if math.copysign(1.0, number) < 0 else "0.0"
+    exact = decimal.Decimal(repr(number))
+    if 1e-3 <= abs(number) < 1e7:
+        text = format(exact, "f")
+        return text if "." in text else text + ".0"
+    sign, digits, exponent = exact.normalize().as_tuple()
+    shown = "".join(map(str, digits))
+    power = len(shown) + int(exponent) - 1
+    return f"{'-' if sign else ''}{shown[0]}.{shown[1:] or '0'}E{power}"
