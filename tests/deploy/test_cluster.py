@@ -141,7 +141,9 @@ def test_example_dags_on_the_compose_topology(tmp_path):
             scenario = SCENARIOS[scenario_name]()
             for epoch, (_, inputs) in enumerate(scenario.epochs(EPOCHS)):
                 histories[dag_id].append(engine_inputs(circuit, inputs))
-                land(circuit, epoch, inputs, landing)
+                # Edges as CSV, which Spark reads: these small epochs would otherwise all
+                # stay in the tasks (the local tier), and the test is of where Spark runs.
+                land(circuit, epoch, inputs, landing, zset_format="csv")
 
         # --- 1. the UI's actions, through the REST API: unpause, backfill, trigger
         for dag_id in EXAMPLES:

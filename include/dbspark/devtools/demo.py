@@ -93,11 +93,18 @@ def interval(epoch: int) -> Any:
     return Interval(START + epoch * STEP, START + (epoch + 1) * STEP)
 
 
-def land(circuit: Circuit, epoch: int, inputs: Inputs, landing: Any = None) -> list[str]:
+def land(
+    circuit: Circuit,
+    epoch: int,
+    inputs: Inputs,
+    landing: Any = None,
+    *,
+    zset_format: str = "parquet",
+) -> list[str]:
     """Write one epoch's batches as files in the landing directory (idempotently), then
     mark every source's partition complete, as a writer must when nothing arrived for a
     source (a missing partition is an error); ``landing`` None is the configured one
-    (``[dbspark] landing``)."""
+    (``[dbspark] landing``). Upserts land as JSON lines, Z-sets as ``zset_format``."""
     from dbspark.orchestration.sources import LandingDirectory
 
     landing = landing or LandingDirectory()
@@ -112,7 +119,7 @@ def land(circuit: Circuit, epoch: int, inputs: Inputs, landing: Any = None) -> l
         else:
             columns = [*node.schema.names, WEIGHT]
             rows = [(*row, weight) for row, weight in batch]
-            path = landing.land(source, interval(epoch), rows, columns, "parquet", name="demo")
+            path = landing.land(source, interval(epoch), rows, columns, zset_format, name="demo")
         written.append(str(path))
     for source in circuit.sources:
         landing.complete(source, interval(epoch))
