@@ -53,7 +53,7 @@ from dbspark.engine.file_batches import (
     wrong_type,
 )
 from dbspark.engine.local.dialect import arrow_type
-from dbspark.engine.local.jsonl import count_lines, jsonl_readable, read_jsonl
+from dbspark.engine.local.jsonl import count_rows, file_lines, jsonl_readable, read_jsonl
 
 #: Bad rows shown in one error.
 _MAX_SHOWN = 5
@@ -201,11 +201,12 @@ def _read_jsonl_files(
     # Counting lines reads the files: a batch far too large is not even counted.
     if sum(os.path.getsize(p) for p in paths) > max_rows * _MAX_LINE_BYTES:
         return None
-    if sum(count_lines(p) for p in paths) > max_rows:
+    lines = [file_lines(p) for p in paths]  # each file read and decoded once
+    if sum(count_rows(ls) for ls in lines) > max_rows:
         return None
     return [
-        read_jsonl(source, schema, path, weighted, name)
-        for path, name in zip(paths, names, strict=True)
+        read_jsonl(source, schema, file, weighted, name)
+        for file, name in zip(lines, names, strict=True)
     ]
 
 

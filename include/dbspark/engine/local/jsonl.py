@@ -53,9 +53,14 @@ def _readable(kind: str) -> bool:
     return kind in (BIGINT, DOUBLE, STRING, BOOLEAN)
 
 
-def count_lines(path: str) -> int:
-    """Lines of ``path`` that are not blank (an upper bound on its rows)."""
-    return sum(1 for line in _lines(Path(path).read_bytes()) if line.strip(" "))
+def file_lines(path: str) -> list[str]:
+    """The lines of ``path`` as Spark's text reader splits and decodes them."""
+    return _lines(Path(path).read_bytes())
+
+
+def count_rows(lines: Sequence[str]) -> int:
+    """Lines that are not blank (an upper bound on the rows they hold)."""
+    return sum(1 for line in lines if line.strip(" "))
 
 
 class _Fraction(float):
@@ -71,14 +76,14 @@ class _Fraction(float):
 
 
 def read_jsonl(
-    source: str, schema: Schema, path: str, weighted: bool, name: str | None = None
+    source: str, schema: Schema, lines: Sequence[str], weighted: bool, name: str
 ) -> pa.Table:
-    """The rows of the JSON-lines file ``path`` as a table of the declared columns (and
-    ``__w`` when ``weighted``), or the Spark tier's :class:`InputError` for its first bad
-    line (naming the file ``name``, as the batch gave it; default ``path``)."""
+    """The rows of a JSON-lines file (its ``file_lines``) as a table of the declared
+    columns (and ``__w`` when ``weighted``), or the Spark tier's :class:`InputError` for
+    its first bad line, naming the file ``name`` as the batch gave it."""
     declared = declared_columns(schema, weighted)
-    columns: dict[str, list[Any]] = {name: [] for name in declared}
-    for number, line in enumerate(_lines(Path(path).read_bytes()), start=1):
+    columns: dict[str, list[Any]] = {column: [] for column in declared}
+    for number, line in enumerate(lines, start=1):
         if not line.strip(" "):
             continue
         values = _parse(line, declared, schema)
@@ -86,7 +91,7 @@ def read_jsonl(
             message = values
             if redacting():
                 message = re.sub(r"(, got ).*$", r"\1" + REDACTED, message)
-            raise InputError(source, f"line {number}: {message}: {shown_text(line)}", name or path)
+            raise InputError(source, f"line {number}: {message}: {shown_text(line)}", name)
         for column in declared:
             columns[column].append(values[column])
     if weighted:
