@@ -92,3 +92,14 @@ def test_hash_and_buckets_are_sparks(spark: Any, rows: list[tuple]) -> None:
         arrays = [table.column(k) for k in keys]
         assert list(xxhash64(arrays)) == [r[f"h{n}"] for r in got], keys
         assert list(bucket_ids(arrays, 16)) == [r[f"b{n}"] for r in got], keys
+
+
+def test_a_sliced_decimal_column_hashes_as_its_rows() -> None:
+    """Narrow decimals are hashed from the array's data buffer: a slice (an offset into
+    it), a NULL slot and every Arrow decimal width give each row its own value's hash."""
+    values = [Decimal("-12.34"), None, Decimal("99999999.99"), Decimal("0.01"), Decimal("-0.00")]
+    whole = pa.array(values, pa.decimal128(10, 2))
+    expected = [xxhash64([pa.array([v], pa.decimal128(10, 2))])[0] for v in values]
+    assert list(xxhash64([whole.slice(2, 3)])) == expected[2:]
+    for kind in (pa.decimal64(10, 2), pa.decimal256(10, 2)):
+        assert list(xxhash64([pa.array(values, kind).slice(1)])) == expected[1:]

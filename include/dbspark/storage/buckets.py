@@ -124,21 +124,32 @@ _MAX_LONG_DIGITS = 18
 
 
 def _hash_decimals(column: pa.Array, seed: np.ndarray) -> np.ndarray:
+    if column.type.precision <= _MAX_LONG_DIGITS:
+        hashed = _hash_long(_unscaled_longs(column).view(np.uint64), seed)
+        return np.where(_valid(column), hashed, seed)
     hashed = seed.copy()
     scale = column.type.scale
-    narrow = column.type.precision <= _MAX_LONG_DIGITS
     for i, value in enumerate(column.to_pylist()):
         if value is None:
             continue
         unscaled = int(value.scaleb(scale))
-        if narrow:
-            bits = np.array([unscaled], dtype=np.int64).view(np.uint64)
-            hashed[i] = _hash_long(bits, hashed[i : i + 1])[0]
-        else:
-            size = (unscaled.bit_length() if unscaled >= 0 else (~unscaled).bit_length()) // 8 + 1
-            data = unscaled.to_bytes(size, "big", signed=True)
-            hashed[i] = xxhash.xxh64_intdigest(data, int(seed[i]))
+        size = (unscaled.bit_length() if unscaled >= 0 else (~unscaled).bit_length()) // 8 + 1
+        data = unscaled.to_bytes(size, "big", signed=True)
+        hashed[i] = xxhash.xxh64_intdigest(data, int(seed[i]))
     return hashed
+
+
+def _unscaled_longs(column: pa.Array) -> np.ndarray:
+    """The unscaled values of a DECIMAL column of at most 18 digits, as int64, read from
+    its data buffer: each value is a little-endian two's-complement integer of the type's
+    width, whose low 64 bits (32 for a 4-byte decimal) hold it whole. NULL slots hold
+    whatever the buffer has."""
+    width = column.type.byte_width
+    word = np.dtype("<i4") if width == 4 else np.dtype("<i8")
+    step = max(width // word.itemsize, 1)
+    words = np.frombuffer(column.buffers()[1], dtype=word)
+    start = column.offset * step
+    return words[start : start + len(column) * step : step].astype(np.int64)
 
 
 def _hash_lists(column: pa.Array, seed: np.ndarray) -> np.ndarray:
