@@ -1,87 +1,59 @@
-"""The circuits the benchmarks maintain, written with the ordinary builder API.
+"""The circuits the benchmarks maintain.
 
-Sums are over BIGINT columns (cents, whole minutes), so an incremental result and a
-full recompute are equal exactly rather than up to the last bit of a double.
+W1 is TPC-H Q3 as written (``dbspark/examples/tpch/q3.sql``), compiled by ``dbspark.sql``
+over its real types: DECIMAL prices and DATE dates, so the revenue is an exact DECIMAL
+sum. The other circuits use the ordinary builder API, with sums over BIGINT columns, so
+an incremental result and a full recompute are equal exactly rather than up to the last
+bit of a double.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from dbspark.circuit.aggregations import count, max_, sum_
 from dbspark.circuit.builder import Circuit
 from dbspark.circuit.expressions import col, if_else
 from dbspark.examples import circuits as examples
+from dbspark.examples import tpch as tpch_examples
+from dbspark.sql import compile_circuit
 
-#: TPC-H Q3's date parameter, 1995-03-15, as days since 1970-01-01 (Spark's unix_date).
-Q3_DATE = 9204
-Q3_SEGMENT = "BUILDING"
+#: The columns of each TPC-H table the benchmark lands: the ones Q3 reads and the keys,
+#: then the upsert columns. The types are the examples' declarations (``sources.json``).
+TPCH_COLUMNS: dict[str, tuple[str, ...]] = {
+    "customer": ("c_custkey", "c_mktsegment"),
+    "orders": ("o_orderkey", "o_custkey", "o_orderdate", "o_shippriority"),
+    "lineitem": ("l_orderkey", "l_linenumber", "l_extendedprice", "l_discount", "l_shipdate"),
+}
+UPSERT_COLUMNS = ("ts", "deleted")
 
+
+def tpch_sources() -> dict[str, dict[str, Any]]:
+    """The three upsert sources of W1, as the examples declare them (key, watermark
+    ``ts``, tombstone ``deleted``), with only the landed columns."""
+    declared = tpch_examples.sources()
+    sources = {}
+    for name, columns in TPCH_COLUMNS.items():
+        source = dict(declared[name])
+        types = dict(source["columns"])
+        source["columns"] = [[c, types[c]] for c in (*columns, *UPSERT_COLUMNS)]
+        sources[name] = source
+    return sources
+
+
+#: Each W1 source's columns and types, in landing order.
 TPCH_SCHEMAS: dict[str, dict[str, str]] = {
-    "customer": {
-        "c_custkey": "bigint",
-        "c_mktsegment": "string",
-        "c_nationkey": "bigint",
-        "ts": "bigint",
-        "deleted": "boolean",
-    },
-    "orders": {
-        "o_orderkey": "bigint",
-        "o_custkey": "bigint",
-        "o_orderdate": "bigint",
-        "o_shippriority": "bigint",
-        "ts": "bigint",
-        "deleted": "boolean",
-    },
-    "lineitem": {
-        "l_orderkey": "bigint",
-        "l_linenumber": "bigint",
-        "l_extendedprice_cents": "bigint",
-        "l_discount_pct": "bigint",
-        "l_shipdate": "bigint",
-        "ts": "bigint",
-        "deleted": "boolean",
-    },
+    name: dict((c, t) for c, t in source["columns"]) for name, source in tpch_sources().items()
 }
 TPCH_KEYS: dict[str, tuple[str, ...]] = {
-    "customer": ("c_custkey",),
-    "orders": ("o_orderkey",),
-    "lineitem": ("l_orderkey", "l_linenumber"),
+    name: tuple(source["key"]) for name, source in tpch_sources().items()
 }
 
 
 def tpch_q3() -> Circuit:
-    """TPC-H Q3 without its ORDER BY/LIMIT (not a view): per unshipped order of a
-    BUILDING customer placed before the date, the revenue, in 1/100 cents."""
-    c = Circuit("bench_tpch_q3")
-    sources = {
-        name: c.upsert_source(
-            name, schema, key=TPCH_KEYS[name], watermark="ts", tombstone="deleted"
-        )
-        for name, schema in TPCH_SCHEMAS.items()
-    }
-    customers = sources["customer"].filter(col("c_mktsegment") == Q3_SEGMENT).select("c_custkey")
-    orders = (
-        sources["orders"]
-        .filter(col("o_orderdate") < Q3_DATE)
-        .select("o_orderkey", "o_custkey", "o_orderdate", "o_shippriority")
-    )
-    lines = (
-        sources["lineitem"]
-        .filter(col("l_shipdate") > Q3_DATE)
-        .select(
-            "l_orderkey",
-            revenue=col("l_extendedprice_cents") * (100 - col("l_discount_pct")),
-        )
-    )
-    joined = customers.join(orders, left_on="c_custkey", right_on="o_custkey").join(
-        lines, left_on="o_orderkey", right_on="l_orderkey"
-    )
-    c.view(
-        "q3",
-        joined.aggregate(
-            by=("o_orderkey", "o_orderdate", "o_shippriority"), revenue=sum_(col("revenue"))
-        ),
-    )
-    return c
+    """TPC-H Q3 without its ORDER BY/LIMIT, from the SQL text of the examples: per
+    unshipped order of a BUILDING customer placed before 1995-03-15, the revenue."""
+    return compile_circuit("bench_tpch_q3", tpch_sources(), tpch_examples.query_text("q3"))
 
 
 def reachability() -> Circuit:

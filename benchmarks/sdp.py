@@ -45,6 +45,7 @@ from typing import Any
 
 import yaml
 
+from benchmarks import queries
 from dbspark.devtools.spark_connect import LocalConnectServer, spark_home
 
 #: The views each pipeline publishes (the materialized views the circuits have as views).
@@ -52,6 +53,9 @@ PIPELINES: dict[str, tuple[str, ...]] = {
     "tpch_q3": ("q3",),
     "flights": ("per_carrier_month", "routes"),
 }
+#: Materialized views a project defines in SQL, by pipeline: each is written into the
+#: project's copy as ``transformations/<view>.sql`` (one text for every side of W1).
+SQL_VIEWS: dict[str, dict[str, str]] = {"tpch_q3": {"q3": queries.Q3_SQL}}
 #: The SDP projects (spec and transformations), one folder per pipeline.
 PROJECTS = Path(__file__).resolve().parent / "pipelines"
 REPO = PROJECTS.parents[1]
@@ -162,13 +166,16 @@ class SdpPipeline:
             server.stop()
 
     def _write_project(self) -> None:
-        """The repository's project, with ``storage`` in the work folder."""
+        """The repository's project, with ``storage`` in the work folder and its SQL views."""
         source = PROJECTS / self.pipeline
         shutil.copytree(
             source / "transformations",
             self.project / "transformations",
             ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
         )
+        for view, query in SQL_VIEWS.get(self.pipeline, {}).items():
+            sql = f"CREATE MATERIALIZED VIEW {view} AS\n{query};\n"
+            (self.project / "transformations" / f"{view}.sql").write_text(sql)
         spec = yaml.safe_load((source / SPEC_NAME).read_text())
         spec["storage"] = self.storage.as_uri()
         self.spec.write_text(yaml.safe_dump(spec, sort_keys=False))

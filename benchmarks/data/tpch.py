@@ -1,9 +1,9 @@
 """TPC-H data from ``tpchgen-cli`` (a PyPI wheel), and upsert epochs over it.
 
-The generator's tables are cached per scale factor. dbspark has no DECIMAL or DATE
-type, so prices become BIGINT cents, discounts whole percents and dates days since
-1970-01-01. Each table gains the upsert columns ``ts`` (0 for the base load, the epoch
-number afterwards) and ``deleted``.
+The generator's tables are cached per scale factor. The columns W1's Q3 reads keep their
+TPC-H types (DECIMAL(15,2) prices and discounts, DATE dates; ``benchmarks.circuits``).
+Each table gains the upsert columns ``ts`` (0 for the base load, the epoch number
+afterwards) and ``deleted``.
 
 A change epoch touches ``fraction`` of each table's rows: half of them are updated,
 a quarter deleted (tombstones) and a quarter inserted as new orders (with one line
@@ -16,6 +16,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+from decimal import Decimal
 from pathlib import Path
 
 import numpy as np
@@ -23,11 +24,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from benchmarks.circuits import TPCH_SCHEMAS
+from benchmarks.circuits import TPCH_COLUMNS, TPCH_SCHEMAS
 
 TABLES = ("customer", "orders", "lineitem")
 #: New orders get keys above this, so they never meet generated ones.
 NEW_KEY_BASE = 10**12
+#: The type of prices and discounts.
+PRICE = pa.decimal128(15, 2)
 SEGMENTS = ("AUTOMOBILE", "BUILDING", "FURNITURE", "HOUSEHOLD", "MACHINERY")
 
 
@@ -56,39 +59,37 @@ def generate(scale_factor: float, cache: Path) -> Path:
     return folder
 
 
-def _cents(column: pa.ChunkedArray) -> pa.ChunkedArray:
-    return pc.cast(pc.multiply(column, 100), pa.int64())
+def _dates(days: np.ndarray) -> pa.Array:
+    """Days since 1970-01-01 as DATE values."""
+    return pa.array(np.asarray(days, dtype=np.int32), pa.int32()).cast(pa.date32())
 
 
-def _days(column: pa.ChunkedArray) -> pa.ChunkedArray:
-    return pc.cast(pc.cast(column, pa.int32()), pa.int64())
+def _day_numbers(dates: pa.ChunkedArray) -> np.ndarray:
+    return pc.cast(dates, pa.int32()).to_numpy()
+
+
+def _hundredths(values: np.ndarray) -> pa.Array:
+    """Whole hundredths as DECIMAL(15,2) values (1234 is 12.34)."""
+    return pa.array([Decimal(int(v)).scaleb(-2) for v in values], PRICE)
 
 
 def base_tables(generated: Path) -> dict[str, pa.Table]:
-    """The generated tables in the circuit's schemas, as the base load (``ts`` 0)."""
+    """The generated tables with W1's columns, as the base load (``ts`` 0)."""
     read = {name: pq.read_table(generated / f"{name}.parquet") for name in TABLES}
-    c, o, li = read["customer"], read["orders"], read["lineitem"]
-    columns = {
-        "customer": {
-            "c_custkey": c["c_custkey"],
-            "c_mktsegment": pc.cast(c["c_mktsegment"], pa.string()),
-            "c_nationkey": c["c_nationkey"],
-        },
-        "orders": {
-            "o_orderkey": o["o_orderkey"],
-            "o_custkey": o["o_custkey"],
-            "o_orderdate": _days(o["o_orderdate"]),
-            "o_shippriority": pc.cast(o["o_shippriority"], pa.int64()),
-        },
-        "lineitem": {
-            "l_orderkey": li["l_orderkey"],
-            "l_linenumber": pc.cast(li["l_linenumber"], pa.int64()),
-            "l_extendedprice_cents": _cents(li["l_extendedprice"]),
-            "l_discount_pct": _cents(li["l_discount"]),
-            "l_shipdate": _days(li["l_shipdate"]),
-        },
-    }
+    columns = {}
+    for name, table in read.items():
+        columns[name] = {column: _plain(table[column]) for column in TPCH_COLUMNS[name]}
     return {name: _with_upsert_columns(cols, ts=0) for name, cols in columns.items()}
+
+
+def _plain(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    """A generated column in the type its source declares: strings as plain strings,
+    integers as BIGINT (DATE and DECIMAL columns are already theirs)."""
+    if pa.types.is_string_view(column.type):
+        return pc.cast(column, pa.string())
+    if pa.types.is_integer(column.type):
+        return pc.cast(column, pa.int64())
+    return column
 
 
 def _with_upsert_columns(columns: dict[str, object], *, ts: int, deleted: bool = False) -> pa.Table:
@@ -125,15 +126,15 @@ def change_tables(
     new_orders = {
         "o_orderkey": new_keys,
         "o_custkey": rng.choice(customers, size=inserts),
-        "o_orderdate": rng.integers(8036, 10440, size=inserts),  # 1992-01-01 .. 1998-08-02
+        "o_orderdate": _dates(rng.integers(8036, 10440, size=inserts)),  # 1992-01-01 .. 1998-08-02
         "o_shippriority": np.zeros(inserts, dtype=np.int64),
     }
     new_lines = {
         "l_orderkey": new_keys,
         "l_linenumber": np.ones(inserts, dtype=np.int64),
-        "l_extendedprice_cents": rng.integers(90_000, 10_000_000, size=inserts),
-        "l_discount_pct": rng.integers(0, 11, size=inserts),
-        "l_shipdate": rng.integers(8036, 10440, size=inserts),
+        "l_extendedprice": _hundredths(rng.integers(90_000, 10_000_000, size=inserts)),
+        "l_discount": _hundredths(rng.integers(0, 11, size=inserts)),
+        "l_shipdate": _dates(rng.integers(8036, 10440, size=inserts)),
     }
     out["orders"] = pa.concat_tables([out["orders"], _with_upsert_columns(new_orders, ts=epoch)])
     out["lineitem"] = pa.concat_tables([out["lineitem"], _with_upsert_columns(new_lines, ts=epoch)])
@@ -156,15 +157,16 @@ def _updated(name: str, table: pa.Table, rng: np.random.Generator) -> pa.Table:
 
     def replace(column: str, values: object) -> None:
         nonlocal table
-        table = table.set_column(table.column_names.index(column), column, pa.array(values))
+        array = values if isinstance(values, pa.Array) else pa.array(values)
+        table = table.set_column(table.column_names.index(column), column, array)
 
     if name == "customer":
         replace("c_mktsegment", rng.choice(SEGMENTS, size=n).astype(str).tolist())
     elif name == "orders":
         shift = rng.integers(-60, 61, size=n)
-        replace("o_orderdate", table["o_orderdate"].to_numpy() + shift)
+        replace("o_orderdate", _dates(_day_numbers(table["o_orderdate"]) + shift))
     else:
-        replace("l_discount_pct", rng.integers(0, 11, size=n))
+        replace("l_discount", _hundredths(rng.integers(0, 11, size=n)))
         shift = rng.integers(-60, 61, size=n)
-        replace("l_shipdate", table["l_shipdate"].to_numpy() + shift)
+        replace("l_shipdate", _dates(_day_numbers(table["l_shipdate"]) + shift))
     return table
