@@ -10,8 +10,10 @@ SQL). The two must agree in rows and types, and the first must not have run a qu
 
 from __future__ import annotations
 
+import datetime as dt
 from collections import Counter
 from collections.abc import Callable
+from decimal import Decimal
 from typing import Any
 
 import pyarrow as pa
@@ -20,6 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dbspark.engine.local import frame as F
+from dbspark.engine.local import in_arrow
 from dbspark.engine.local.frame import LocalFrame, LocalSession
 
 SMALL_INTS = st.one_of(st.none(), st.integers(-3, 3))
@@ -132,6 +135,70 @@ def test_filters_match_duckdb(session: LocalSession, rows: list[tuple]) -> None:
     ]
     for condition in conditions:
         _same(session, lambda frame, c=condition: frame.where(c()), _weighted(rows))
+
+
+DAYS = st.one_of(st.none(), st.dates(dt.date(1992, 1, 1), dt.date(1999, 12, 31)))
+PRICES = st.one_of(st.none(), st.decimals(-100, 100, places=2))
+INSTANTS = st.one_of(
+    st.none(),
+    st.datetimes(dt.datetime(1990, 1, 1), dt.datetime(2030, 1, 1)).map(
+        lambda d: d.replace(tzinfo=dt.UTC)
+    ),
+)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(st.lists(st.tuples(DAYS, PRICES, PRICES, INSTANTS), max_size=12))
+def test_typed_columns_compare_and_cast_to_their_own_type_in_arrow(
+    session: LocalSession, rows: list[tuple]
+) -> None:
+    """DATE, TIMESTAMP and DECIMAL columns (decimals of one type: Arrow compares their
+    unscaled integers) are compared, tested NULL-safe and cast to the type they have in
+    Arrow, with DuckDB's answer: what the SQL front end's filters and an upsert's check
+    of a TPC-H batch ask of them."""
+    kinds = [
+        ("d", pa.date32()),
+        ("p", pa.decimal128(15, 2)),
+        ("q", pa.decimal128(15, 2)),
+        ("t", pa.timestamp("us", tz="UTC")),
+    ]
+    columns = list(zip(*rows, strict=True)) if rows else [(), (), (), ()]
+    table = pa.table({n: pa.array(list(v), k) for (n, k), v in zip(kinds, columns, strict=True)})
+    # A DATE literal as the circuit's compilers give it (SQL text, Arrow scalar).
+    day = F.LocalColumn(
+        "CAST('1995-03-15' AS DATE)",
+        arrow=in_arrow.constant(pa.scalar(dt.date(1995, 3, 15), pa.date32())),
+    )
+    conditions = [
+        lambda: F.col("d") < day,
+        lambda: F.col("d").cast("date") >= day,
+        lambda: F.col("p") < F.col("q"),
+        lambda: F.col("p").eqNullSafe(F.col("q")),
+        lambda: ~(F.col("p") == F.col("q")) | F.col("d").isNull(),
+        lambda: F.col("t").cast("timestamp") <= F.col("t"),
+    ]
+    for condition in conditions:
+        _same(session, lambda frame, c=condition: frame.where(c()), table)
+    _same(
+        session,
+        lambda frame: frame.select(
+            F.col("d").cast("date").alias("d"),
+            F.col("p").cast("decimal(15,2)").alias("p"),
+            F.col("t").cast("timestamp").alias("t"),
+        ),
+        table,
+    )
+    frame = session.frame(table)
+    assert frame.select(F.col("p").cast("decimal(16,2)")).table is None  # a new type
+    mixed = session.frame(
+        pa.table(
+            {
+                "p": pa.array([Decimal("1.50")], pa.decimal128(15, 2)),
+                "r": pa.array([Decimal("1.5")], pa.decimal128(15, 1)),
+            }
+        )
+    )
+    assert mixed.where(F.col("p") == F.col("r")).table is None  # two scales: DuckDB's
 
 
 @settings(max_examples=40, deadline=None, derandomize=True)

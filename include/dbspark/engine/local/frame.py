@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -48,6 +49,16 @@ _TYPES = {
     "timestamp": "TIMESTAMPTZ",
     "null": "BIGINT",
 }
+
+
+def _stored_type(duck: str) -> pa.DataType | None:
+    """The Arrow type a DATE, TIMESTAMPTZ or DECIMAL(p,s) column holds (None: another)."""
+    if duck == "DATE":
+        return pa.date32()
+    if duck == "TIMESTAMPTZ":
+        return pa.timestamp("us", tz="UTC")
+    found = re.fullmatch(r"DECIMAL\((\d+),\s*(\d+)\)", duck)
+    return pa.decimal128(int(found.group(1)), int(found.group(2))) if found else None
 
 
 def duck_type(type_name: Any) -> str:
@@ -142,7 +153,8 @@ class LocalColumn:
         if isinstance(self, _Literal):
             arrow = in_arrow.typed_literal(self.value, arrow_target) if arrow_target else None
         else:
-            arrow = in_arrow.cast(self.arrow, arrow_target)
+            # A DATE, TIMESTAMP or DECIMAL column cast to the type it has is itself.
+            arrow = in_arrow.cast(self.arrow, arrow_target or _stored_type(target))
         aggregate = self.aggregate.cast(arrow_target) if self.aggregate else None
         return LocalColumn(f"CAST({self.sql} AS {target})", self.name, arrow, aggregate)
 

@@ -10,8 +10,9 @@ leaves everything else to DuckDB. Each function here returns None when it cannot
   grouped. Doubles only where the values allow it (SQL orders NaN above everything and
   equals it to itself, Arrow does neither; SQL's -0.0 equals 0.0, Arrow hashes it
   apart): compared when neither side holds a NaN, grouped and taken the max or min of
-  when no value is NaN or -0.0 (``plain_floats``). Decimals are grouped but not
-  computed with: their arithmetic and casts follow Spark's own rules.
+  when no value is NaN or -0.0 (``plain_floats``). Decimals of one type are grouped
+  and compared (Arrow compares their unscaled integers, which is exact within one
+  scale) but not computed with: their arithmetic and casts follow Spark's own rules.
 * **Literals** take DuckDB's type: an integer is INTEGER if it fits, else BIGINT.
 * **Arithmetic** on integers uses Arrow's checked kernels, so an overflow is an error as
   in Spark and DuckDB (which raises; the frame then runs the query and gets its error).
@@ -248,7 +249,7 @@ def _holds_nan(values: ArrowValues) -> bool:
 def _same_comparable(a: pa.DataType, b: pa.DataType) -> bool:
     if pa.types.is_integer(a) and pa.types.is_integer(b):
         return True
-    return a == b and comparable(a)
+    return a == b and groupable(a)
 
 
 def _both_integers(a: pa.DataType, b: pa.DataType) -> bool:
