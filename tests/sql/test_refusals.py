@@ -59,10 +59,11 @@ REFUSED = {
         "may hold only equalities between the sides",
         (2, 86),
     ),
-    "not_in": (
-        "SELECT cust_id FROM customers WHERE cust_id NOT IN (SELECT cust_id FROM orders)",
-        "NOT IN (subquery) is not supported",
-        (2, 37),
+    "not_in_two_columns": (
+        "SELECT cust_id FROM customers WHERE cust_id NOT IN "
+        "(SELECT cust_id, amount FROM orders)",
+        "IN (subquery) needs a subquery of one column",
+        (2, 60),
     ),
     "uncorrelated": (
         "SELECT cust_id FROM customers WHERE EXISTS (SELECT 1 FROM orders)",

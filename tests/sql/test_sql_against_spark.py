@@ -128,6 +128,20 @@ VIEWS = {
     "active": """
         SELECT cust_id, region FROM customers
         WHERE cust_id IN (SELECT cust_id FROM orders WHERE status = 'open')""",
+    "not_in_orders": """
+        SELECT cust_id, region FROM customers
+        WHERE cust_id NOT IN (SELECT cust_id FROM orders WHERE amount > 50)""",
+    "not_in_with_nulls": """
+        SELECT order_id, status FROM orders WHERE status NOT IN (SELECT region FROM customers)""",
+    "not_in_nothing": """
+        SELECT order_id FROM orders
+        WHERE status NOT IN (SELECT status FROM orders WHERE amount > 1000)""",
+    "not_in_correlated": """
+        SELECT c.cust_id, c.region FROM customers c
+        WHERE c.region NOT IN (SELECT o.status FROM orders o WHERE o.cust_id = c.cust_id)""",
+    "not_in_grouped": """
+        SELECT cust_id FROM customers
+        WHERE segment NOT IN (SELECT status FROM orders GROUP BY status HAVING COUNT(*) > 1)""",
     "regions_without_orders": """
         SELECT region FROM customers
         EXCEPT

@@ -29,6 +29,9 @@ How a query becomes operators:
   terms on a padded side are applied after it;
 * ``[NOT] EXISTS`` and ``IN (subquery)`` in ``WHERE``, correlated by equalities, are
   ``semi_join`` and ``anti_join`` of the outer rows with the subquery's relation;
+  ``NOT IN (subquery)`` is Spark's null-aware anti-join, built of those joins
+  (``not_in``): a NULL in the subquery's matching rows drops every row, an empty
+  subquery keeps them all;
 * ``EXCEPT`` and ``INTERSECT`` (DISTINCT) are ``anti_join`` and ``semi_join`` of the
   left side's distinct rows with the right side on every column, NULL-safe;
 * ``WITH RECURSIVE r AS (base UNION step)`` is ``iterate``: the loop variable starts
@@ -36,8 +39,8 @@ How a query becomes operators:
   an iteration changes nothing (the least fixed point, as SQL defines it).
 
 What the builder has no operator for yet is refused, naming the view, the construct
-and its line and column: other ``DISTINCT`` aggregates, ``NOT IN (subquery)``, ``EXCEPT
-ALL`` and ``INTERSECT ALL``, uncorrelated ``EXISTS``. So is what no view can mean: window
+and its line and column: other ``DISTINCT`` aggregates, ``EXCEPT ALL`` and ``INTERSECT
+ALL``, uncorrelated ``EXISTS``. So is what no view can mean: window
 functions, ``ORDER BY`` and ``LIMIT``, joins without an equality, non-deterministic
 functions.
 """
@@ -439,12 +442,6 @@ class _Compiler:
             query = inner_term.this
             tested = None
         elif isinstance(inner_term, exp.In) and inner_term.args.get("query") is not None:
-            if negated:
-                raise self.error(
-                    "NOT IN (subquery) is not supported: a NULL in the subquery makes it "
-                    "NULL for every row; write NOT EXISTS",
-                    term,
-                )
             query = inner_term.args["query"]
             tested = inner_term.this
         else:
@@ -457,7 +454,7 @@ class _Compiler:
         if tested is not None and (
             not plain or any(_aggregate_calls(item) for item in query.expressions)
         ):
-            return self.uncorrelated_in(outer, tested, query, term)
+            return self.uncorrelated_in(outer, tested, query, term, negated=negated)
         if not plain:
             raise self.error(
                 "a subquery in WHERE must be a plain SELECT ... FROM ... [WHERE ...]", query
@@ -505,7 +502,10 @@ class _Compiler:
             if len(query.expressions) != 1 or isinstance(query.expressions[0], exp.Star):
                 raise self.error("IN (subquery) needs a subquery of one column", query)
             chosen = query.expressions[0]
-            pairs.append((tested, chosen.this if isinstance(chosen, exp.Alias) else chosen))
+            chosen = chosen.this if isinstance(chosen, exp.Alias) else chosen
+            if negated:
+                return self.not_in(outer, inner, pairs, (tested, chosen), term)
+            pairs.append((tested, chosen))
         if not pairs:
             raise self.error(
                 "an uncorrelated EXISTS is not supported: correlate it by an equality with "
@@ -515,11 +515,18 @@ class _Compiler:
         return self.semi_or_anti(outer, inner, pairs, anti=negated, node=term)
 
     def uncorrelated_in(
-        self, outer: _From, tested: exp.Expression, query: exp.Expression, term: exp.Expression
+        self,
+        outer: _From,
+        tested: exp.Expression,
+        query: exp.Expression,
+        term: exp.Expression,
+        *,
+        negated: bool = False,
     ) -> _From:
-        """``x IN (query)`` where the query is a whole query of its own (grouped, a set
-        operation, with a CTE): the query's one column, semi-joined on equality with x.
-        Such a query cannot read the outer row; one that tries names an unknown column."""
+        """``x [NOT] IN (query)`` where the query is a whole query of its own (grouped, a
+        set operation, with a CTE): the query's one column, semi-joined on equality with x
+        (``not_in`` for NOT IN). Such a query cannot read the outer row; one that tries
+        names an unknown column."""
         relation = self.query(query)
         if len(relation.names) != 1:
             raise self.error(
@@ -528,7 +535,53 @@ class _Compiler:
         qualifier = f"__in_{next(self._serial)}"
         inner = self.as_from(relation, qualifier, query)
         column = exp.column(relation.names[0], table=qualifier)
+        if negated:
+            return self.not_in(outer, inner, [], (tested, column), term)
         return self.semi_or_anti(outer, inner, [(tested, column)], anti=False, node=term)
+
+    def not_in(
+        self,
+        outer: _From,
+        inner: _From,
+        correlation: list[tuple[exp.Expression, exp.Expression]],
+        tested: tuple[exp.Expression, exp.Expression],
+        term: exp.Expression,
+    ) -> _From:
+        """``x NOT IN (subquery)`` with SQL's NULL rule, as Spark's null-aware anti-join.
+
+        Per outer row, the subquery's rows that match its correlation (all of them when
+        uncorrelated, keyed then by one constant) form a group G. The row is kept when G
+        is empty; otherwise only when x is not NULL, no value of G equals x and none is
+        NULL (``x <> NULL`` is NULL, which WHERE drops). So the result is the rows whose
+        group is empty (an anti-join with the groups that have rows), plus the rows with
+        x not NULL that have a group (semi-join), no equal value in it (anti-join on the
+        correlation and x) and no NULL in it (anti-join with the groups holding a NULL).
+        The two parts never share a row, and each is built of incremental joins: a
+        change that empties or fills a group, or brings it a NULL, changes every outer
+        row of the group, as the rule says it must."""
+        one = exp.Literal.number(1)
+        pairs = [*(correlation or [(one, one)]), tested]
+        sides = self.keyed_sides(outer, inner, pairs, term)
+        left, right = sides.left, sides.right
+        left_group, left_value = sides.left_keys[:-1], sides.left_keys[-1]
+        right_group, right_value = sides.right_keys[:-1], sides.right_keys[-1]
+
+        def build() -> Stream:
+            groups = right.select(*right_group).distinct()
+            with_null = right.filter(col(right_value).is_null()).select(*right_group).distinct()
+            empty_group = left.anti_join(groups, left_on=left_group, right_on=right_group)
+            checked = (
+                left.filter(col(left_value).is_not_null())
+                .anti_join(right, left_on=sides.left_keys, right_on=sides.right_keys)
+                .semi_join(groups, left_on=left_group, right_on=right_group)
+                .anti_join(with_null, left_on=left_group, right_on=right_group)
+            )
+            return empty_group.plus(checked)
+
+        stream = self.build(build, term)
+        if len(stream.columns) != len(outer.stream.columns):  # drop computed keys
+            stream = stream.select(*outer.stream.columns)
+        return _From(stream, outer.fields)
 
     def semi_or_anti(
         self,
