@@ -60,8 +60,7 @@ REFUSED = {
         (2, 86),
     ),
     "not_in_two_columns": (
-        "SELECT cust_id FROM customers WHERE cust_id NOT IN "
-        "(SELECT cust_id, amount FROM orders)",
+        "SELECT cust_id FROM customers WHERE cust_id NOT IN (SELECT cust_id, amount FROM orders)",
         "IN (subquery) needs a subquery of one column",
         (2, 60),
     ),
