@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 import sqlalchemy as sa
 
+from dbspark.core.types import Schema
 from dbspark.core.zset import ZSet
 from dbspark.engine.api import InputError
 from dbspark.engine.batches import upsert_batch
@@ -359,6 +360,21 @@ def test_a_table_pull_is_the_half_open_interval(sqlite_url: str) -> None:
     assert "orders_cdc" in connector.describe("orders", DAY0)
 
 
+def test_timestamps_without_a_time_zone_are_pulled_as_utc_instants(sqlite_url: str) -> None:
+    """A timestamp column without a time zone is taken to hold UTC, as the watermark
+    is: its values arrive as UTC instants, which a TIMESTAMP source takes (it refuses
+    a naive datetime)."""
+    columns = ["order_id", "changed_at", "ts"]
+    connector = SqlTable(sqlite_url, table="orders_cdc", watermark_column="changed_at")
+    rows = connector.batch("events", DAY0, columns=columns)
+    expected = [at(0), at(12, 30), DAY0.end.replace(tzinfo=None) - timedelta(microseconds=1)]
+    assert [row[1] for row in rows] == [moment.replace(tzinfo=UTC) for moment in expected]
+    schema = Schema((("order_id", "bigint"), ("changed_at", "timestamp"), ("ts", "bigint")))
+    assert upsert_batch("events", schema, rows) == rows
+    with pytest.raises(InputError, match="changed_at"):
+        upsert_batch("events", schema, [(2, at(0), 2)])  # what the pull used to give
+
+
 def test_integer_watermarks_in_seconds_and_milliseconds(sqlite_url: str) -> None:
     ms = SqlTable(
         sqlite_url, table="orders_cdc", watermark_column="changed_ms", watermark_unit="ms"
@@ -507,6 +523,13 @@ def test_a_postgres_connection_pulls_the_interval(
         connector = SqlTable(conn_id=conn_id, table=table, watermark_column="changed_at")
         assert pulled_ids(connector) == [2, 3, 4], table
         assert pulled_ids(connector, DAY1) == [5], table
+        # Naive and aware columns alike give the rows' UTC instants.
+        moments = [row[1] for row in connector.batch("e", DAY0, columns=["order_id", "changed_at"])]
+        assert moments == [
+            at(0, 0).replace(tzinfo=UTC),
+            at(12, 30).replace(tzinfo=UTC),
+            DAY0.end - timedelta(microseconds=1),
+        ], table
     millis = SqlTable(
         postgres_url, table=postgres_table, watermark_column="changed_ms", watermark_unit="ms"
     )

@@ -72,6 +72,16 @@ def airflow_connection_url(conn_id: str) -> sa.URL:
     return sqlalchemy_url(conn.get_uri())
 
 
+def _as_utc(row: Sequence[Any], positions: Sequence[int]) -> list[Any]:
+    """``row`` with the naive datetimes at ``positions`` as UTC instants."""
+    values = list(row)
+    for i in positions:
+        value = values[i]
+        if isinstance(value, datetime) and value.tzinfo is None:
+            values[i] = value.replace(tzinfo=UTC)
+    return values
+
+
 class SqlTable(SourceConnector):
     """A change-data pull from an operational table: the rows whose ``watermark_column``
     lies in the interval ``[start, end)``.
@@ -90,7 +100,9 @@ class SqlTable(SourceConnector):
     ``weight_column`` the rows are ``[row, weight]`` pairs, for a Z-set source. Rows are
     ordered by the watermark and then by every selected column, so a pull is
     reproducible. Values are what the driver returns; the engine checks them against the
-    source's types (a NUMERIC column gives ``Decimal``, which a BIGINT source refuses).
+    source's types (a NUMERIC column gives ``Decimal``, which a BIGINT source refuses),
+    except that a timestamp column without a time zone is taken to hold UTC, as the
+    watermark is: its naive values become UTC instants, which a TIMESTAMP source takes.
     Rows are fetched ``chunk_rows`` at a time through a server-side cursor where the
     driver has one, never all at once.
 
@@ -192,7 +204,10 @@ class SqlTable(SourceConnector):
                 # A server-side cursor, read a chunk at a time: the driver's rows are
                 # dropped as they become tuples, never held all at once beside them.
                 result = conn.execution_options(yield_per=self.chunk_rows).execute(query)
+                naive = self._naive_positions(table, columns)
                 for chunk in result.partitions():
+                    if naive:
+                        chunk = [_as_utc(r, naive) for r in chunk]
                     if self.weight_column is None:
                         rows.extend(tuple(r) for r in chunk)
                     else:
@@ -200,6 +215,17 @@ class SqlTable(SourceConnector):
         finally:
             engine.dispose()
         return rows
+
+    def _naive_positions(self, table: sa.Table, columns: Sequence[str]) -> list[int]:
+        """Where the selected columns are timestamps without a time zone: their values
+        come back naive, and are taken to hold UTC (as the watermark bounds take them,
+        and as a Spark session at UTC reads a TIMESTAMP_NTZ as a TIMESTAMP)."""
+        kinds = [table.c[self.columns.get(c, c)].type for c in columns]
+        return [
+            i
+            for i, kind in enumerate(kinds)
+            if isinstance(kind, sa.DateTime) and not getattr(kind, "timezone", False)
+        ]
 
     def _pulled(self, interval: Interval) -> Interval:
         """The interval a pull reads: ``interval`` reaching back ``lag``."""
