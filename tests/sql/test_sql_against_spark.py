@@ -73,6 +73,13 @@ VIEWS = {
         SELECT cust_id, region LIKE 'n%' AS northish, region NOT LIKE '%th' AS not_th,
                region LIKE '_a%' AS second_a
         FROM customers WHERE segment LIKE 're%' OR segment LIKE 'c_rp_rate'""",
+    "case_blind": """
+        SELECT cust_id, region ILIKE 'N%' AS north, segment NOT ILIKE '%TAIL' AS not_tail
+        FROM customers WHERE region ILIKE '%O%' OR segment ILIKE 'ReT_il'""",
+    "escaped": """
+        SELECT order_id, COALESCE(status, 'a_b') LIKE 'a!_b' ESCAPE '!' AS placeholder,
+               status LIKE 'ope_' ESCAPE '#' AS almost_open
+        FROM orders WHERE COALESCE(status, 'x%') NOT LIKE 'x!%' ESCAPE '!'""",
     "by_region": """
         SELECT c.region, COUNT(*) AS n, SUM(o.amount) AS total, MIN(o.amount) AS least,
                MAX(o.status) AS last_status, AVG(o.price) AS mean_price, COUNT(o.status) AS s
@@ -113,6 +120,16 @@ VIEWS = {
     "full_joined": """
         SELECT o.order_id, o.cust_id AS o_cust, c.cust_id AS c_cust, c.region
         FROM orders o FULL OUTER JOIN customers c ON o.cust_id = c.cust_id""",
+    "left_preserved": """
+        SELECT o.order_id, c.region
+        FROM orders o LEFT JOIN customers c ON o.cust_id = c.cust_id AND o.amount > 50""",
+    "right_preserved": """
+        SELECT c.cust_id, o.order_id
+        FROM orders o RIGHT JOIN customers c ON o.cust_id = c.cust_id AND c.region = 'north'""",
+    "full_conditions": """
+        SELECT o.order_id, c.cust_id
+        FROM orders o FULL OUTER JOIN customers c
+          ON o.cust_id = c.cust_id AND o.status = 'open' AND c.segment = 'retail'""",
     "unmatched": """
         SELECT o.order_id FROM orders o LEFT JOIN customers c ON o.cust_id = c.cust_id
         WHERE c.region IS NULL""",
@@ -128,6 +145,11 @@ VIEWS = {
     "active": """
         SELECT cust_id, region FROM customers
         WHERE cust_id IN (SELECT cust_id FROM orders WHERE status = 'open')""",
+    "any_open": """
+        SELECT cust_id FROM customers WHERE EXISTS (SELECT 1 FROM orders WHERE status = 'open')""",
+    "none_big": """
+        SELECT order_id, amount FROM orders
+        WHERE NOT EXISTS (SELECT * FROM orders WHERE amount > 95)""",
     "not_in_orders": """
         SELECT cust_id, region FROM customers
         WHERE cust_id NOT IN (SELECT cust_id FROM orders WHERE amount > 50)""",
@@ -148,10 +170,23 @@ VIEWS = {
         SELECT c.region FROM customers c JOIN orders o ON o.cust_id = c.cust_id
         WHERE o.amount > 60""",
     "both_ends": "SELECT src FROM edges INTERSECT SELECT dst FROM edges",
+    "bag_except": "SELECT status FROM orders EXCEPT ALL SELECT region FROM customers",
+    "bag_both_ends": "SELECT src FROM edges INTERSECT ALL SELECT dst FROM edges",
+    "bag_pairs": """
+        SELECT cust_id, status FROM orders
+        INTERSECT ALL
+        SELECT cust_id, segment FROM customers""",
     "distinct_counts": """
         SELECT region, COUNT(DISTINCT segment) AS segments, COUNT(*) AS n,
                COUNT(DISTINCT cust_id % 2) AS parities
         FROM customers GROUP BY region""",
+    "distinct_sums": """
+        SELECT status, SUM(DISTINCT amount % 10) AS s, AVG(DISTINCT amount % 7) AS a,
+               MAX(DISTINCT price) AS top, SUM(DISTINCT cost) AS spent, COUNT(*) AS n
+        FROM orders GROUP BY status""",
+    "distinct_global": """
+        SELECT SUM(DISTINCT amount % 5) AS s, MIN(DISTINCT status) AS first FROM orders
+        WHERE amount > 80""",
     "distinct_total": """
         SELECT COUNT(DISTINCT status) AS statuses, SUM(amount) AS s FROM orders
         WHERE amount < 70""",

@@ -16,8 +16,9 @@ How a query becomes operators:
   the terms left over filter the joined rows;
 * ``GROUP BY`` is a ``select`` of the group keys and aggregate arguments, an
   ``aggregate``, then ``HAVING`` and the select list over its result. Each
-  ``COUNT(DISTINCT x)`` is an aggregate over the distinct ``(group, x)`` pairs, joined
-  to the others on the group with NULL equal to NULL. Without
+  ``COUNT``, ``SUM``, ``AVG``, ``MIN`` or ``MAX(DISTINCT x)`` is that aggregate over the
+  distinct ``(group, x)`` pairs, joined to the others on the group with NULL equal to
+  NULL. Without
   ``GROUP BY`` the aggregate keeps its one row over no input: the result is
   ``aggregate + constant(default row) - (one default row per aggregate row)``,
   which is the aggregate when the input has rows and the default row when not;
@@ -25,24 +26,28 @@ How a query becomes operators:
   is ``distinct``;
 * ``LEFT``, ``RIGHT`` and ``FULL OUTER JOIN`` are the builder's ``left_join`` and
   ``full_join``; their keys are copies, so each side's own columns stay and can be
-  NULL. ``ON`` conditions on the padded side filter it before the join; ``WHERE``
-  terms on a padded side are applied after it;
+  NULL. ``ON`` conditions on the padded side filter it before the join, those on a
+  preserved side are one more key (the condition equal to TRUE), so a row failing them
+  stays, padded; ``WHERE`` terms on a padded side are applied after it;
 * ``[NOT] EXISTS`` and ``IN (subquery)`` in ``WHERE``, correlated by equalities, are
-  ``semi_join`` and ``anti_join`` of the outer rows with the subquery's relation;
+  ``semi_join`` and ``anti_join`` of the outer rows with the subquery's relation (an
+  uncorrelated ``EXISTS`` joins on one constant key: all rows or none);
   ``NOT IN (subquery)`` is Spark's null-aware anti-join, built of those joins
   (``not_in``): a NULL in the subquery's matching rows drops every row, an empty
   subquery keeps them all;
 * ``EXCEPT`` and ``INTERSECT`` (DISTINCT) are ``anti_join`` and ``semi_join`` of the
-  left side's distinct rows with the right side on every column, NULL-safe;
+  left side's distinct rows with the right side on every column, NULL-safe; ``EXCEPT
+  ALL`` counts each row of ``left - right`` and keeps the positive counts as copies,
+  ``INTERSECT ALL`` is the left side minus that;
 * ``WITH RECURSIVE r AS (base UNION step)`` is ``iterate``: the loop variable starts
   as the base, each iteration is ``distinct(base + step(r))``, and the loop ends when
   an iteration changes nothing (the least fixed point, as SQL defines it).
 
-What the builder has no operator for yet is refused, naming the view, the construct
-and its line and column: other ``DISTINCT`` aggregates, ``EXCEPT ALL`` and ``INTERSECT
-ALL``, uncorrelated ``EXISTS``. So is what no view can mean: window
-functions, ``ORDER BY`` and ``LIMIT``, joins without an equality, non-deterministic
-functions.
+What is not compiled yet is refused, naming the view, the construct and its line and
+column: ``/`` and ``%`` of decimals, ``INTERVAL`` arithmetic on columns, an outer
+join's ``ON`` condition that reads both sides. So is what no view can mean:
+window functions, ``ORDER BY`` and ``LIMIT``, joins without an equality,
+non-deterministic functions.
 """
 
 from __future__ import annotations
@@ -119,6 +124,12 @@ class _From:
 
     stream: Stream
     fields: list[Field]
+
+
+def _padded(side: str, done: set[int], index: int) -> set[int]:
+    """The relations an outer join of relation ``index`` to ``done`` pads with NULLs, as
+    far as its ``ON`` conditions go (a FULL join's conditions are all taken as keys)."""
+    return {"LEFT": {index}, "RIGHT": done}.get(side, set())
 
 
 def add_views(circuit: Circuit, script: str) -> list[str]:
@@ -337,7 +348,7 @@ class _Compiler:
         NULL and by its value with NULL replaced)."""
         word = node.key.upper()
         if not node.args.get("distinct"):
-            raise self.error(f"{word} ALL is not supported (only {word} DISTINCT)", node)
+            return self.except_intersect_all(node, word)
         names, left_stream, right_stream = self.operands(node, word)
         keys = self.null_safe_keys(left_stream.schema, names, node)
         key_names = list(keys)
@@ -349,6 +360,23 @@ class _Compiler:
             node,
         )
         return Relation(kept.select(*names), names)
+
+    def except_intersect_all(self, node: exp.Expression, word: str) -> Relation:
+        """``EXCEPT ALL`` and ``INTERSECT ALL``, bag operations: a row the left side holds
+        m times and the right n times is kept max(m - n, 0) times by ``EXCEPT ALL`` and
+        min(m, n) times by ``INTERSECT ALL``, which is m minus the former. m - n is the
+        row's weight in ``left - right``; counting it per row (a group of all the
+        columns, where NULL equals NULL as set operations compare) and keeping the
+        positive counts, each as that many copies, gives ``EXCEPT ALL``."""
+        names, left_stream, right_stream = self.operands(node, f"{word} ALL")
+        copies = self.fresh("copies")
+
+        def build() -> Stream:
+            counted = left_stream.minus(right_stream).aggregate(by=names, **{copies: aggs.count()})
+            surplus = counted.filter(col(copies) > 0).explode(col(copies)).select(*names)
+            return surplus if isinstance(node, exp.Except) else left_stream.minus(surplus)
+
+        return Relation(self.build(build, node), names)
 
     def aligned(
         self, left: Relation, right: Relation, node: exp.Expression
@@ -507,11 +535,10 @@ class _Compiler:
                 return self.not_in(outer, inner, pairs, (tested, chosen), term)
             pairs.append((tested, chosen))
         if not pairs:
-            raise self.error(
-                "an uncorrelated EXISTS is not supported: correlate it by an equality with "
-                "an outer column",
-                term,
-            )
+            # Uncorrelated: every outer row is kept (EXISTS) or dropped (NOT EXISTS) by
+            # whether the subquery has a row at all, a join on one constant key.
+            one = exp.Literal.number(1)
+            pairs.append((one, one))
         return self.semi_or_anti(outer, inner, pairs, anti=negated, node=term)
 
     def uncorrelated_in(
@@ -743,24 +770,56 @@ class _Compiler:
                 )
             right = relations[index]
             if side:
-                # ON conditions of an outer join filter the side it pads, before the join.
-                padded_side = {"LEFT": {index}, "RIGHT": done}.get(side, set())
-                for term in rest:
-                    read = readers(term)
-                    if not read or not read <= padded_side:
-                        raise self.error(
-                            f"{side} OUTER JOIN ... ON may hold only equalities between the "
-                            "sides and conditions on the side it pads with NULLs",
-                            term,
-                        )
+                keys.extend(self.outer_conditions(side, rest, readers, done, index))
+                padded_rest = [t for t in rest if readers(t) <= _padded(side, done, index)]
                 if side == "LEFT":
-                    right = self.filtered(right, rest)
+                    right = self.filtered(right, padded_rest)
                 elif side == "RIGHT":
-                    joined = self.filtered(joined, rest)
+                    joined = self.filtered(joined, padded_rest)
                 rest = []
             joined = self.equi_join(joined, right, keys, join, side or "INNER")
             joined = self.filtered(joined, rest)
         return self.filtered(joined, pending)
+
+    def outer_conditions(
+        self,
+        side: str,
+        terms: list[exp.Expression],
+        readers: Any,
+        done: set[int],
+        index: int,
+    ) -> list[tuple[exp.Expression, exp.Expression]]:
+        """The ``ON`` conditions of an outer join besides its equalities. A condition on
+        the side the join pads with NULLs filters that side before the join (the caller
+        does it: a row it drops would only have been padded). A condition on a side the
+        join preserves decides whether a row may match at all, not whether it stays:
+        its rows that fail it stay, padded. That is one more key, the condition (FALSE
+        when NULL) equal to TRUE, returned here as ``(left, right)`` pairs. A condition
+        that reads both sides, or neither, is refused."""
+        padded = _padded(side, done, index)
+        preserved: dict[str, list[exp.Expression]] = {"left": [], "right": []}
+        for term in terms:
+            read = readers(term)
+            if read and read <= padded:
+                continue
+            if read and read <= done:
+                preserved["left"].append(term)
+            elif read and read <= {index}:
+                preserved["right"].append(term)
+            else:
+                raise self.error(
+                    f"{side} OUTER JOIN ... ON may hold only equalities between the sides "
+                    "and conditions on one side",
+                    term,
+                )
+        pairs = []
+        for which, held in preserved.items():
+            if not held:
+                continue
+            condition = reduce(lambda a, b: exp.And(this=a, expression=b), held)
+            flag = exp.Coalesce(this=exp.Paren(this=condition), expressions=[exp.false()])
+            pairs.append((flag, exp.true()) if which == "left" else (exp.true(), flag))
+        return pairs
 
     def key_pair(
         self, term: exp.Expression, readers: Any, done: set[int], index: int
@@ -895,27 +954,28 @@ class _Compiler:
                 before[name] = expr
         results: list[tuple[exp.Expression, str]] = []
         specs = {}
-        distinct_counts: dict[str, str] = {}  # result column -> argument column
+        # result column -> (aggregate, argument column), for each AGG(DISTINCT x)
+        distinct_aggs: dict[str, tuple[str, str]] = {}
         for found in calls:
             name = self.fresh(_AGGREGATES[type(found)])
             if isinstance(found.this, exp.Distinct):
-                distinct_counts[name] = self.distinct_argument(found, scalars, before)
+                distinct_aggs[name] = self.distinct_argument(found, scalars, before)
             else:
                 specs[name] = self.aggregation(found, scalars, before)
             results.append((found, name))
         group_columns = list(keys.values())
-        if group is None and distinct_counts:
+        if group is None and distinct_aggs:
             # The parts are joined on the group: a global aggregate gets a constant one.
             group_columns = [self.fresh("all")]
             before[group_columns[0]] = lit(1)
         if not before:
             before[self.fresh("one")] = lit(1)  # a global aggregate of count(*) only
         stream = self.build(lambda: joined.stream.select(**before), node)
-        grouped = self.grouped(stream, group_columns, specs, distinct_counts, node)
+        grouped = self.grouped(stream, group_columns, specs, distinct_aggs, node)
         if group is None:
             kinds = {name: spec.kind for name, spec in specs.items()}
-            kinds.update(dict.fromkeys(distinct_counts, "count"))
-            if distinct_counts:  # without the constant group column
+            kinds.update({name: kind for name, (kind, _) in distinct_aggs.items()})
+            if distinct_aggs:  # without the constant group column
                 grouped = grouped.select(*[name for _, name in results])
             grouped = self.keep_empty_row(grouped, kinds, node)
 
@@ -971,19 +1031,20 @@ class _Compiler:
         stream: Stream,
         group: list[str],
         specs: dict[str, aggs.Aggregation],
-        distinct_counts: Mapping[str, str],
+        distinct_aggs: Mapping[str, tuple[str, str]],
         node: exp.Expression,
     ) -> Stream:
-        """The aggregate of ``stream`` by ``group``: ``specs``, and each ``COUNT(DISTINCT
-        argument)`` as the count of the group's distinct non-NULL arguments (an
-        aggregate over the distinct ``(group, argument)`` pairs). The parts are joined
-        on the group, NULL equal to NULL (every part has every group)."""
+        """The aggregate of ``stream`` by ``group``: ``specs``, and each ``AGG(DISTINCT
+        argument)`` as that aggregate of the group's distinct arguments (an aggregate
+        over the distinct ``(group, argument)`` pairs: ``COUNT`` counts the non-NULL
+        ones, ``SUM`` and ``AVG`` see each value once). The parts are joined on the
+        group, NULL equal to NULL (every part has every group)."""
         parts = []
-        if specs or not distinct_counts:
+        if specs or not distinct_aggs:
             parts.append(self.build(lambda: stream.aggregate(by=group, **specs), node))
-        for name, argument in distinct_counts.items():
+        for name, (kind, argument) in distinct_aggs.items():
             pairs = self.build(lambda a=argument: stream.select(*group, a).distinct(), node)
-            counted = aggs.count(col(argument))
+            counted = _BUILDERS[kind](col(argument))
             parts.append(
                 self.build(lambda p=pairs, n=name, c=counted: p.aggregate(by=group, **{n: c}), node)
             )
@@ -1020,20 +1081,19 @@ class _Compiler:
 
     def distinct_argument(
         self, call_: exp.Expression, scalars: Scalars, before: dict[str, Expr]
-    ) -> str:
-        """The column holding ``COUNT(DISTINCT x)``'s ``x``; other DISTINCT aggregates
-        are refused."""
+    ) -> tuple[str, str]:
+        """``AGG(DISTINCT x)``'s aggregate and the column holding its ``x``."""
         kind = _AGGREGATES[type(call_)]
         arguments = call_.this.expressions
-        if kind != "count":
-            raise self.error(f"{kind.upper()}(DISTINCT ...) is not supported", call_)
         if len(arguments) != 1:
-            raise self.error("COUNT(DISTINCT ...) of several columns is not supported", call_)
+            raise self.error(
+                f"{kind.upper()}(DISTINCT ...) of several columns is not supported", call_
+            )
         if _aggregate_calls(arguments[0]):
             raise self.error(f"an aggregate inside an aggregate: {sql_text(call_)}", call_)
         column = self.fresh("distinct")
         before[column] = scalars(arguments[0])
-        return column
+        return kind, column
 
     def aggregation(
         self, call: exp.Expression, scalars: Scalars, before: dict[str, Expr]

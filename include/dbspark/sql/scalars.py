@@ -223,15 +223,8 @@ class Scalars:
                 lambda a, b: a | b,
                 [self.compare(lambda a, b: a == b, value, self(i), i) for i in node.expressions],
             )
-        if isinstance(node, exp.Like):
-            pattern = node.expression
-            if not (isinstance(pattern, exp.Literal) and pattern.is_string):
-                raise self.error("LIKE needs a literal string pattern", node)
-            try:
-                matched = like(self(node.this), pattern.this)
-            except ValueError as error:
-                raise self.error(str(error), pattern) from None
-            return ~matched if node.args.get("negate") else matched  # NOT LIKE
+        if isinstance(node, (exp.Like, exp.ILike, exp.Escape)):
+            return self._like(node)
         if isinstance(node, exp.Case):
             return self._case(node)
         if isinstance(node, exp.If):
@@ -247,6 +240,56 @@ class Scalars:
             return self._cast(node)
         self._refuse(node)
         raise AssertionError("unreachable")
+
+    def _like(self, node: exp.Expression) -> Expr:
+        """``[NOT] LIKE`` and ``[NOT] ILIKE`` (Spark's: ``lower(text) LIKE lower(pattern)``)
+        of a literal pattern, with an optional ``ESCAPE`` character (by default a
+        backslash), rewritten to the backslash escapes of ``like``."""
+        escape = None
+        if isinstance(node, exp.Escape):
+            escape, node = node.expression, node.this
+            if not isinstance(node, (exp.Like, exp.ILike)):
+                raise self.error(f"ESCAPE after {sql_text(node)} is not supported", escape)
+        word = "ILIKE" if isinstance(node, exp.ILike) else "LIKE"
+        pattern = node.expression
+        if not (isinstance(pattern, exp.Literal) and pattern.is_string):
+            raise self.error(f"{word} needs a literal string pattern", node)
+        text, written = self(node.this), pattern.this
+        if escape is not None:
+            if not (isinstance(escape, exp.Literal) and escape.is_string):
+                raise self.error("ESCAPE needs a literal character", escape)
+            written = self._backslash_escapes(written, escape.this, escape)
+        if word == "ILIKE":
+            text, written = call("lower", text), written.lower()
+        try:
+            matched = like(text, written)
+        except ValueError as error:
+            raise self.error(str(error), pattern) from None
+        return ~matched if node.args.get("negate") else matched  # NOT [I]LIKE
+
+    def _backslash_escapes(self, pattern: str, escape: str, node: exp.Expression) -> str:
+        """``pattern`` written with ``escape`` as its escape character, rewritten with the
+        backslash (a literal backslash then escaped itself)."""
+        if len(escape) != 1 or escape in "%_":
+            raise self.error(f"ESCAPE {escape!r} must be one character other than % and _", node)
+        out, escaped = [], False
+        for char in pattern:
+            if escaped:
+                if char not in ("%", "_", escape):
+                    raise self.error(
+                        f"LIKE pattern {pattern!r}: the escape character must be followed by "
+                        f"%, _ or itself, not {char!r}",
+                        node,
+                    )
+                out.append("\\" + char if char in "%_\\" else char)
+                escaped = False
+            elif char == escape:
+                escaped = True
+            else:
+                out.append("\\\\" if char == "\\" else char)
+        if escaped:
+            raise self.error(f"LIKE pattern {pattern!r} ends with the escape character", node)
+        return "".join(out)
 
     def _case(self, node: exp.Case) -> Expr:
         subject = node.this
