@@ -99,11 +99,7 @@ def _hash_column(column: pa.Array, seed: np.ndarray) -> np.ndarray:
         bits = np.where(np.isnan(values), _CANONICAL_NAN, bits)
         hashed = _hash_long(bits, seed)
     elif pa.types.is_string(kind) or pa.types.is_large_string(kind):
-        hashed = seed.copy()
-        for i, text in enumerate(column.to_pylist()):
-            if text is not None:
-                hashed[i] = xxhash.xxh64_intdigest(text.encode("utf-8"), int(seed[i]))
-        return hashed
+        hashed = _hash_strings(column, seed)
     elif pa.types.is_list(kind) or pa.types.is_large_list(kind):
         return _hash_lists(column, seed)
     elif pa.types.is_date32(kind):
@@ -118,6 +114,67 @@ def _hash_column(column: pa.Array, seed: np.ndarray) -> np.ndarray:
     else:
         raise TypeError(f"xxhash64 of a {kind} column is not supported")
     return np.where(valid, hashed, seed)
+
+
+def _round(accumulator: np.ndarray, lane: np.ndarray) -> np.ndarray:
+    return _rotl(accumulator + lane * _P2, 31) * _P1
+
+
+def _hash_strings(column: pa.Array, seed: np.ndarray) -> np.ndarray:
+    """XXH64 of each string's UTF-8 bytes with its row's seed, vectorised over the rows
+    of each byte length (the rows of one length share every step of the algorithm)."""
+    width = np.int64 if pa.types.is_large_string(column.type) else np.int32
+    offsets = np.frombuffer(column.buffers()[1], dtype=width)
+    offsets = offsets[column.offset : column.offset + len(column) + 1].astype(np.int64)
+    data_buffer = column.buffers()[2]
+    data = np.frombuffer(data_buffer, dtype=np.uint8) if data_buffer is not None else None
+    lengths = np.diff(offsets)
+    hashed = seed.copy()
+    for length in np.unique(lengths):
+        rows = np.nonzero(lengths == length)[0]
+        if length and data is not None:
+            picks = offsets[rows][:, None] + np.arange(length, dtype=np.int64)
+            block = data[picks]
+        else:
+            block = np.empty((len(rows), 0), dtype=np.uint8)
+        hashed[rows] = _xxh64(block, seed[rows])
+    return hashed
+
+
+def _lanes(block: np.ndarray, start: int, size: int) -> np.ndarray:
+    """Little-endian unsigned integers of ``size`` bytes at ``start`` of every row."""
+    kind = np.dtype("<u8") if size == 8 else np.dtype("<u4")
+    return np.ascontiguousarray(block[:, start : start + size]).view(kind)[:, 0].astype(np.uint64)
+
+
+def _xxh64(block: np.ndarray, seed: np.ndarray) -> np.ndarray:
+    """Standard XXH64 of each row of ``block`` (rows of equal length) with its seed."""
+    length = block.shape[1]
+    at = 0
+    if length >= 32:
+        v1, v2, v3, v4 = seed + _P1 + _P2, seed + _P2, seed.copy(), seed - _P1
+        while at + 32 <= length:
+            v1 = _round(v1, _lanes(block, at, 8))
+            v2 = _round(v2, _lanes(block, at + 8, 8))
+            v3 = _round(v3, _lanes(block, at + 16, 8))
+            v4 = _round(v4, _lanes(block, at + 24, 8))
+            at += 32
+        h = _rotl(v1, 1) + _rotl(v2, 7) + _rotl(v3, 12) + _rotl(v4, 18)
+        for v in (v1, v2, v3, v4):
+            h = (h ^ _round(np.zeros_like(v), v)) * _P1 + _P4
+    else:
+        h = seed + _P5
+    h = h + np.uint64(length)
+    while at + 8 <= length:
+        h = _rotl(h ^ _round(np.zeros_like(h), _lanes(block, at, 8)), 27) * _P1 + _P4
+        at += 8
+    if at + 4 <= length:
+        h = _rotl(h ^ (_lanes(block, at, 4) * _P1), 23) * _P2 + _P3
+        at += 4
+    while at < length:
+        h = _rotl(h ^ (block[:, at].astype(np.uint64) * _P5), 11) * _P1
+        at += 1
+    return _fmix(h)
 
 
 _MAX_LONG_DIGITS = 18
