@@ -126,6 +126,11 @@ class _From:
     fields: list[Field]
 
 
+#: A join key equal on every row of both sides: a join on it pairs all rows with all
+#: rows (an uncorrelated subquery's rows with every outer row).
+_CONSTANT_KEY = (exp.Literal.number(1), exp.Literal.number(1))
+
+
 def _padded(side: str, done: set[int], index: int) -> set[int]:
     """The relations an outer join of relation ``index`` to ``done`` pads with NULLs, as
     far as its ``ON`` conditions go (a FULL join's conditions are all taken as keys)."""
@@ -537,8 +542,7 @@ class _Compiler:
         if not pairs:
             # Uncorrelated: every outer row is kept (EXISTS) or dropped (NOT EXISTS) by
             # whether the subquery has a row at all, a join on one constant key.
-            one = exp.Literal.number(1)
-            pairs.append((one, one))
+            pairs.append(_CONSTANT_KEY)
         return self.semi_or_anti(outer, inner, pairs, anti=negated, node=term)
 
     def uncorrelated_in(
@@ -586,8 +590,7 @@ class _Compiler:
         The two parts never share a row, and each is built of incremental joins: a
         change that empties or fills a group, or brings it a NULL, changes every outer
         row of the group, as the rule says it must."""
-        one = exp.Literal.number(1)
-        pairs = [*(correlation or [(one, one)]), tested]
+        pairs = [*(correlation or [_CONSTANT_KEY]), tested]
         sides = self.keyed_sides(outer, inner, pairs, term)
         left, right = sides.left, sides.right
         left_group, left_value = sides.left_keys[:-1], sides.left_keys[-1]
@@ -605,10 +608,7 @@ class _Compiler:
             )
             return empty_group.plus(checked)
 
-        stream = self.build(build, term)
-        if len(stream.columns) != len(outer.stream.columns):  # drop computed keys
-            stream = stream.select(*outer.stream.columns)
-        return _From(stream, outer.fields)
+        return self.outer_rows(self.build(build, term), outer)
 
     def semi_or_anti(
         self,
@@ -629,7 +629,11 @@ class _Compiler:
             ),
             node,
         )
-        if len(stream.columns) != len(outer.stream.columns):  # drop computed keys
+        return self.outer_rows(stream, outer)
+
+    def outer_rows(self, stream: Stream, outer: _From) -> _From:
+        """The outer rows a subquery condition kept, without the key columns it added."""
+        if len(stream.columns) != len(outer.stream.columns):
             stream = stream.select(*outer.stream.columns)
         return _From(stream, outer.fields)
 
@@ -770,8 +774,8 @@ class _Compiler:
                 )
             right = relations[index]
             if side:
-                keys.extend(self.outer_conditions(side, rest, readers, done, index))
-                padded_rest = [t for t in rest if readers(t) <= _padded(side, done, index)]
+                preserved, padded_rest = self.outer_conditions(side, rest, readers, done, index)
+                keys.extend(preserved)
                 if side == "LEFT":
                     right = self.filtered(right, padded_rest)
                 elif side == "RIGHT":
@@ -788,19 +792,22 @@ class _Compiler:
         readers: Any,
         done: set[int],
         index: int,
-    ) -> list[tuple[exp.Expression, exp.Expression]]:
-        """The ``ON`` conditions of an outer join besides its equalities. A condition on
-        the side the join pads with NULLs filters that side before the join (the caller
-        does it: a row it drops would only have been padded). A condition on a side the
-        join preserves decides whether a row may match at all, not whether it stays:
-        its rows that fail it stay, padded. That is one more key, the condition (FALSE
-        when NULL) equal to TRUE, returned here as ``(left, right)`` pairs. A condition
-        that reads both sides, or neither, is refused."""
+    ) -> tuple[list[tuple[exp.Expression, exp.Expression]], list[exp.Expression]]:
+        """The ``ON`` conditions of an outer join besides its equalities, as key pairs
+        and the terms that filter the padded side. A condition on the side the join pads
+        with NULLs filters that side before the join (the caller does it: a row it drops
+        would only have been padded). A condition on a side the join preserves decides
+        whether a row may match at all, not whether it stays: its rows that fail it
+        stay, padded. That is one more key, the condition (FALSE when NULL) equal to
+        TRUE, returned as ``(left, right)`` pairs. A condition that reads both sides, or
+        neither, is refused."""
         padded = _padded(side, done, index)
+        on_padded: list[exp.Expression] = []
         preserved: dict[str, list[exp.Expression]] = {"left": [], "right": []}
         for term in terms:
             read = readers(term)
             if read and read <= padded:
+                on_padded.append(term)
                 continue
             if read and read <= done:
                 preserved["left"].append(term)
@@ -819,7 +826,7 @@ class _Compiler:
             condition = reduce(lambda a, b: exp.And(this=a, expression=b), held)
             flag = exp.Coalesce(this=exp.Paren(this=condition), expressions=[exp.false()])
             pairs.append((flag, exp.true()) if which == "left" else (exp.true(), flag))
-        return pairs
+        return pairs, on_padded
 
     def key_pair(
         self, term: exp.Expression, readers: Any, done: set[int], index: int
