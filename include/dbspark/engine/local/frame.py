@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -32,6 +31,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from dbspark.core.types import decimal_parts, is_decimal
 from dbspark.engine.local import in_arrow
 
 _TYPES = {
@@ -57,8 +57,7 @@ def _stored_type(duck: str) -> pa.DataType | None:
         return pa.date32()
     if duck == "TIMESTAMPTZ":
         return pa.timestamp("us", tz="UTC")
-    found = re.fullmatch(r"DECIMAL\((\d+),\s*(\d+)\)", duck)
-    return pa.decimal128(int(found.group(1)), int(found.group(2))) if found else None
+    return pa.decimal128(*decimal_parts(duck.lower())) if is_decimal(duck.lower()) else None
 
 
 def duck_type(type_name: Any) -> str:
