@@ -37,6 +37,7 @@ _P3 = np.uint64(0x165667B19E3779F9)
 _P4 = np.uint64(0x85EBCA77C2B2AE63)
 _P5 = np.uint64(0x27D4EB2F165667C5)
 _CANONICAL_NAN = np.uint64(0x7FF8000000000000)
+_ZERO = np.uint64(0)
 
 
 def _rotl(x: np.ndarray, r: int) -> np.ndarray:
@@ -51,9 +52,15 @@ def _fmix(h: np.ndarray) -> np.ndarray:
     return h ^ (h >> np.uint64(32))
 
 
+def _round(accumulator: np.ndarray, lane: np.ndarray) -> np.ndarray:
+    """XXH64's round: one 8-byte lane mixed into an accumulator."""
+    return _rotl(accumulator + lane * _P2, 31) * _P1
+
+
 def _hash_long(value: np.ndarray, seed: np.ndarray) -> np.ndarray:
+    """XXH64 of one 8-byte value per row (``_xxh64`` of 8 bytes, without the block)."""
     h = seed + _P5 + np.uint64(8)
-    h = h ^ (_rotl(value * _P2, 31) * _P1)
+    h = h ^ _round(_ZERO, value)
     return _fmix(_rotl(h, 27) * _P1 + _P4)
 
 
@@ -116,10 +123,6 @@ def _hash_column(column: pa.Array, seed: np.ndarray) -> np.ndarray:
     return np.where(valid, hashed, seed)
 
 
-def _round(accumulator: np.ndarray, lane: np.ndarray) -> np.ndarray:
-    return _rotl(accumulator + lane * _P2, 31) * _P1
-
-
 def _hash_strings(column: pa.Array, seed: np.ndarray) -> np.ndarray:
     """XXH64 of each string's UTF-8 bytes with its row's seed, vectorised over the rows
     of each byte length (the rows of one length share every step of the algorithm)."""
@@ -161,12 +164,12 @@ def _xxh64(block: np.ndarray, seed: np.ndarray) -> np.ndarray:
             at += 32
         h = _rotl(v1, 1) + _rotl(v2, 7) + _rotl(v3, 12) + _rotl(v4, 18)
         for v in (v1, v2, v3, v4):
-            h = (h ^ _round(np.zeros_like(v), v)) * _P1 + _P4
+            h = (h ^ _round(_ZERO, v)) * _P1 + _P4
     else:
         h = seed + _P5
     h = h + np.uint64(length)
     while at + 8 <= length:
-        h = _rotl(h ^ _round(np.zeros_like(h), _lanes(block, at, 8)), 27) * _P1 + _P4
+        h = _rotl(h ^ _round(_ZERO, _lanes(block, at, 8)), 27) * _P1 + _P4
         at += 8
     if at + 4 <= length:
         h = _rotl(h ^ (_lanes(block, at, 4) * _P1), 23) * _P2 + _P3
