@@ -14,13 +14,19 @@ from dbspark.engine.spark.executor import SparkEngine
 from dbspark.examples.circuits import NAMED_CIRCUITS
 
 
-def test_spark_is_opened_only_when_a_unit_needs_it(spark: Any, tmp_path: Path) -> None:
+def _opener(spark: Any) -> tuple[list[int], Any]:
+    """A Spark opener for an engine, and the list it appends to each time it is called."""
     opened: list[int] = []
 
     def open_spark() -> Any:
         opened.append(1)
         return spark
 
+    return opened, open_spark
+
+
+def test_spark_is_opened_only_when_a_unit_needs_it(spark: Any, tmp_path: Path) -> None:
+    opened, open_spark = _opener(spark)
     engine = SparkEngine(
         NAMED_CIRCUITS["word_count"](), tmp_path / "wh", spark=open_spark, local_rows=3
     )
@@ -79,11 +85,7 @@ def test_a_small_parquet_landing_is_read_without_spark(spark: Any, tmp_path: Pat
 
     from dbspark.engine.file_batches import FileBatch
 
-    opened: list[int] = []
-
-    def open_spark() -> Any:
-        opened.append(1)
-        return spark
+    opened, open_spark = _opener(spark)
 
     def landed(name: str, words: list[str]) -> FileBatch:
         path = tmp_path / f"{name}.parquet"
@@ -154,12 +156,7 @@ def test_a_small_json_lines_landing_is_read_without_spark(spark: Any, tmp_path: 
     from dbspark.engine.local.files import read_files
     from dbspark.engine.local.jsonl import jsonl_readable
 
-    opened: list[int] = []
-
-    def open_spark() -> Any:
-        opened.append(1)
-        return spark
-
+    opened, open_spark = _opener(spark)
     engine = SparkEngine(
         NAMED_CIRCUITS["word_count"](), tmp_path / "wh", spark=open_spark, local_rows=100
     )
