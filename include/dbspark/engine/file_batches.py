@@ -10,11 +10,13 @@ the source's declared ones with the same message, built here.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from dbspark.core.columns import WEIGHT
+from dbspark.core.errors import REDACTED, redacting, shown_text
 from dbspark.core.types import BIGINT, Schema
 from dbspark.engine.api import InputError
 
@@ -84,6 +86,17 @@ def check_names(
             f"{what} has {' and '.join(parts)}; the source declares {schema}{weight}",
             file,
         )
+
+
+def json_line_error(
+    source: str, where: str, message: str, line: str, file: str | None
+) -> InputError:
+    """The error for a JSON line that does not read as a row, as both tiers word it:
+    ``message`` ends with the offending value after ``, got``, which is redacted (with the
+    line itself) when error messages must not copy data."""
+    if redacting():
+        message = re.sub(r"(, got ).*$", r"\1" + REDACTED, message)
+    return InputError(source, f"{where}: {message}: {shown_text(line)}", file)
 
 
 def wrong_type(

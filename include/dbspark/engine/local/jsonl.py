@@ -32,10 +32,8 @@ from typing import Any
 import pyarrow as pa
 
 from dbspark.core.columns import WEIGHT
-from dbspark.core.errors import REDACTED, redacting, shown_text
 from dbspark.core.types import BIGINT, BOOLEAN, DOUBLE, STRING, Schema, element_type, is_array
-from dbspark.engine.api import InputError
-from dbspark.engine.file_batches import declared_columns
+from dbspark.engine.file_batches import declared_columns, json_line_error
 from dbspark.engine.local.dialect import arrow_type
 
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
@@ -88,10 +86,7 @@ def read_jsonl(
             continue
         values = _parse(line, declared, schema)
         if isinstance(values, str):
-            message = values
-            if redacting():
-                message = re.sub(r"(, got ).*$", r"\1" + REDACTED, message)
-            raise InputError(source, f"line {number}: {message}: {shown_text(line)}", name)
+            raise json_line_error(source, f"line {number}", values, line, name)
         for column in declared:
             columns[column].append(values[column])
     if weighted:

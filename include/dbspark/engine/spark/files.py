@@ -53,7 +53,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from dbspark.core.columns import WEIGHT
-from dbspark.core.errors import REDACTED, redacting, shown, shown_text
+from dbspark.core.errors import shown, shown_text
 from dbspark.core.temporal import parse_date, parse_timestamp
 from dbspark.core.types import (
     BIGINT,
@@ -76,6 +76,7 @@ from dbspark.engine.file_batches import (
     FileBatch,
     check_names,
     declared_columns,
+    json_line_error,
     wrong_type,
 )
 from dbspark.engine.spark.compile import spark_type
@@ -429,9 +430,7 @@ def _raise_problem(spark: SparkSession, source: str, row: Any, declared: dict[st
         record, _, message = rest.partition("\x00")
         line = _line_of(spark, file, record)
         where = f"line {line}" if line else "a line"
-        if redacting():  # the message ends with the offending value, as Spark wrote it
-            message = re.sub(r"(, got ).*$", r"\1" + REDACTED, message)
-        raise InputError(source, f"{where}: {message}: {shown_text(record)}", file)
+        raise json_line_error(source, where, message, record, file)
     if kind == "csv":
         line = _line_of(spark, file, rest)
         where = f"line {line}" if line else "a line"
