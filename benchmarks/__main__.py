@@ -28,6 +28,8 @@ class Plan:
     """The sizes a run covers."""
 
     w0_repeats: int = 3
+    #: Rows of W0's Parquet write and read, the floor the other workloads' I/O is read against.
+    w0_rows: int = 1_000_000
     w0_airflow: bool = True
     #: P: publishing a view of these many rows, as a Delta commit and as a snapshot,
     #: with the table's data files kept at each of these sizes (the default, and small
@@ -59,6 +61,7 @@ class Plan:
     def quick(cls) -> Plan:
         return cls(
             w0_repeats=1,
+            w0_rows=100_000,
             publish_sizes=[10_000],
             publish_file_bytes=[32 * 2**20],
             w1_airflow=False,
@@ -137,7 +140,9 @@ def main(argv: list[str] | None = None) -> int:
             from benchmarks.workloads import w0_calibration
 
             say("W0 calibration")
-            w0_calibration.run(bench, repeats=plan.w0_repeats, airflow=plan.w0_airflow)
+            w0_calibration.run(
+                bench, repeats=plan.w0_repeats, rows=plan.w0_rows, airflow=plan.w0_airflow
+            )
         if "P" in args.only:
             from benchmarks.workloads import publish_cost
 

@@ -3,7 +3,8 @@
 - an empty epoch through the stage executor (``SparkEngine.run_epoch`` with nothing
   landed), side by side with an empty epoch through Airflow (``dag.test`` of a one-source
   DAG in a child process: the task runner, the metadata database, every task);
-- a trivial Spark job, side by side with writing and reading 1M rows of Parquet.
+- a trivial Spark job, side by side with writing and reading 1M rows of Parquet (the
+  plan's ``w0_rows``).
 
 Each is repeated after a warm-up and the median kept (the first Spark job of a JVM
 compiles code the later ones reuse).
@@ -28,11 +29,11 @@ WORKLOAD = "W0"
 REPO = Path(__file__).resolve().parents[2]
 
 
-def run(bench: Bench, *, repeats: int, airflow: bool) -> None:
+def run(bench: Bench, *, repeats: int, rows: int, airflow: bool) -> None:
     spark, meter, results = bench.spark, bench.meter, bench.results
     root = bench.work / WORKLOAD
     shutil.rmtree(root, ignore_errors=True)
-    _spark_floor(spark, meter, results, root, repeats)
+    _spark_floor(spark, meter, results, root, repeats, rows)
     _empty_epochs(spark, meter, results, root, repeats)
     if airflow:
         _airflow_epochs(results, root, repeats)
@@ -40,20 +41,21 @@ def run(bench: Bench, *, repeats: int, airflow: bool) -> None:
         results.skip("W0: the empty epoch through Airflow (--no-airflow)")
 
 
-def _spark_floor(spark, meter: Meter, results: Results, root: Path, repeats: int) -> None:
+def _spark_floor(
+    spark, meter: Meter, results: Results, root: Path, repeats: int, rows: int
+) -> None:
     spark.range(1).count()  # warm-up
     trivial = [timed(lambda: spark.range(1).count())[0] for _ in range(repeats)]
     results.add(Measurement(WORKLOAD, "trivial_job", median(trivial), params={"runs": trivial}))
-    rows = 1_000_000
     frame = spark.range(rows).select(
         "id", (F.col("id") % 1000).alias("k"), F.sha2(F.col("id").cast("string"), 256).alias("s")
     )
-    path = root / "parquet_1m"
-    write = Measurement(WORKLOAD, "parquet_write_1m", 0.0, size=rows)
+    path = root / "parquet"
+    write = Measurement(WORKLOAD, "parquet_write", 0.0, size=rows)
     with meter.measure(write):
         frame.write.mode("overwrite").parquet(str(path))
     results.add(write)
-    read = Measurement(WORKLOAD, "parquet_read_1m", 0.0, size=rows)
+    read = Measurement(WORKLOAD, "parquet_read", 0.0, size=rows)
     with meter.measure(read):
         spark.read.parquet(str(path)).groupBy("k").agg(F.sum("id"), F.count("s")).collect()
     results.add(read)
