@@ -146,9 +146,8 @@ def test_a_warmed_engine_answers_its_first_epoch_from_memory(tmp_path: Path) -> 
 
 
 def test_a_small_json_lines_landing_is_read_without_spark(spark: Any, tmp_path: Path) -> None:
-    """JSON lines of BIGINT, DOUBLE, STRING, BOOLEAN and ARRAY columns are read on the
-    local tier (``engine/local/jsonl.py``); a compressed file, or a source with a DATE,
-    TIMESTAMP or DECIMAL column, is Spark's."""
+    """JSON lines are read on the local tier (``engine/local/jsonl.py``); a compressed
+    file, or a source with an array of DATE, TIMESTAMP or DECIMAL, is Spark's."""
     import gzip
 
     from dbspark.core.types import Schema
@@ -171,6 +170,87 @@ def test_a_small_json_lines_landing_is_read_without_spark(spark: Any, tmp_path: 
     zipped.write_bytes(gzip.compress(b'{"word": "or"}\n'))
     batch = FileBatch(zipped, "jsonl")
     assert read_files("words", schema, batch, weighted=True, upsert=None, max_rows=100) is None
-    assert not jsonl_readable(Schema((("day", "date"),)))
-    assert not jsonl_readable(Schema((("price", "decimal(10,2)"),)))
+    assert jsonl_readable(Schema((("day", "date"), ("at", "timestamp"), ("p", "decimal(10,2)"))))
+    assert not jsonl_readable(Schema((("days", "array<date>"),)))
+    assert not jsonl_readable(Schema((("prices", "array<decimal(10,2)>"),)))
     assert jsonl_readable(Schema((("tags", "array<string>"), ("n", "bigint"), ("x", "double"))))
+
+
+def _typed_circuit() -> Any:
+    from dbspark.circuit.builder import Circuit
+
+    c = Circuit("typed_json")
+    columns = {
+        "id": "bigint",
+        "day": "date",
+        "at": "timestamp",
+        "price": "decimal(10,2)",
+        "ts": "bigint",
+    }
+    items = c.upsert_source("items", columns, key="id", watermark="ts")
+    c.view("items_now", items.select("id", "day", "at", "price"))
+    return c
+
+
+#: Lines whose DATE, TIMESTAMP and DECIMAL values only one reading can give: the local
+#: tier reads them. ``price`` arrives as a string, an integer and a number with a fraction.
+TYPED_LINES = [
+    '{"id": 1, "day": "2026-03-08", "at": "2026-03-08T01:30:00-05:00", "price": "12.5", "ts": 1}',
+    '{"id": 2, "day": "1999-12-31", "at": "2026-03-08 07:00:00.25Z", "price": 7, "ts": 1}',
+    '{"id": 3, "day": null, "at": "1999-12-31T23:00:00+14:00", "price": -0.05, "ts": 1}',
+    '{"id": 4, "ts": 1}',
+]
+
+
+def test_json_dates_instants_and_decimals_read_locally_as_spark_reads_them(
+    spark: Any, tmp_path: Path
+) -> None:
+    """A DATE, TIMESTAMP or DECIMAL in JSON lines is read on the local tier when its text
+    has one reading, and that reading is Spark's: the same landing on the Spark tier
+    gives the same view. A value in any other form (a date without leading zeros, an
+    instant without a zone, more decimal places than the scale) hands the batch to
+    Spark, which reads it (or refuses it) as before; a JSON type the column never takes
+    (a number with an exponent for a DECIMAL) is refused here in Spark's words."""
+    from dbspark.engine.file_batches import FileBatch
+
+    def landed(name: str, lines: list[str]) -> FileBatch:
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text("\n".join(lines) + "\n")
+        return FileBatch(path, "jsonl")
+
+    opened, open_spark = _opener(spark)
+    local = SparkEngine(_typed_circuit(), tmp_path / "local", spark=open_spark, local_rows=100)
+    on_spark = SparkEngine(_typed_circuit(), tmp_path / "spark", spark=spark, local_rows=0)
+    local.step({"items": landed("typed", TYPED_LINES)})
+    assert not opened and not local.spark_started
+    on_spark.step({"items": landed("typed", TYPED_LINES)})
+    expected = dict(on_spark.view("items_now").items())
+    assert dict(local.view("items_now").items()) == expected
+    assert len(expected) == 4
+
+    cases = [  # (a value, whether Spark reads the batch)
+        ('"day": "2026-3-8"', True),
+        ('"at": "2026-03-08T01:30:00"', True),
+        ('"price": "12.345"', True),
+        ('"price": 1e2', False),
+    ]
+    for n, (value, sparks) in enumerate(cases):
+        batch = landed(f"other{n}", [f'{{"id": 9, {value}, "ts": 2}}'])
+        engines = [
+            SparkEngine(_typed_circuit(), tmp_path / f"{tier}{n}", spark=opener, local_rows=rows)
+            for tier, opener, rows in (("local", open_spark, 100), ("spark", spark, 0))
+        ]
+        before = len(opened)
+        local_outcome = _outcome(engines[0], batch)
+        assert local_outcome == _outcome(engines[1], batch), value
+        assert len(opened) == before + sparks, value
+    assert local_outcome[0] == "InputError" and "is DECIMAL(10,2), got 100.0" in local_outcome[1]
+
+
+def _outcome(engine: SparkEngine, batch: Any) -> tuple[str, Any]:
+    """The view after an epoch of ``batch``, or the error that refused it."""
+    try:
+        engine.step({"items": batch})
+    except Exception as error:  # the Spark tier's words, whichever tier met the batch
+        return type(error).__name__, str(error)
+    return "view", dict(engine.view("items_now").items())

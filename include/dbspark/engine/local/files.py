@@ -53,7 +53,13 @@ from dbspark.engine.file_batches import (
     wrong_type,
 )
 from dbspark.engine.local.dialect import arrow_type
-from dbspark.engine.local.jsonl import count_rows, file_lines, jsonl_readable, read_jsonl
+from dbspark.engine.local.jsonl import (
+    SparksToRead,
+    count_rows,
+    file_lines,
+    jsonl_readable,
+    read_jsonl,
+)
 
 #: Bad rows shown in one error.
 _MAX_SHOWN = 5
@@ -191,8 +197,9 @@ def _read_jsonl_files(
     weighted: bool,
     max_rows: int,
 ) -> list[pa.Table] | None:
-    """The JSON-lines files as tables, or None when they are Spark's to read (a column
-    type parsed from text, or more than ``max_rows`` lines)."""
+    """The JSON-lines files as tables, or None when they are Spark's to read (an array of
+    a type parsed from text, a value in a form only Spark's text rules read, or more than
+    ``max_rows`` lines)."""
     if not jsonl_readable(schema) or any(p.endswith(_COMPRESSED) for p in paths):
         return None
     for path, name in zip(paths, names, strict=True):
@@ -204,10 +211,13 @@ def _read_jsonl_files(
     lines = [file_lines(p) for p in paths]  # each file read and decoded once
     if sum(count_rows(ls) for ls in lines) > max_rows:
         return None
-    return [
-        read_jsonl(source, schema, file, weighted, name)
-        for file, name in zip(lines, names, strict=True)
-    ]
+    try:
+        return [
+            read_jsonl(source, schema, file, weighted, name)
+            for file, name in zip(lines, names, strict=True)
+        ]
+    except SparksToRead:
+        return None
 
 
 def _check_null_keys(

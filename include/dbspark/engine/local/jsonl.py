@@ -14,9 +14,14 @@ line in file order, the first failure raised with the Spark tier's words:
   array of such values or ``null``s; a Z-set's ``__w`` is a BIGINT, 1 when absent and a
   problem when ``null``.
 
-Only these types are read here: DATE, TIMESTAMP and DECIMAL columns arrive as JSON
-strings that Spark casts with its own text rules, which a second parser could read
-differently, so a source with one of them is left to Spark (``jsonl_readable``).
+DATE, TIMESTAMP and DECIMAL columns arrive as JSON strings (a DECIMAL also as a JSON
+number) that Spark casts with its own text rules. Only the forms those rules read one
+way are read here: a date ``YYYY-MM-DD``, an instant ``YYYY-MM-DD[T ]hh:mm:ss[.f]`` with
+its zone (``Z`` or ``±hh:mm``), and a plain decimal (``-12.5``, or a JSON number without
+an exponent) that fits the column's precision and scale with no rounding. Any other
+value of such a column, even one Spark would refuse, hands the whole batch to Spark
+(:class:`SparksToRead`), which reads it, or words why not, as it always has. Arrays of
+these types are Spark's to read (``jsonl_readable``).
 """
 
 from __future__ import annotations
@@ -32,7 +37,20 @@ from typing import Any
 import pyarrow as pa
 
 from dbspark.core.columns import WEIGHT
-from dbspark.core.types import BIGINT, BOOLEAN, DOUBLE, STRING, Schema, element_type, is_array
+from dbspark.core.temporal import parse_date, parse_timestamp
+from dbspark.core.types import (
+    BIGINT,
+    BOOLEAN,
+    DATE,
+    DOUBLE,
+    STRING,
+    TIMESTAMP,
+    Schema,
+    decimal_parts,
+    element_type,
+    is_array,
+    is_decimal,
+)
 from dbspark.engine.file_batches import declared_columns, json_line_error
 from dbspark.engine.local.dialect import arrow_type
 
@@ -47,8 +65,24 @@ def jsonl_readable(schema: Schema) -> bool:
 
 def _readable(kind: str) -> bool:
     if is_array(kind):
-        return _readable(element_type(kind))
-    return kind in (BIGINT, DOUBLE, STRING, BOOLEAN)
+        return element_type(kind) in _JSON_TYPES
+    return kind in _JSON_TYPES or kind in (DATE, TIMESTAMP) or is_decimal(kind)
+
+
+#: Types whose JSON values are read by their JSON type alone, with no text to cast.
+_JSON_TYPES = (BIGINT, DOUBLE, STRING, BOOLEAN)
+#: Text Spark's casts read one way only (see the module docstring); ``parse_date`` and
+#: ``parse_timestamp`` give the value.
+_DATE_TEXT = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
+_INSTANT_TEXT = re.compile(
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}[T ][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,6})?"
+    r"(Z|[+-][0-9]{2}:[0-9]{2})"
+)
+_DECIMAL_TEXT = re.compile(r"-?[0-9]+(\.[0-9]+)?")
+
+
+class SparksToRead(Exception):
+    """A value only Spark's text rules can read (or refuse): the batch is Spark's."""
 
 
 def file_lines(path: str) -> list[str]:
@@ -138,6 +172,8 @@ def _parse(line: str, declared: dict[str, str], schema: Schema) -> dict[str, Any
         value = record.get(name)
         if value is not None and not _fits(value, kind):
             return f"column {name!r} is {kind.upper()}, got {_as_json(value)}"
+        if value is not None and kind not in _JSON_TYPES and not is_array(kind):
+            value = _from_text(value, kind)
         values[name] = float(value) if kind == DOUBLE and value is not None else value
         if is_array(kind) and value is not None and element_type(kind) == DOUBLE:
             values[name] = [None if v is None else float(v) for v in value]
@@ -156,9 +192,37 @@ def _fits(value: Any, kind: str) -> bool:
         return isinstance(value, int) and _INT64[0] <= value <= _INT64[1]
     if kind == DOUBLE:  # an integer past a double's range is not a number Spark reads
         return isinstance(value, float) or (isinstance(value, int) and abs(value) < 2**1024)
-    if kind == STRING:
+    if kind in (STRING, DATE, TIMESTAMP):
         return isinstance(value, str)
+    if is_decimal(kind):  # a string, or a number Spark's variant holds as one exactly
+        return isinstance(value, (str, int)) or (
+            isinstance(value, _Fraction) and not re.search("[eE]", value.text)
+        )
     return False
+
+
+def _from_text(value: Any, kind: str) -> Any:
+    """A DATE, TIMESTAMP or DECIMAL value as Spark reads it; :class:`SparksToRead` when
+    this is not one of the forms read here."""
+    if kind == DATE:
+        day = parse_date(value) if _DATE_TEXT.fullmatch(value) else None
+        if day is None:
+            raise SparksToRead(value)
+        return day
+    if kind == TIMESTAMP:
+        moment = parse_timestamp(value) if _INSTANT_TEXT.fullmatch(value) else None
+        if moment is None:
+            raise SparksToRead(value)
+        return moment
+    text = value.text if isinstance(value, _Fraction) else str(value)
+    if not _DECIMAL_TEXT.fullmatch(text):
+        raise SparksToRead(value)
+    exact = decimal.Decimal(text)
+    precision, scale = decimal_parts(kind)
+    whole, _, fraction = text.lstrip("-").partition(".")
+    if len(fraction) > scale or len(whole.lstrip("0")) > precision - scale:
+        raise SparksToRead(value)  # Spark rounds, or refuses: its rule decides
+    return exact
 
 
 def _as_json(value: Any) -> str:
