@@ -216,3 +216,54 @@ def test_a_typed_arrow_batch_is_taken_as_it_stands(tmp_path: Path) -> None:
     assert not isinstance(checked, CheckedTable)
     result = engine.step({"readings": loose})
     assert normal(result.views["current"]) == [(("a", 1, 3.0), 1)]
+
+
+def events() -> Circuit:
+    """A STRING watermark: ISO 8601 text, compared as text."""
+    c = Circuit("events")
+    rows = c.upsert_source(
+        "events", {"id": "bigint", "at": "string", "what": "string"}, key="id", watermark="at"
+    )
+    c.view("current", rows.select("id", "what"))
+    return c
+
+
+def test_a_string_watermark_with_a_utc_offset_is_refused_on_every_path(
+    spark, tmp_path: Path
+) -> None:
+    """Text orders instants only within one UTC offset, and local time changes offset at
+    daylight saving: ``01:30-05:00`` sorts after ``03:30-04:00`` although it is earlier.
+    So a STRING watermark that reads as a time with a non-zero offset is bad input on
+    every path (core's rule, the set-based kernels on Spark and on the local tier);
+    ``Z``, ``+00:00`` and text that is no time are taken."""
+    reference = ReferenceEngine(events())
+    engines = {
+        "in-spark": SparkEngine(
+            events(), tmp_path / "spark", spark=spark, driver_rows=0, local_rows=0
+        ),
+        "on-driver": SparkEngine(events(), tmp_path / "driver", spark=spark, local_rows=0),
+        "local-tier": SparkEngine(events(), tmp_path / "local", spark=spark),
+        "local-arrow": SparkEngine(events(), tmp_path / "arrow", spark=spark),
+    }
+    fields = events().node(events().sources["events"]).params["user_schema"].fields
+
+    def given(name: str, batch: list[tuple]) -> Any:
+        return arrow_table(batch, fields) if name == "local-arrow" else batch
+
+    good = [
+        (1, "2026-03-08T06:30:00Z", "a"),
+        (2, "2026-03-08 07:30:00+00:00", "b"),
+        (3, "batch-0007", "c"),
+        (4, "2026-03-08T06:30:00-00:00", "d"),
+    ]
+    expected = normal(reference.step({"events": good}).views["current"])
+    for name, engine in engines.items():
+        assert normal(engine.step({"events": given(name, good)}).views["current"]) == expected
+    bad = [(5, "2026-03-08T09:00:00Z", "e"), (6, "2026-03-08T01:30:00-05:00", "f")]
+    with pytest.raises(BadUpsertRow, match="UTC offset other than zero"):
+        reference.step({"events": bad})
+    for name, engine in engines.items():
+        with pytest.raises(BadUpsertRow, match="UTC offset other than zero") as raised:
+            engine.step({"events": given(name, bad)})
+        assert set(raised.value.keys) == {(6,)}, name
+        assert engine.last_committed_epoch() == 0, name

@@ -59,12 +59,21 @@ linear, the same function turns a state delta into the live delta.
   is ``10.50``); one with more fraction digits than the scale, or too many
   digits before the point, is bad input, not rounded. A TIMESTAMP must be a
   timezone-aware ``datetime`` and is stored in UTC; a naive one names no instant.
+* A STRING watermark is compared as text. A value that reads as a date and time with a
+  UTC offset other than zero (``2026-03-08T01:30:00-05:00``) is bad input: text orders
+  instants only within one offset, and a writer on local time changes offset at every
+  daylight-saving change, so a later row could lose to an earlier one. ``Z`` and
+  ``+00:00`` are fine, and so is text that is not a time. A check per batch for mixed
+  offsets would miss the change between batches; the regular expressions
+  (:data:`OFFSET_TIME`, :data:`ZERO_OFFSET`) are written so that Spark's, RE2's (DuckDB,
+  Arrow) and Python's engines read them alike.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import math
+import re
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -90,6 +99,17 @@ _NAN = float("nan")  # the one NaN object stored in rows, so tuples with NaN com
 _MAX_LISTED = 20  # how many keys / problems an error message spells out
 
 StateLookup = Callable[[tuple], tuple | None]
+
+#: Text that reads as a date and time with a UTC offset (see the module docstring), as
+#: a whole value; :data:`ZERO_OFFSET` at its end is an offset of zero. Unanchored: a
+#: ``$`` means "at the end or before a final newline" in Python and Java but not in RE2,
+#: so each engine anchors them its own way (``re.fullmatch`` here, ``\z`` in a query).
+OFFSET_TIME = (
+    "[0-9]{4}-[0-9]{2}-[0-9]{2}[T ][0-9]{2}:[0-9]{2}(:[0-9]{2}([.][0-9]+)?)?[+-][0-9]{2}:?[0-9]{2}"
+)
+ZERO_OFFSET = "[+-]00:?00"
+#: The problem with such a watermark value, as every path words it.
+OFFSET_WATERMARK = "a STRING watermark holding a time with a UTC offset other than zero"
 
 
 # --- errors -------------------------------------------------------------------
@@ -336,9 +356,23 @@ class UpsertSpec:
                 got = f"{shown(value)} ({type(value).__name__})"
                 problems.append(f"column {name!r} is {kind.upper()} but holds {got}")
             values.append(converted)
+        for index in self._wm_idx:
+            value = values[index]
+            if self.types[index] == "string" and value is not None and _offset_time(value):
+                problems.append(
+                    f"STRING watermark column {self.columns[index]!r} holds {shown(value)}, "
+                    "a time with a UTC offset other than zero: text orders instants only "
+                    "within one offset; send UTC ('Z' or '+00:00') or declare it TIMESTAMP"
+                )
         if problems:
             return None, problems, key
         return tuple(values), [], key
+
+
+def _offset_time(text: str) -> bool:
+    return (
+        re.fullmatch(OFFSET_TIME, text) is not None and re.search(ZERO_OFFSET + r"\Z", text) is None
+    )
 
 
 class _Mismatch:

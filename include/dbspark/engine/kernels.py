@@ -38,8 +38,8 @@ from dbspark.circuit.aggregations import Aggregation
 from dbspark.circuit.expressions import Expr, infer_type, output_type
 from dbspark.core.columns import EPOCH, TOMBSTONE, WEIGHT, time_columns
 from dbspark.core.timestamps import Time, box_corners
-from dbspark.core.types import Schema
-from dbspark.core.upsert import UpsertSpec
+from dbspark.core.types import STRING, Schema
+from dbspark.core.upsert import OFFSET_TIME, OFFSET_WATERMARK, ZERO_OFFSET, UpsertSpec
 from dbspark.engine import user_aggregates
 from dbspark.engine.dialect import Dialect, dialect_of
 
@@ -562,6 +562,7 @@ def join_delta_nested(
 #: What is wrong with a key of an upsert batch, by code (the smallest is reported first).
 UPSERT_PROBLEMS = (
     "NULL in a key column",
+    OFFSET_WATERMARK,
     "two different rows with the same watermark in one batch",
     "a different row with the same watermark as the stored version",
 )
@@ -582,6 +583,11 @@ def upsert_problems(spec: UpsertSpec, batch: DataFrame, current: DataFrame) -> D
     cols, keys, marks = list(spec.columns), list(spec.key), list(spec.watermark)
     groups = keys + [m for m in marks if m not in keys]
     null_keys = batch.where(reduce(lambda a, b: a | b, [F.col(k).isNull() for k in keys]))
+    # A regex over NULL is NULL, which no ``where`` keeps.
+    texts = [m for m in marks if spec.types[spec.columns.index(m)] == STRING]
+    offset_marks = [
+        F.col(m).rlike(f"^{OFFSET_TIME}\\z") & ~F.col(m).rlike(f"{ZERO_OFFSET}\\z") for m in texts
+    ]
     ties = (
         batch.select(*cols)
         .distinct()
@@ -593,10 +599,13 @@ def upsert_problems(spec: UpsertSpec, batch: DataFrame, current: DataFrame) -> D
     same_mark = reduce(lambda a, b: a & b, [F.col(m).eqNullSafe(F.col(f"__s_{m}")) for m in marks])
     same_row = reduce(lambda a, b: a & b, [F.col(c).eqNullSafe(F.col(f"__s_{c}")) for c in cols])
     clash = batch.join(s, _on_key(F, keys), "inner").where(same_mark & ~same_row)
+    problems = null_keys.select(*keys, F.lit(0).alias("__problem"))
+    if offset_marks:
+        offsets = batch.where(reduce(lambda a, b: a | b, offset_marks))
+        problems = problems.unionByName(offsets.select(*keys, F.lit(1).alias("__problem")))
     return (
-        null_keys.select(*keys, F.lit(0).alias("__problem"))
-        .unionByName(ties.select(*keys, F.lit(1).alias("__problem")))
-        .unionByName(clash.select(*keys, F.lit(2).alias("__problem")))
+        problems.unionByName(ties.select(*keys, F.lit(2).alias("__problem")))
+        .unionByName(clash.select(*keys, F.lit(3).alias("__problem")))
         .distinct()
     )
 

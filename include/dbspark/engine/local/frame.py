@@ -29,6 +29,7 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from dbspark.core.types import decimal_parts, is_decimal
@@ -170,6 +171,18 @@ class LocalColumn:
             f"({self.sql} IS NOT DISTINCT FROM {other.sql})",
             arrow=in_arrow.null_safe_equal(self.arrow, other.arrow),
             pairs=_equality(self, other, null_safe=True),
+        )
+
+    def rlike(self, pattern: str) -> LocalColumn:
+        """Whether a regular expression (RE2, as DuckDB and Arrow read it) matches some
+        part of the string; NULL over NULL, as Spark's ``rlike``."""
+        return LocalColumn(
+            f"regexp_matches({self.sql}, {sql_literal(pattern)})",
+            arrow=in_arrow.unary(
+                lambda values: pc.match_substring_regex(values, pattern),
+                self.arrow,
+                kind=pa.types.is_string,
+            ),
         )
 
     # operators ---------------------------------------------------------------------------

@@ -133,7 +133,7 @@ def _in_spark(
     if problems:
         worst = min(r["__problem"] for r in problems)
         offending = [tuple(r[k] for k in keys) for r in problems if r["__problem"] == worst]
-        error = BadUpsertRow if worst == 0 else UpsertConflict
+        error = BadUpsertRow if worst <= 1 else UpsertConflict  # a row's own problem
         detail = kernels.UPSERT_PROBLEMS[worst]
         raise error(spec.source, file, offending, detail=detail, key_columns=keys)
     delta = kernels.upsert_delta(spec, batch, current, list(state_schema.names))
