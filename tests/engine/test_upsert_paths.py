@@ -13,6 +13,7 @@ error class, the same kind of problem and the same keys, leaving the epoch uncom
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -93,23 +94,33 @@ def normal(rows: Any) -> list[tuple]:
     )
 
 
-@pytest.mark.slow
-def test_driver_and_spark_decide_every_batch_alike(spark, tmp_path: Path) -> None:
-    reference = ReferenceEngine(readings())
+def every_path(
+    circuit: Callable[[], Circuit], source: str, spark: Any, tmp_path: Path
+) -> tuple[dict[str, SparkEngine], Callable[[str, list[tuple]], Any]]:
+    """An engine for each way an upsert batch is decided, by name, and a function that
+    gives a batch of rows in the form each engine is fed."""
     engines = {
         "in-spark": SparkEngine(
-            readings(), tmp_path / "spark", spark=spark, driver_rows=0, local_rows=0
+            circuit(), tmp_path / "spark", spark=spark, driver_rows=0, local_rows=0
         ),
-        "on-driver": SparkEngine(readings(), tmp_path / "driver", spark=spark, local_rows=0),
-        "local-tier": SparkEngine(readings(), tmp_path / "local", spark=spark),
+        "on-driver": SparkEngine(circuit(), tmp_path / "driver", spark=spark, local_rows=0),
+        "local-tier": SparkEngine(circuit(), tmp_path / "local", spark=spark),
         # Arrow batches are decided set-based on DuckDB (kernels.upsert_delta), with no
         # trip through Python rows; core's rule words their errors.
-        "local-arrow": SparkEngine(readings(), tmp_path / "arrow", spark=spark),
+        "local-arrow": SparkEngine(circuit(), tmp_path / "arrow", spark=spark),
     }
-    fields = readings().node(readings().sources["readings"]).params["user_schema"].fields
+    fields = circuit().node(circuit().sources[source]).params["user_schema"].fields
 
     def given(name: str, batch: list[tuple]) -> Any:
         return arrow_table(batch, fields) if name == "local-arrow" else batch
+
+    return engines, given
+
+
+@pytest.mark.slow
+def test_driver_and_spark_decide_every_batch_alike(spark, tmp_path: Path) -> None:
+    reference = ReferenceEngine(readings())
+    engines, given = every_path(readings, "readings", spark, tmp_path)
 
     for epoch, batch in enumerate(HISTORY):
         expected = normal(reference.step({"readings": batch}).views["current"])
@@ -237,18 +248,7 @@ def test_a_string_watermark_with_a_utc_offset_is_refused_on_every_path(
     every path (core's rule, the set-based kernels on Spark and on the local tier);
     ``Z``, ``+00:00`` and text that is no time are taken."""
     reference = ReferenceEngine(events())
-    engines = {
-        "in-spark": SparkEngine(
-            events(), tmp_path / "spark", spark=spark, driver_rows=0, local_rows=0
-        ),
-        "on-driver": SparkEngine(events(), tmp_path / "driver", spark=spark, local_rows=0),
-        "local-tier": SparkEngine(events(), tmp_path / "local", spark=spark),
-        "local-arrow": SparkEngine(events(), tmp_path / "arrow", spark=spark),
-    }
-    fields = events().node(events().sources["events"]).params["user_schema"].fields
-
-    def given(name: str, batch: list[tuple]) -> Any:
-        return arrow_table(batch, fields) if name == "local-arrow" else batch
+    engines, given = every_path(events, "events", spark, tmp_path)
 
     good = [
         (1, "2026-03-08T06:30:00Z", "a"),
