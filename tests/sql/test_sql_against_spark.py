@@ -317,9 +317,9 @@ _ANSWERS: dict[tuple[int, int, str], Counter] = {}
 
 def answers(
     spark: Any, seed: int, epochs: int
-) -> Iterator[tuple[dict[str, list[Any]], Callable[[str], Counter]]]:
-    """Each epoch's batch of ``history(seed)`` and a function from a view's name to Spark
-    SQL's answer over the sources after that batch."""
+) -> Iterator[tuple[dict[str, list[Any]], CurrentTables, Callable[[str], Counter]]]:
+    """Each epoch's batch of ``history(seed)``, the sources' contents after it, and a
+    function from a view's name to Spark SQL's answer over them."""
     tables = CurrentTables()
     for epoch, batch in enumerate(history(seed, epochs)):
         tables.apply(batch)
@@ -335,7 +335,7 @@ def answers(
                 _ANSWERS[key] = spark_answer(spark, VIEWS[name])
             return _ANSWERS[key]
 
-        yield batch, answer
+        yield batch, tables, answer
 
 
 def duckdb_answer(tables: CurrentTables, query: str) -> Counter:
@@ -386,11 +386,9 @@ def script() -> str:
 def test_reference_engine_matches_spark_sql(spark: Any, seed: int) -> None:
     circuit = compile_circuit("sql_differential", SOURCES, script())
     engine = ReferenceEngine(circuit)
-    tables = CurrentTables()
-    check_types(spark, tables, circuit, TYPED_VIEWS)
-    for epoch, (batch, answer) in enumerate(answers(spark, seed, epochs=4)):
+    check_types(spark, CurrentTables(), circuit, TYPED_VIEWS)
+    for epoch, (batch, tables, answer) in enumerate(answers(spark, seed, epochs=4)):
         result = engine.step(batch)
-        tables.apply(batch)
         for name in VIEWS:
             assert maintained(result.views[name]) == answer(name), (
                 f"seed {seed}, epoch {epoch}, view {name}"
@@ -434,10 +432,8 @@ def test_spark_engine_matches_spark_sql(
         "sql_differential", SOURCES, f"{chosen}\nCREATE VIEW reach AS {RECURSIVE};"
     )
     engine = SparkEngine(circuit, warehouse_path, spark=spark, local_rows=local_rows)
-    tables = CurrentTables()
-    for epoch, (batch, answer) in enumerate(answers(spark, seed=0, epochs=epochs)):
+    for epoch, (batch, tables, answer) in enumerate(answers(spark, seed=0, epochs=epochs)):
         result = engine.step(batch)
-        tables.apply(batch)
         for name in views:
             assert maintained(result.views[name]) == answer(name), f"epoch {epoch}, view {name}"
         assert maintained(result.views["reach"]) == duckdb_answer(tables, RECURSIVE)

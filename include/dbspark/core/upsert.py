@@ -108,8 +108,6 @@ OFFSET_TIME = (
     "[0-9]{4}-[0-9]{2}-[0-9]{2}[T ][0-9]{2}:[0-9]{2}(:[0-9]{2}([.][0-9]+)?)?[+-][0-9]{2}:?[0-9]{2}"
 )
 ZERO_OFFSET = "[+-]00:?00"
-#: The problem with such a watermark value, as every path words it.
-OFFSET_WATERMARK = "a STRING watermark holding a time with a UTC offset other than zero"
 
 
 # --- errors -------------------------------------------------------------------

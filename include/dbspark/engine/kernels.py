@@ -39,7 +39,7 @@ from dbspark.circuit.expressions import Expr, infer_type, output_type
 from dbspark.core.columns import EPOCH, TOMBSTONE, WEIGHT, time_columns
 from dbspark.core.timestamps import Time, box_corners
 from dbspark.core.types import STRING, Schema
-from dbspark.core.upsert import OFFSET_TIME, OFFSET_WATERMARK, ZERO_OFFSET, UpsertSpec
+from dbspark.core.upsert import OFFSET_TIME, ZERO_OFFSET, UpsertSpec
 from dbspark.engine import user_aggregates
 from dbspark.engine.dialect import Dialect, dialect_of
 
@@ -562,7 +562,7 @@ def join_delta_nested(
 #: What is wrong with a key of an upsert batch, by code (the smallest is reported first).
 UPSERT_PROBLEMS = (
     "NULL in a key column",
-    OFFSET_WATERMARK,
+    "a STRING watermark holding a time with a UTC offset other than zero",
     "two different rows with the same watermark in one batch",
     "a different row with the same watermark as the stored version",
 )

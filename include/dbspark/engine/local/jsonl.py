@@ -66,7 +66,12 @@ def jsonl_readable(schema: Schema) -> bool:
 def _readable(kind: str) -> bool:
     if is_array(kind):
         return element_type(kind) in _JSON_TYPES
-    return kind in _JSON_TYPES or kind in (DATE, TIMESTAMP) or is_decimal(kind)
+    return kind in _JSON_TYPES or _cast_from_text(kind)
+
+
+def _cast_from_text(kind: str) -> bool:
+    """Whether Spark casts a column of ``kind`` from JSON text (:func:`_from_text`)."""
+    return kind in (DATE, TIMESTAMP) or is_decimal(kind)
 
 
 #: Types whose JSON values are read by their JSON type alone, with no text to cast.
@@ -172,7 +177,7 @@ def _parse(line: str, declared: dict[str, str], schema: Schema) -> dict[str, Any
         value = record.get(name)
         if value is not None and not _fits(value, kind):
             return f"column {name!r} is {kind.upper()}, got {_as_json(value)}"
-        if value is not None and kind not in _JSON_TYPES and not is_array(kind):
+        if value is not None and _cast_from_text(kind):
             value = _from_text(value, kind)
         values[name] = float(value) if kind == DOUBLE and value is not None else value
         if is_array(kind) and value is not None and element_type(kind) == DOUBLE:
