@@ -54,6 +54,7 @@ from test_reference_properties import (
 
 from dbspark.circuit.builder import Circuit
 from dbspark.core.upsert import UpsertConflict
+from dbspark.engine.local import tier as local_tier
 from dbspark.engine.reference.engine import ReferenceEngine
 from dbspark.engine.spark.executor import SparkEngine
 from dbspark.engine.spark.upserts import DRIVER_ROWS
@@ -78,7 +79,9 @@ def busy(history: list) -> bool:
 
 
 #: ``local_rows`` per tier setting: crossing puts an epoch of more than 2 input rows (and
-#: a source batch of more than 2) on Spark, and smaller ones on the local tier.
+#: a source batch of more than 2) on Spark, and smaller ones on the local tier. Crossing
+#: also buckets every keyed batch the local tier writes (``SMALL_BATCH_ROWS``), which
+#: small tests would otherwise never do; ``local`` writes them as single files.
 #: ``local`` and ``crossing`` keep their files resident across epochs (the engine's
 #: default); ``local-files`` is the local tier of a process that keeps nothing, as an
 #: Airflow task runs it, reading every trace from its files.
@@ -100,6 +103,9 @@ def compare_with_reference(
     ``driver_rows=0`` keeps every upsert batch and every write of the Spark tier in Spark;
     ``tier`` picks the local tier threshold (``TIERS``)."""
     warehouse = tempfile.mkdtemp(prefix="dbspark-prop-")
+    small_batch_rows = local_tier.SMALL_BATCH_ROWS
+    if tier == "crossing":
+        local_tier.SMALL_BATCH_ROWS = 0
     try:
         reference = ReferenceEngine(factory())
         engine = SparkEngine(
@@ -141,6 +147,7 @@ def compare_with_reference(
             differences = engine.verify()
             assert not any(differences.values()), f"full refresh differs: {differences}"
     finally:
+        local_tier.SMALL_BATCH_ROWS = small_batch_rows
         shutil.rmtree(warehouse, ignore_errors=True)
 
 
