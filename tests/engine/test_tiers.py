@@ -254,3 +254,35 @@ def _outcome(engine: SparkEngine, batch: Any) -> tuple[str, Any]:
     except Exception as error:  # the Spark tier's words, whichever tier met the batch
         return type(error).__name__, str(error)
     return "view", dict(engine.view("items_now").items())
+
+
+def test_a_small_log_is_verified_in_this_process_and_both_tiers_name_the_same_rows(
+    spark: Any, tmp_path: Path, monkeypatch: Any
+) -> None:
+    import pyarrow as pa
+
+    from dbspark.engine.spark import views
+
+    opened, open_spark = _opener(spark)
+    circuit = NAMED_CIRCUITS["orders"]()
+    engine = SparkEngine(circuit, tmp_path / "wh", spark=open_spark)
+    engine.step({"customers": [(7, "EU", 1, False)], "orders": [(1, 7, 50, 1, None)]})
+    engine.step({"orders": [(1, 7, 70, 2, None), (2, 7, 20, 1, None)]})
+    assert engine.verify_tier() == "local"
+    assert engine.verify() == {name: [] for name in circuit.views}
+    assert not opened  # the reference engine recomputed the views in this process
+
+    # One bogus committed row in a view's storage: each tier names it, and only it.
+    bogus = pa.table({"order_id": [9], "cust_id": [7], "amount": [1], "__epoch": [1], "__w": [1]})
+    record = engine.local.write_table(bogus, circuit.name, "view.orders_current", "trace", (1,))
+    engine.catalog.commit(circuit.name, "damage", (1,), [record])
+    wrong = {name: [] for name in circuit.views} | {"orders_current": [(9, 7, 1, -1)]}
+    assert engine.verify() == wrong
+    assert engine.verify(tier="spark") == wrong
+    assert opened == [1]
+
+    monkeypatch.setattr(views, "REFERENCE_VERIFY_ROWS", 3)  # the log holds 4 rows
+    assert engine.verify_tier() == "spark"
+    assert SparkEngine(circuit, tmp_path / "wh", spark=spark, local_rows=0).verify_tier() == (
+        "spark"
+    )

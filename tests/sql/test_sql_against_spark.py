@@ -437,7 +437,9 @@ def test_spark_engine_matches_spark_sql(
         for name in views:
             assert maintained(result.views[name]) == answer(name), f"epoch {epoch}, view {name}"
         assert maintained(result.views["reach"]) == duckdb_answer(tables, RECURSIVE)
-    assert engine.verify() == {name: [] for name in circuit.views}
+    # On Spark, whatever the log's size: the only run of Spark's full refresh (what
+    # rebuild and a large verify use) over every view of the SQL subset.
+    assert engine.verify(tier="spark") == {name: [] for name in circuit.views}
 
 
 def test_view_names_and_order_of_columns_follow_the_select_list() -> None:

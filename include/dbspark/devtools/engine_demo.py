@@ -17,8 +17,9 @@ pure-Python oracle instead.
 
 Every epoch run is checked against full refresh: the reference engine's
 from-scratch evaluation of the accumulated inputs (pure Python, independent of
-Spark), and the engine's own ``verify`` (on Spark, a Spark full refresh over the raw
-input log stored in the warehouse). A difference makes the demo exit 1.
+Spark), and the engine's own ``verify`` (a full refresh over the raw input log stored in
+the warehouse: for a log this small, by the reference engine in this process). A
+difference makes the demo exit 1.
 
     python -m dbspark.devtools.engine_demo [--epochs N] [--circuit NAME ...]
         [--engine spark|reference] [--warehouse DIR] [--fresh]

@@ -456,6 +456,15 @@ class LocalTier:
         return table_fingerprint(frame.toArrow())
 
 
+def table_rows(table: pa.Table, schema: Schema) -> list[tuple]:
+    """Each row of ``schema``'s columns of ``table``, in order, in the reference engine's
+    values."""
+    return [
+        tuple(from_column_value(record[n], t) for n, t in schema.fields)
+        for record in table.select(list(schema.names)).to_pylist()
+    ]
+
+
 def table_zset(table: pa.Table, schema: Schema) -> ZSet:
     """A table of ``schema``'s columns (and ``__w``; without it each row counts once) as
     a Z-set of the reference engine's values."""

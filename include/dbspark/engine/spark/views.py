@@ -4,7 +4,10 @@ refresh.
 ``publish`` appends an epoch's view deltas to the views' collections before the epoch
 commits; readers see them only once it has (``view_change`` between publish and close
 is the one exception, for the export task). ``verify`` and ``rebuild`` recompute views
-with Spark from the sources' raw input logs (``full_refresh.py``).
+from the sources' raw input logs: with Spark (``full_refresh.py``), or, for ``verify``
+of a small log while the local tier is on, with the reference engine in this process
+(``reference/full_refresh.py``), which is as independent of the incremental path and
+starts no JVM.
 """
 
 from __future__ import annotations
@@ -30,6 +33,13 @@ from dbspark.engine.spark.unit import records_rows, with_time
 from dbspark.storage.catalog import BatchRecord
 
 log = logging.getLogger("dbspark.engine")
+
+#: ``verify`` recomputes in this process, with the reference engine, when the local tier
+#: is on and the input logs hold at most this many rows. The reference engine evaluates
+#: row by row in Python: a few seconds at this size, where a Spark full refresh of a
+#: small circuit costs a JVM and a plan per operator (the demo's four circuits: 37 s).
+REFERENCE_VERIFY_ROWS = 20_000
+VERIFY_TIERS = ("local", "spark")
 
 
 class Views:
@@ -146,17 +156,89 @@ class Views:
             raise ValueError(f"circuit {self.circuit.name!r} has no committed epoch yet")
         return evaluate(self.spark, self.circuit, self.input_frames(epoch), epoch)
 
-    def verify(self) -> dict[str, list[tuple]]:
+    def verify(self, tier: str | None = None) -> dict[str, list[tuple]]:
         """Per view, the rows (with ``__w`` = full refresh minus maintained) that differ
-        between the incrementally maintained view and a full refresh; empty when equal."""
+        between the incrementally maintained view and a full refresh; empty when equal.
+
+        ``tier`` is where the full refresh runs: ``"local"`` (the reference engine in
+        this process), ``"spark"``, or None for ``verify_tier()``'s choice."""
+        tier = self.verify_tier() if tier is None else tier
+        if tier not in VERIFY_TIERS:
+            raise ValueError(f"verify runs on one of {VERIFY_TIERS}, not {tier!r}")
+        epoch = self.last_committed_epoch()
+        if epoch < 0:
+            raise ValueError(f"circuit {self.circuit.name!r} has no committed epoch yet")
+        if tier == "local":
+            return self._verify_locally(epoch)
         from dbspark.engine.spark.full_refresh import verify
 
+        log.info("verify %s at epoch %s: full refresh with Spark", self.circuit.name, epoch)
         fresh = self.full_refresh()
         differences = {}
         for name in self.circuit.views:
             diff = verify(fresh[name], self.view_frame(name))
             differences[name] = [tuple(row) for row in diff.limit(1000).collect()]
         return differences
+
+    def verify_tier(self) -> str:
+        """Where ``verify`` recomputes by default: ``"local"`` while the local tier is on
+        and the input logs hold at most ``REFERENCE_VERIFY_ROWS`` rows, else ``"spark"``."""
+        if self.local_rows <= 0:
+            return "spark"
+        return "local" if self._input_log_rows() <= REFERENCE_VERIFY_ROWS else "spark"
+
+    def _input_log_rows(self) -> int:
+        epoch = self.last_committed_epoch()
+        return sum(
+            record.rows
+            for node_id in self.circuit.sources.values()
+            for record in self.catalog.batches(
+                self.circuit.name, coll.input_log(node_id), max_epoch=epoch
+            )
+        )
+
+    def _verify_locally(self, epoch: int) -> dict[str, list[tuple]]:
+        from dbspark.engine.reference.full_refresh import full_refresh
+
+        history = self._input_history(epoch)
+        log.info(
+            "verify %s at epoch %s: full refresh of %s input rows with the reference engine "
+            "in this process",
+            self.circuit.name,
+            epoch,
+            sum(len(batch) for inputs in history for batch in inputs.values()),
+        )
+        fresh = full_refresh(self.circuit, history, epoch)
+        differences = {}
+        for name in self.circuit.views:
+            diff = fresh.get(name, ZSet()) - self.view(name)
+            differences[name] = [(*row, weight) for row, weight in list(diff.items())[:1000]]
+        return differences
+
+    def _input_history(self, epoch: int) -> list[dict[str, list]]:
+        """The raw input logs of epochs ``0..epoch``, read in this process, as the
+        reference engine takes them: per epoch and source, ``(row, weight)`` pairs of a
+        Z-set source and the rows of an upsert source."""
+        from dbspark.engine.local.tier import table_rows
+
+        history: list[dict[str, list]] = [
+            {name: [] for name in self.circuit.sources} for _ in range(epoch + 1)
+        ]
+        for name, node_id in self.circuit.sources.items():
+            node = self.circuit.node(node_id)
+            zset = node.op == "zset_source"
+            user = node.schema if zset else node.params["user_schema"]
+            extra = [(WEIGHT, "bigint")] if zset else []
+            records = self.catalog.batches(
+                self.circuit.name, coll.input_log(node_id), max_epoch=epoch
+            )
+            table = self.local.read(records, [*user.fields, *extra, *time_fields(1)]).toArrow()
+            epochs = table.column(time_columns(1)[0]).to_pylist()
+            weights = table.column(WEIGHT).to_pylist() if zset else None
+            for index, row in enumerate(table_rows(table, user)):
+                batch = history[epochs[index]][name]
+                batch.append((row, weights[index]) if zset else row)
+        return history
 
     def rebuild(self, name: str) -> int:
         """Replace a view's published contents with its full refresh; returns its rows.
