@@ -28,6 +28,21 @@ os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
 os.environ.pop("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", None)
 
 # --- Spark and PostgreSQL (storage layer) --------------------------------------------------
+#: Spark settings for test data of a few rows: evaluating expressions interpreted costs
+#: less than generating and compiling Java for every new plan (a Spark property test: JVM
+#: CPU -16 to -24%; the Airflow demo's run 107 -> 97 s). Both paths give the same answers.
+INTERPRETED = {
+    "spark.sql.codegen.wholeStage": "false",
+    "spark.sql.codegen.factoryMode": "NO_CODEGEN",
+}
+# The child processes that start a local session through pyspark (the demo, Airflow's
+# task processes, the bench) take them from pyspark's launcher. spark-submit and the
+# Spark daemons do not read this variable, so the spark-submit and compose-topology
+# tests run with code generation, as a deployment does.
+os.environ.setdefault(
+    "PYSPARK_SUBMIT_ARGS",
+    " ".join(f"--conf {key}={value}" for key, value in INTERPRETED.items()) + " pyspark-shell",
+)
 
 
 @pytest.fixture(scope="session")
@@ -49,12 +64,7 @@ def spark():
         .config("spark.sql.ansi.enabled", "true")
         # Test runs are short: stop at the JVM's quick compiler (see DEFAULT_JAVA_OPTIONS).
         .config("spark.driver.extraJavaOptions", " ".join(DEFAULT_JAVA_OPTIONS))
-        # Test data are a few rows: generating and compiling Java for every new plan costs
-        # more than evaluating its expressions interpreted (a Spark property test: JVM CPU
-        # -16 to -24%). Both paths give the same answers; the end-to-end tests (demo,
-        # Airflow, spark-submit, the bench) start their own sessions and keep codegen.
-        .config("spark.sql.codegen.wholeStage", "false")
-        .config("spark.sql.codegen.factoryMode", "NO_CODEGEN")
+        .config(map=INTERPRETED)
         # As in dbspark's own sessions (session.py, gateway.py): Py4J calls per column.
         .config("spark.python.sql.dataFrameDebugging.enabled", "false")
         .getOrCreate()
