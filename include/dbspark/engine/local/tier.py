@@ -468,14 +468,10 @@ def table_rows(table: pa.Table, schema: Schema) -> list[tuple]:
 def table_zset(table: pa.Table, schema: Schema) -> ZSet:
     """A table of ``schema``'s columns (and ``__w``; without it each row counts once) as
     a Z-set of the reference engine's values."""
-    weighted = WEIGHT in table.column_names
-    return ZSet(
-        (
-            tuple(from_column_value(record[n], t) for n, t in schema.fields),
-            int(record[WEIGHT]) if weighted else 1,
-        )
-        for record in table.select([*schema.names, *([WEIGHT] if weighted else [])]).to_pylist()
-    )
+    rows = table_rows(table, schema)
+    if WEIGHT not in table.column_names:
+        return ZSet((row, 1) for row in rows)
+    return ZSet(zip(rows, table.column(WEIGHT).to_pylist(), strict=True))
 
 
 def table_fingerprint(table: pa.Table) -> str:

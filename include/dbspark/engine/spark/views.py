@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Iterator
 
 import pyarrow as pa
 from pyspark.sql import DataFrame
 
 from dbspark.circuit.builder import Node
 from dbspark.core.columns import WEIGHT, time_columns, time_fields
+from dbspark.core.types import Schema
 from dbspark.core.zset import ZSet
 from dbspark.engine.api import (
     EpochOrderError,
@@ -133,19 +135,27 @@ class Views:
     def views(self) -> dict[str, ZSet]:
         return {name: self.view(name) for name in self.circuit.views}
 
-    def input_frames(self, epoch: int | None = None) -> dict[str, DataFrame]:
-        """Every source's raw input log (epochs ``0..epoch``), shaped for full refresh."""
-        frames = {}
+    def _input_logs(
+        self, epoch: int | None
+    ) -> Iterator[tuple[str, Schema, list[tuple[str, str]], list[BatchRecord]]]:
+        """Per source: its name, its user columns, the log's other fields (``__w`` of a
+        Z-set source, the time) and the log's batches of epochs ``0..epoch``."""
         for name, node_id in self.circuit.sources.items():
             node = self.circuit.node(node_id)
-            user = node.schema if node.op == "zset_source" else node.params["user_schema"]
-            extra = [(WEIGHT, "bigint")] if node.op == "zset_source" else []
-            schema = struct_type(user, extra=[*extra, *time_fields(1)])
+            zset = node.op == "zset_source"
+            user = node.schema if zset else node.params["user_schema"]
+            extra = [*([(WEIGHT, "bigint")] if zset else []), *time_fields(1)]
             records = self.catalog.batches(
                 self.circuit.name, coll.input_log(node_id), max_epoch=epoch
             )
-            frames[name] = self.warehouse.read(self.spark, records, schema)
-        return frames
+            yield name, user, extra, records
+
+    def input_frames(self, epoch: int | None = None) -> dict[str, DataFrame]:
+        """Every source's raw input log (epochs ``0..epoch``), shaped for full refresh."""
+        return {
+            name: self.warehouse.read(self.spark, records, struct_type(user, extra=extra))
+            for name, user, extra, records in self._input_logs(epoch)
+        }
 
     def full_refresh(self, epoch: int | None = None) -> dict[str, DataFrame]:
         """Every view recomputed from scratch over the accumulated input (a full refresh)."""
@@ -173,7 +183,7 @@ class Views:
         from dbspark.engine.spark.full_refresh import verify
 
         log.info("verify %s at epoch %s: full refresh with Spark", self.circuit.name, epoch)
-        fresh = self.full_refresh()
+        fresh = self.full_refresh(epoch)
         differences = {}
         for name in self.circuit.views:
             diff = verify(fresh[name], self.view_frame(name))
@@ -188,14 +198,8 @@ class Views:
         return "local" if self._input_log_rows() <= REFERENCE_VERIFY_ROWS else "spark"
 
     def _input_log_rows(self) -> int:
-        epoch = self.last_committed_epoch()
-        return sum(
-            record.rows
-            for node_id in self.circuit.sources.values()
-            for record in self.catalog.batches(
-                self.circuit.name, coll.input_log(node_id), max_epoch=epoch
-            )
-        )
+        logs = self._input_logs(self.last_committed_epoch())
+        return sum(record.rows for *_, records in logs for record in records)
 
     def _verify_locally(self, epoch: int) -> dict[str, list[tuple]]:
         from dbspark.engine.reference.full_refresh import full_refresh
@@ -224,20 +228,14 @@ class Views:
         history: list[dict[str, list]] = [
             {name: [] for name in self.circuit.sources} for _ in range(epoch + 1)
         ]
-        for name, node_id in self.circuit.sources.items():
-            node = self.circuit.node(node_id)
-            zset = node.op == "zset_source"
-            user = node.schema if zset else node.params["user_schema"]
-            extra = [(WEIGHT, "bigint")] if zset else []
-            records = self.catalog.batches(
-                self.circuit.name, coll.input_log(node_id), max_epoch=epoch
-            )
-            table = self.local.read(records, [*user.fields, *extra, *time_fields(1)]).toArrow()
+        for name, user, extra, records in self._input_logs(epoch):
+            table = self.local.read(records, [*user.fields, *extra]).toArrow()
             epochs = table.column(time_columns(1)[0]).to_pylist()
-            weights = table.column(WEIGHT).to_pylist() if zset else None
-            for index, row in enumerate(table_rows(table, user)):
-                batch = history[epochs[index]][name]
-                batch.append((row, weights[index]) if zset else row)
+            rows = table_rows(table, user)
+            if WEIGHT in table.column_names:  # a Z-set source: (row, weight) pairs
+                rows = list(zip(rows, table.column(WEIGHT).to_pylist(), strict=True))
+            for at, row in zip(epochs, rows, strict=True):
+                history[at][name].append(row)
         return history
 
     def rebuild(self, name: str) -> int:
