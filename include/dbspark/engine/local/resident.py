@@ -1,4 +1,4 @@
-"""Resident arrangements: trace files kept decoded in memory across epochs, with a key index.
+"""Resident arrangements: trace batches kept decoded in memory across epochs, with a key index.
 
 A small epoch's cost on the local tier is mostly finding the stored rows of the keys
 its delta touches. Read from Parquet, that means decoding every touched file: at a 0.1%
@@ -8,11 +8,13 @@ process that runs epoch after epoch (the main job, a benchmark, a long-lived wor
 can keep what it decoded, as Differential Dataflow and Feldera keep their arrangements,
 and find a key's rows with an index instead of a scan.
 
-Keeping files is sound without any invalidation: a batch file never changes once
-written (a new batch gets a new path, and compaction writes a new file and supersedes
-the old ones in the catalog). Which files are live is still asked of the catalog on
-every read; the store only answers "what does this path hold". Files the catalog has
+Keeping them is sound without any invalidation: a batch never changes once written
+(a new batch gets a new path, and compaction writes a new batch and supersedes the old
+ones in the catalog). Which batches are live is still asked of the catalog on every
+read; the store only answers "what does this path hold". Batches the catalog has
 superseded are simply no longer asked for, and fall out as the least recently used.
+An entry is a whole batch, all its bucket files together (the local tier decides that),
+so a lookup costs one probe per batch, not one per bucket.
 
 The index of a file is on the key columns of a lookup, all of them together: each
 column's values become small integers (an integer or temporal value minus the file's
@@ -219,7 +221,7 @@ def _searchable(array: pa.Array | pa.ChunkedArray) -> np.ndarray:
 
 
 class ResidentFile:
-    """One decoded batch file and its key indexes, built when first asked for."""
+    """One decoded batch (or file) and its key indexes, built when first asked for."""
 
     def __init__(self, table: pa.Table) -> None:
         # One chunk per column: Arrow's take over a chunked column concatenates the
@@ -262,13 +264,14 @@ class ResidentFile:
 
 
 class ResidentFiles:
-    """Decoded files by path, the least recently used dropped beyond ``budget`` bytes."""
+    """Decoded batches (or files) by path, the least recently used dropped beyond
+    ``budget`` bytes."""
 
     def __init__(self, budget: int) -> None:
         self.budget = budget
         self._files: OrderedDict[str, ResidentFile] = OrderedDict()
         self._bytes = 0
-        self.loads = 0  # files decoded from disk (reads the store could not answer)
+        self.loads = 0  # entries decoded from disk (reads the store could not answer)
 
     @property
     def enabled(self) -> bool:

@@ -52,7 +52,7 @@ Fields = Sequence[tuple[str, str]]
 
 #: A keyed batch of at most this many rows is one key-sorted file, not a folder per
 #: bucket: sixteen small files cost more to write and to open than one read in full,
-#: and the resident index finds keys in one file as fast as in sixteen. Measured at W1
+#: and the resident index holds a batch as one entry either way. Measured at W1
 #: SF 1 (session 20): 4,096 rows wrote 48 files a 0.1% epoch and 93 at 1%, 65,536 rows
 #: 18 and 33, and the epochs took 0.35-0.42 s against 0.46-0.56 s and 0.70 s against
 #: 1.05 s; at 262,144 the 1% epoch was slower again (0.81 s), sorting and probing one
@@ -223,7 +223,7 @@ class LocalTier:
             if table.schema.names == [n for n, _ in fields]:
                 return self.session.frame(_conform(table, fields))
         files: list[str] = []
-        bucket_counts: list[int] = []  # of each file's batch (0: not bucketed)
+        touched: list[BatchRecord] = []  # the batches holding some wanted bucket
         for record in records:
             wanted = None
             if keys is not None and record.buckets and keys.buckets is not None:
@@ -232,11 +232,12 @@ class LocalTier:
                     wanted = set(_buckets_of(keys, record.buckets))
             listed = self._files_of(record, wanted)
             files.extend(listed)
-            bucket_counts.extend([record.buckets] * len(listed))
+            if listed:
+                touched.append(record)
         if not files:
             return self.empty(fields)
         if self.resident.enabled:
-            resident = self._resident_read(files, bucket_counts, fields, keys, key_cols)
+            resident = self._resident_read(touched, fields, keys, key_cols)
             if resident is not None:
                 return resident
         kept = None
@@ -279,35 +280,31 @@ class LocalTier:
 
     def _resident_read(
         self,
-        files: list[str],
-        bucket_counts: list[int],
+        records: Sequence[BatchRecord],
         fields: Fields,
         keys: KeySet | None,
         key_cols: list[str],
     ) -> LocalFrame | None:
-        """The read answered from resident files (decoding those not yet kept), keys
-        found by each file's index; None when a file does not fit or lacks a column.
-        A bucket's file is searched only for the keys that hash to its bucket."""
+        """The read answered from resident batches (decoding those not yet kept), keys
+        found by each batch's index; None when a batch does not fit or lacks a column.
+        A batch is one entry whatever its files: a bucketed batch searched file by file
+        cost a probe per bucket, sixteen where one does."""
         names = [n for n, _ in fields]
         loaded: list[ResidentFile] = []
-        for file in files:
-            kept = file in self.resident
-            resident = self.resident.load(file)
+        for record in records:
+            resident = self._resident_batch(record)
             if resident is None or not set(names) <= set(resident.table.column_names):
                 return None
-            if not kept:
-                READS.note([file], resident.table.column_names)
             loaded.append(resident)
         if keys is None:
             parts = [f.table for f in loaded]
         else:
-            probes = _BucketProbes(keys.frame.toArrow(), [dict(fields)[k] for k in key_cols])
+            types = [arrow_type(dict(fields)[k]) for k in key_cols]
+            wanted_keys = keys.frame.toArrow()
+            probe = KeyProbe(*[wanted_keys.column(i).cast(t) for i, t in enumerate(types)])
             # The key columns too: a partial index leaves some for the semi-join below.
             wanted = list(dict.fromkeys([*names, *key_cols]))
-            parts = [
-                f.rows_with(key_cols, probes.of(file, buckets), wanted)
-                for f, file, buckets in zip(loaded, files, bucket_counts, strict=True)
-            ]
+            parts = [f.rows_with(key_cols, probe, wanted) for f in loaded]
         frame = self.session.frame(
             pa.concat_tables([_conform(part.select(names), fields) for part in parts])
         )
@@ -315,6 +312,25 @@ class LocalTier:
             return frame
         # An index matched only the leading key columns; the rest are checked here.
         return semi_join(frame, self._typed_keys(keys, fields, key_cols).distinct(), key_cols)
+
+    def _resident_batch(self, record: BatchRecord) -> ResidentFile | None:
+        """The resident entry of ``record``: all its files' rows together (decoded now if
+        not yet kept); None when it is larger than the whole budget, or its files'
+        schemas differ."""
+        key = str(self.warehouse.abspath(record.path))
+        found = self.resident.get(key)
+        if found is not None:
+            return found
+        files = self._files_of(record, None)
+        tables = [pq.read_table(f) for f in files]
+        for file, table in zip(files, tables, strict=True):
+            READS.note([file], table.column_names)
+        try:
+            table = pa.concat_tables(tables) if len(tables) != 1 else tables[0]
+        except pa.ArrowInvalid:
+            return None
+        self.resident.loads += 1
+        return self.resident.keep(key, table)
 
     def _typed_keys(self, keys: KeySet, fields: Fields, key_cols: list[str]) -> LocalFrame:
         types = dict(fields)
@@ -331,10 +347,9 @@ class LocalTier:
         resident after."""
         self.session.prepare()
         for record, key_columns in traces:
-            for file in self._files_of(record, None):
-                resident = self.resident.load(file)  # None: larger than the whole budget
-                if resident is not None and key_columns:
-                    resident.index(key_columns)
+            resident = self._resident_batch(record)  # None: larger than the whole budget
+            if resident is not None and key_columns:
+                resident.index(key_columns)
         self.resident.settle()
         return self.resident.nbytes
 
@@ -431,8 +446,9 @@ class LocalTier:
                 if bucket_by:
                     table = _sorted(table, bucket_by)
                 written = write_files(table, target, None)
-            for path, part in written:
-                self.resident.keep(str(path), part)
+            parts = [part for _path, part in written]
+            kept = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
+            self.resident.keep(str(target), kept)
         except BaseException:
             shutil.rmtree(target, ignore_errors=True)
             raise
@@ -510,27 +526,6 @@ def _sorted(table: pa.Table, keys: Sequence[str]) -> pa.Table:
         return table.sort_by([(k, "ascending") for k in keys])
     except (pa.ArrowNotImplementedError, pa.ArrowInvalid):
         return table
-
-
-class _BucketProbes:
-    """A lookup's keys, split by the bucket they hash to (per bucket count)."""
-
-    def __init__(self, keys: pa.Table, types: Sequence[str]) -> None:
-        self.columns = [keys.column(i).cast(arrow_type(kind)) for i, kind in enumerate(types)]
-        self.all = KeyProbe(*self.columns)
-        self._split: dict[int, dict[int, KeyProbe]] = {}
-
-    def of(self, file: str, buckets: int) -> KeyProbe:
-        if not buckets:
-            return self.all
-        split = self._split.get(buckets)
-        if split is None:
-            ids = bucket_ids(self.columns, buckets)
-            split = self._split[buckets] = {}
-            for bucket in np.unique(ids):
-                rows = pa.array(np.flatnonzero(ids == bucket))
-                split[int(bucket)] = KeyProbe(*(c.take(rows) for c in self.columns))
-        return split.get(_bucket_of(file)) or KeyProbe(*(c.slice(0, 0) for c in self.columns))
 
 
 def _bucket_of(file: str) -> int:
