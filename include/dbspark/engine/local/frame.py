@@ -342,8 +342,10 @@ def col(name: str) -> LocalColumn:
 
 
 def _column_of(table: pa.Table, name: str) -> pa.ChunkedArray | None:
-    names = table.column_names
-    return table.column(name) if names.count(name) == 1 else None
+    # -1 when the name is missing or not unique (a join's two sides), without building
+    # the list of names (a small epoch asks this about 900 times).
+    index = table.schema.get_field_index(name)
+    return None if index < 0 else table.column(index)
 
 
 def lit(value: Any) -> LocalColumn:
