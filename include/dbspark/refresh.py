@@ -2,13 +2,15 @@
 
 This is the second way to every answer (ARCHITECTURE.md, "Two ways to every answer").
 
-    python -m dbspark.refresh verify CIRCUIT --warehouse DIR
+    python -m dbspark.refresh verify CIRCUIT --warehouse DIR [--tier local|spark]
     python -m dbspark.refresh rebuild CIRCUIT --warehouse DIR [--view NAME ...]
 
 ``CIRCUIT`` is a named example circuit (``orders``, ``reachability``, ...) or
 ``package.module:function`` returning a ``Circuit``. ``verify`` recomputes every
 view over the warehouse's raw input log and compares it with the incrementally
-maintained view: exit 0 when they agree, 1 with the differing rows otherwise.
+maintained view: exit 0 when they agree, 1 with the differing rows otherwise. A log
+of at most ``REFERENCE_VERIFY_ROWS`` rows is recomputed by the reference engine in this
+process, a larger one by Spark; ``--tier`` chooses instead.
 ``rebuild`` replaces the views' contents with the full refresh.
 """
 
@@ -40,12 +42,21 @@ def load_circuit(spec: str) -> Circuit:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from dbspark.engine.spark.views import VERIFY_TIERS
+
     parser = argparse.ArgumentParser(prog="python -m dbspark.refresh", description=__doc__)
     parser.add_argument("action", choices=("verify", "rebuild"))
     parser.add_argument("circuit", help="a named example circuit or module:function")
     parser.add_argument("--warehouse", type=Path, required=True)
     parser.add_argument("--view", action="append", help="rebuild only these views")
+    parser.add_argument(
+        "--tier",
+        choices=VERIFY_TIERS,
+        help="verify: recompute in this process (local) or with Spark (default: by log size)",
+    )
     args = parser.parse_args(argv)
+    if args.tier is not None and args.action != "verify":
+        parser.error("--tier applies to verify only")
     if not (args.warehouse / "catalog.db").exists():
         print(f"no warehouse at {args.warehouse} (no catalog.db)", file=sys.stderr)
         return 2
@@ -55,7 +66,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     engine = SparkEngine(load_circuit(args.circuit), args.warehouse)
     epoch = engine.last_committed_epoch()
     if args.action == "verify":
-        differences = engine.verify()
+        tier = args.tier or engine.verify_tier()
+        where = "in this process" if tier == "local" else "with Spark"
+        print(f"full refresh of {engine.circuit.name!r} at epoch {epoch} {where}")
+        differences = engine.verify(tier=tier)
         for name, rows in differences.items():
             state = "matches full refresh" if not rows else f"DIFFERS in {len(rows)} rows"
             print(f"view {name} at epoch {epoch}: {state}")
