@@ -404,6 +404,17 @@ def _seconds_setting(name: str, default: float) -> float:
     return value
 
 
+def _check_new_batches(circuit: str, batches: list[BatchRecord]) -> None:
+    """Refuse batches that cannot be registered by a commit of ``circuit``."""
+    for b in batches:
+        if b.id is not None:
+            raise CatalogError(f"batch {b.path} is already registered (id {b.id})")
+        if b.circuit != circuit:
+            raise CatalogError(f"batch {b.path} belongs to circuit {b.circuit!r}, not {circuit!r}")
+        if b.kind not in KINDS:
+            raise CatalogError(f"batch kind must be one of {KINDS}, got {b.kind!r}")
+
+
 class _CommitGroup:
     """The transaction and pending files of :meth:`Catalog.grouped`, begun at its first
     write, in the thread that opened the group."""
@@ -911,25 +922,8 @@ class Catalog:
         epoch = int(next(iter(time)))
         batches = list(new_batches)
         supersede_ids = list(dict.fromkeys(int(i) for i in supersede))
-        for b in batches:
-            if b.id is not None:
-                raise CatalogError(f"batch {b.path} is already registered (id {b.id})")
-            if b.circuit != circuit:
-                raise CatalogError(
-                    f"batch {b.path} belongs to circuit {b.circuit!r}, not {circuit!r}"
-                )
-            if b.kind not in KINDS:
-                raise CatalogError(f"batch kind must be one of {KINDS}, got {b.kind!r}")
-        if batches and self.warehouse is not None:
-            # Durable before visible: a crash after the commit must not leave the catalog
-            # naming files the kernel never wrote out. A group syncs all of its files
-            # before its one database commit.
-            paths = [self.warehouse / b.path for b in batches]
-            group = self._own_group()
-            if group is None:
-                sync_trees(paths, up_to=self.warehouse)
-            else:
-                group.paths.extend(paths)
+        _check_new_batches(circuit, batches)
+        self._make_durable(batches)
         try:
             with self._write() as conn:
                 now = _now()  # inside the transaction: SQLite's writers are serialised
@@ -957,21 +951,9 @@ class Catalog:
                         [{**_batch_values(b, now), "created_by": run_id} for b in batches],
                     )
                 if supersede_ids:
-                    bt = batches_table
-                    done = conn.execute(
-                        bt.update()
-                        .where(
-                            bt.c.id.in_(supersede_ids),
-                            bt.c.circuit == circuit,
-                            bt.c.superseded_by.is_(None),
-                        )
-                        .values(superseded_by=run_id)
-                    ).rowcount
-                    if done != len(supersede_ids):
-                        raise CatalogError(
-                            f"stage {stage!r} at {time_text} supersedes batches {supersede_ids}"
-                            f" of circuit {circuit!r}, but only {done} of them exist and are live"
-                        )
+                    self._supersede(
+                        conn, circuit, supersede_ids, run_id, f"stage {stage!r} at {time_text}"
+                    )
                 if loop_iteration is not None:
                     self._insert_loop_iteration(conn, circuit, loop_iteration, now)
                 if input_fingerprint is not None:
@@ -990,6 +972,37 @@ class Catalog:
             if self.stage_done(circuit, stage, time):
                 return False  # lost a race against another attempt of the same stage
             raise CatalogError(f"commit of stage {stage!r} at {time_text} failed: {err}") from err
+
+    def _make_durable(self, batches: list[BatchRecord]) -> None:
+        """Durable before visible: a crash after the commit must not leave the catalog
+        naming files the kernel never wrote out. A group syncs all of its files before
+        its one database commit."""
+        if not batches or self.warehouse is None:
+            return
+        paths = [self.warehouse / b.path for b in batches]
+        group = self._own_group()
+        if group is None:
+            sync_trees(paths, up_to=self.warehouse)
+        else:
+            group.paths.extend(paths)
+
+    @staticmethod
+    def _supersede(
+        conn: Connection, circuit: str, batch_ids: list[int], run_id: int, by: str
+    ) -> None:
+        """Mark the live batches ``batch_ids`` of ``circuit`` replaced by stage run
+        ``run_id`` (``by`` names it in the error when one is missing or already gone)."""
+        bt = batches_table
+        done = conn.execute(
+            bt.update()
+            .where(bt.c.id.in_(batch_ids), bt.c.circuit == circuit, bt.c.superseded_by.is_(None))
+            .values(superseded_by=run_id)
+        ).rowcount
+        if done != len(batch_ids):
+            raise CatalogError(
+                f"{by} supersedes batches {batch_ids} of circuit {circuit!r}, but only {done} "
+                "of them exist and are live"
+            )
 
     def input_fingerprint(self, circuit: str, stage: str, time: Sequence[int]) -> str | None:
         """The fingerprint of the input a committed unit consumed, if it recorded one."""

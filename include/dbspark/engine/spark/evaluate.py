@@ -228,36 +228,11 @@ class OperatorEvaluation:
     def _stateful(
         self, node: Node, t: Time, unit: Unit, frames: dict[tuple[int, Time], Frame]
     ) -> Frame:
-        params = node.params
+        """The output delta at ``t`` of a join, distinct or aggregate: arrange the input
+        deltas, then recompute the keys that can change now from the traces' slices."""
         depth = len(t)
         port_keys = keys_by_port(self.circuit, node)
-        deltas: list[Frame] = []
-        arranged: list[BatchRecord | None] = []
-        for port, input_id in enumerate(node.inputs):
-            delta = self._delta(input_id, t, unit, frames)
-            if delta is not None:
-                input_node = self.circuit.node(input_id)
-                if node.op == "distinct":
-                    # distinct reads back each touched row's whole weight, and its input
-                    # is typically a projection that repeats rows (routes of flights):
-                    # arranged consolidated, a row is one stored row, not one per copy.
-                    delta = consolidate(delta, list(input_node.schema.names))
-                record = unit.write(
-                    with_time(delta, t),
-                    coll.arranged(node.id, port),
-                    "trace",
-                    t,
-                    self._fields(input_node, depth),
-                    bucket_by=list(port_keys[port]),
-                )
-                # The input delta is exactly what was just arranged: read it from there.
-                delta = self._read_back(record, input_node, unit, depth)
-            else:
-                record = None
-            deltas.append(delta)
-            arranged.append(record)
-        schemas = [self.circuit.node(i).schema for i in node.inputs]
-        out_names = list(node.schema.names)
+        deltas, arranged = self._arrange_inputs(node, t, unit, frames, port_keys)
         if depth == 1 and all(d is None for d in deltas):
             return None  # at the root clock, output needs input at this very epoch
         # Per port, the batches of t's epoch at or before t: their keys are the only ones
@@ -278,6 +253,57 @@ class OperatorEvaluation:
         ]
         if node.op == "join" and depth == 1:
             return self._join_at_root(node, t, unit, deltas, arranged)
+        return self._from_trace_slices(node, t, unit, now, port_keys)
+
+    def _arrange_inputs(
+        self,
+        node: Node,
+        t: Time,
+        unit: Unit,
+        frames: dict[tuple[int, Time], Frame],
+        port_keys: list[tuple[str, ...]],
+    ) -> tuple[list[Frame], list[BatchRecord | None]]:
+        """Each port's input delta at ``t`` appended to the node's arranged trace, and read
+        back from there; with the batch written per port (None: the delta was empty)."""
+        deltas: list[Frame] = []
+        arranged: list[BatchRecord | None] = []
+        for port, input_id in enumerate(node.inputs):
+            delta = self._delta(input_id, t, unit, frames)
+            record = None
+            if delta is not None:
+                input_node = self.circuit.node(input_id)
+                if node.op == "distinct":
+                    # distinct reads back each touched row's whole weight, and its input
+                    # is typically a projection that repeats rows (routes of flights):
+                    # arranged consolidated, a row is one stored row, not one per copy.
+                    delta = consolidate(delta, list(input_node.schema.names))
+                record = unit.write(
+                    with_time(delta, t),
+                    coll.arranged(node.id, port),
+                    "trace",
+                    t,
+                    self._fields(input_node, len(t)),
+                    bucket_by=list(port_keys[port]),
+                )
+                # The input delta is exactly what was just arranged: read it from there.
+                delta = self._read_back(record, input_node, unit, len(t))
+            deltas.append(delta)
+            arranged.append(record)
+        return deltas, arranged
+
+    def _from_trace_slices(
+        self,
+        node: Node,
+        t: Time,
+        unit: Unit,
+        now: list[list[BatchRecord]],
+        port_keys: list[tuple[str, ...]],
+    ) -> Frame:
+        """The output delta of a distinct, an aggregate or a nested join, from the slices
+        of its traces that hold the keys ``now``'s batches touched."""
+        params = node.params
+        depth = len(t)
+        schemas = [self.circuit.node(i).schema for i in node.inputs]
         # A global aggregate (no group columns) is one group: it reads its whole trace.
         global_group = node.op == "aggregate" and not params["keys"]
         fields = [self._fields(self.circuit.node(i), depth) for i in node.inputs]
@@ -286,20 +312,19 @@ class OperatorEvaluation:
             # Only the columns the aggregate reads, when its rows may merge on them.
             columns = aggregate_columns(self.circuit, node, self.plan.positive)
             schemas[0] = Schema(tuple((n, schemas[0].type_of(n)) for n in columns))
-        traces = []
-        for port in range(len(node.inputs)):
-            traces.append(
-                self._trace(
-                    node,
-                    port,
-                    unit,
-                    keys=touched,
-                    when=lambda time: timestamps.less_equal(time, t),
-                    columns=schemas[port].names,
-                )
+        traces = [
+            self._trace(
+                node,
+                port,
+                unit,
+                keys=touched,
+                when=lambda time: timestamps.less_equal(time, t),
+                columns=schemas[port].names,
             )
+            for port in range(len(node.inputs))
+        ]
         if node.op == "distinct":
-            return ops.distinct_delta(traces[0], out_names, t)
+            return ops.distinct_delta(traces[0], list(node.schema.names), t)
         if node.op == "aggregate":
             # The local tier reads exactly the touched keys; at the root clock those are
             # the groups updated at t.
@@ -322,7 +347,7 @@ class OperatorEvaluation:
             list(schemas[0].names),
             list(schemas[1].names),
             list(params["right_values"]),
-            out_names,
+            list(node.schema.names),
             t,
         )
 

@@ -159,11 +159,7 @@ def build_dag(
     """
     from airflow.sdk import DAG
 
-    if callable(circuit) and not isinstance(circuit, Circuit):
-        recipe = circuit_recipe or CircuitRecipe.of_factory(circuit)
-        circuit = circuit()
-    else:
-        recipe = circuit_recipe
+    circuit, recipe = _circuit_and_recipe(circuit, circuit_recipe)
     start_date = _aware(start_date)
     _check_connectors(circuit, sources)
     timeouts = task_timeouts(execution_timeouts)
@@ -184,35 +180,57 @@ def build_dag(
         iteration_tasks=iteration_tasks,
         recipe=recipe,
     )
-    params = dict(dag_kwargs.pop("params", None) or {})
-    taken = sorted({VERIFY, REBUILD} & set(params))
-    if taken:
-        raise ValueError(f"params {taken} are dbspark's own (see build_dag); rename yours")
-    default_args = {
-        "depends_on_past": True,
-        "retries": retries,
-        "retry_delay": retry_delay,
-        "retry_exponential_backoff": RETRY_BACKOFF,
-        "max_retry_delay": MAX_RETRY_DELAY,
-        "retry_policy": retry_policy(),
-        **dag_kwargs.pop("default_args", {}),
-    }
     dag = DAG(
         dag_id=dag_id or f"dbspark_{circuit.name}",
         schedule=_timetable(schedule, start_date),
         start_date=start_date,
         catchup=catchup,
         max_active_runs=1,
-        default_args=default_args,
+        default_args=_default_args(retries, retry_delay, dag_kwargs.pop("default_args", {})),
         tags=tags or ["dbspark"],
         doc_md=_doc(circuit),
-        params={**params, **run_params(circuit)},
+        params={**_user_params(dag_kwargs.pop("params", None)), **run_params(circuit)},
         **dag_kwargs,
     )
     _CIRCUITS[dag.dag_id] = circuit
     with dag:
         _EpochGraph(runner, iteration_tasks, timeouts).build()
     return dag
+
+
+def _circuit_and_recipe(
+    circuit: Circuit | Callable[[], Circuit], recipe: CircuitRecipe | None
+) -> tuple[Circuit, CircuitRecipe | None]:
+    """The circuit (built now if given as its factory) and how a spark-submit driver
+    builds it again: ``recipe``, else a factory's own recipe."""
+    if callable(circuit) and not isinstance(circuit, Circuit):
+        return circuit(), recipe or CircuitRecipe.of_factory(circuit)
+    return circuit, recipe
+
+
+def _user_params(params: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The user's DAG params, refused when one takes the name of dbspark's own."""
+    params = dict(params or {})
+    taken = sorted({VERIFY, REBUILD} & set(params))
+    if taken:
+        raise ValueError(f"params {taken} are dbspark's own (see build_dag); rename yours")
+    return params
+
+
+def _default_args(
+    retries: int, retry_delay: timedelta, overrides: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Every task's arguments: an epoch waits for the one before, and retries back off
+    (``policy.retry_policy``); ``overrides`` (the caller's ``default_args``) win."""
+    return {
+        "depends_on_past": True,
+        "retries": retries,
+        "retry_delay": retry_delay,
+        "retry_exponential_backoff": RETRY_BACKOFF,
+        "max_retry_delay": MAX_RETRY_DELAY,
+        "retry_policy": retry_policy(),
+        **overrides,
+    }
 
 
 def sql_dag(
