@@ -1651,16 +1651,7 @@ def garbage_collect(
         # (it takes its lease before writing); a unit that committed after the horizon
         # was read held a lease then, which keeps its paths.
         base = root / name
-        units = root / UNITS_FOLDER / name
-        listed: list[str] = []
-        if base.is_dir():
-            listed.extend(
-                p.relative_to(root).as_posix() for p in sorted(base.glob("*/*/t=*/*")) if p.is_dir()
-            )
-        if units.is_dir():
-            listed.extend(
-                p.relative_to(root).as_posix() for p in sorted(units.iterdir()) if p.is_file()
-            )
+        listed = _gc_candidates(root, name)
         before = {b.path for b in catalog.all_batches(name)}
         listed = [rel for rel in listed if rel not in before]
         seen = catalog._gc_marks(name, listed)
@@ -1695,6 +1686,24 @@ def garbage_collect(
             # empty folders for a later run.
             _remove_empty_dirs(base)
     return report
+
+
+def _gc_candidates(root: Path, circuit: str) -> list[str]:
+    """What garbage collection may delete of ``circuit`` unless it is registered: the
+    directories at batch depth and the files in its ``_units/`` folder, relative to
+    ``root``."""
+    base = root / circuit
+    units = root / UNITS_FOLDER / circuit
+    listed: list[str] = []
+    if base.is_dir():
+        listed.extend(
+            p.relative_to(root).as_posix() for p in sorted(base.glob("*/*/t=*/*")) if p.is_dir()
+        )
+    if units.is_dir():
+        listed.extend(
+            p.relative_to(root).as_posix() for p in sorted(units.iterdir()) if p.is_file()
+        )
+    return listed
 
 
 def _remove_tree(path: Path) -> int:

@@ -114,6 +114,41 @@ def _readable_dags(user: GetUserDep) -> Callable[[Iterable[str]], set[str]]:
 ReadableDags = Annotated[Callable[[Iterable[str]], set[str]], Depends(_readable_dags)]
 
 
+def visible(catalog: Catalog, readable: Callable[[Iterable[str]], set[str]]) -> list[str]:
+    """The circuits the user may see: those a readable DAG ran, and those no DAG run
+    recorded (run by the engine alone, outside Airflow's permissions)."""
+    shown = []
+    for name in circuit_names(catalog):
+        dags = dag_ids(catalog, name)
+        if not dags or readable(dags):
+            shown.append(name)
+    return shown
+
+
+async def login_first(request: Request, exc: HTTPException) -> Response:
+    """A browser without a login goes to the login page and comes back; API clients get
+    the 401 itself."""
+    wants_html = "text/html" in request.headers.get("accept", "")
+    if exc.status_code == 401 and wants_html and "/api/" not in request.url.path:
+        login = get_auth_manager().get_url_login(next_url=str(request.url))
+        return RedirectResponse(login, status_code=303)
+    return await http_exception_handler(request, exc)
+
+
+def open_catalog(
+    locate: Callable[[], CatalogLocation], catalogs: CatalogCache
+) -> tuple[Catalog | None, CatalogLocation]:
+    """The catalog ``locate`` finds now (None when it does not exist yet) and where it
+    is; a 503 when its location cannot be found."""
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    try:
+        location = locate()
+    except (AirflowNotFoundException, LookupError) as err:
+        raise HTTPException(503, f"the dbspark catalog cannot be found: {err}") from err
+    return catalogs.get(location), location
+
+
 def create_app(locate: Callable[[], CatalogLocation] = resolve_catalog) -> FastAPI:
     """The app; ``locate`` finds the catalog at each request (from Airflow's configuration
     and Connections by default, so a changed setting needs no restart)."""
@@ -135,23 +170,7 @@ def create_app(locate: Callable[[], CatalogLocation] = resolve_catalog) -> FastA
     )
 
     def catalog_and_location() -> tuple[Catalog | None, CatalogLocation]:
-        from airflow.sdk.exceptions import AirflowNotFoundException
-
-        try:
-            location = locate()
-        except (AirflowNotFoundException, LookupError) as err:
-            raise HTTPException(503, f"the dbspark catalog cannot be found: {err}") from err
-        return catalogs.get(location), location
-
-    def visible(catalog: Catalog, readable: Callable[[Iterable[str]], set[str]]) -> list[str]:
-        """The circuits the user may see: those a readable DAG ran, and those no DAG run
-        recorded (run by the engine alone, outside Airflow's permissions)."""
-        shown = []
-        for name in circuit_names(catalog):
-            dags = dag_ids(catalog, name)
-            if not dags or readable(dags):
-                shown.append(name)
-        return shown
+        return open_catalog(locate, catalogs)
 
     def one_circuit(
         name: str, readable: Callable[[Iterable[str]], set[str]], limit: int
@@ -161,15 +180,7 @@ def create_app(locate: Callable[[], CatalogLocation] = resolve_catalog) -> FastA
             raise HTTPException(404, f"no circuit {name!r} in the dbspark catalog")
         return circuit_status(catalog, name, links, limit=limit), location
 
-    @app.exception_handler(HTTPException)
-    async def login_first(request: Request, exc: HTTPException) -> Response:
-        """A browser without a login goes to the login page and comes back; API clients
-        get the 401 itself."""
-        wants_html = "text/html" in request.headers.get("accept", "")
-        if exc.status_code == 401 and wants_html and "/api/" not in request.url.path:
-            login = get_auth_manager().get_url_login(next_url=str(request.url))
-            return RedirectResponse(login, status_code=303)
-        return await http_exception_handler(request, exc)
+    app.add_exception_handler(HTTPException, login_first)
 
     @app.get("/", response_class=HTMLResponse, name="dbspark_index")
     def index(request: Request, readable: ReadableDags) -> str:
