@@ -321,10 +321,36 @@ def _grouped_over_positive(
     )
     extremes = [n for n, a in aggregations.items() if a.kind in ("min", "max")]
     by = [*keys, *dict.fromkeys(f"__v_{n}" for n in extremes)]
-    # Each column's type when summed again per group (None: as the sum gives it).
+    first, types = _weighted_sums(d, aggregations, out_schema, len(box))
+    per_value = prepared.groupBy(*by).agg(*first) if by else prepared.agg(*first)
+    if not extremes:
+        totals = per_value
+    else:  # then per group
+        sums = [
+            (F.sum(c) if types[c] is None else F.sum(c).cast(types[c])).alias(c)
+            for c in per_value.columns
+            if c not in by
+        ]
+        for name in extremes:
+            pick = F.min if aggregations[name].kind == "min" else F.max
+            for i in range(len(box)):
+                kept = F.when(F.col(f"__a{i}") > 0, F.col(f"__v_{name}"))
+                sums.append(pick(kept).alias(f"{name}__{i}"))
+        totals = per_value.groupBy(*keys).agg(*sums) if keys else per_value.agg(*sums)
+    return totals.select(*keys, *_corner_values(d, aggregations, out_schema, len(box)))
+
+
+def _weighted_sums(
+    d: Dialect, aggregations: dict[str, Aggregation], out_schema: Schema, corners: int
+) -> tuple[list[Column], dict[str, Any]]:
+    """``_grouped_over_positive``'s plain sums per corner ``i``: the weight (``__a{i}``),
+    and per aggregated value its weight where not NULL (``{name}__n{i}``) and, for a sum
+    or an average, its weighted total (``{name}__t{i}``); with each column's type when
+    summed again per group (None: as the sum gives it)."""
+    F = d.F
     types: dict[str, Any] = {}
     first = []
-    for i in range(len(box)):
+    for i in range(corners):
         w = F.col(f"__w{i}")
         first.append(F.sum(w).cast("bigint").alias(f"__a{i}"))
         types[f"__a{i}"] = "bigint"
@@ -343,23 +369,18 @@ def _grouped_over_positive(
                     types[f"{name}__t{i}"] = d.column_type(out_schema.type_of(name))
                     total = total.cast(types[f"{name}__t{i}"])
                 first.append(total.alias(f"{name}__t{i}"))
-    per_value = prepared.groupBy(*by).agg(*first) if by else prepared.agg(*first)
-    if not extremes:
-        totals = per_value
-    else:  # then per group
-        sums = [
-            (F.sum(c) if types[c] is None else F.sum(c).cast(types[c])).alias(c)
-            for c in per_value.columns
-            if c not in by
-        ]
-        for name in extremes:
-            pick = F.min if aggregations[name].kind == "min" else F.max
-            for i in range(len(box)):
-                kept = F.when(F.col(f"__a{i}") > 0, F.col(f"__v_{name}"))
-                sums.append(pick(kept).alias(f"{name}__{i}"))
-        totals = per_value.groupBy(*keys).agg(*sums) if keys else per_value.agg(*sums)
+    return first, types
+
+
+def _corner_values(
+    d: Dialect, aggregations: dict[str, Aggregation], out_schema: Schema, corners: int
+) -> list[Column]:
+    """Per corner, whether the group is present and each aggregate's value, from the
+    sums of ``_weighted_sums`` (and the extremes) in the columns ``_changes_at_corners``
+    reads."""
+    F = d.F
     finished = []
-    for i in range(len(box)):
+    for i in range(corners):
         finished.append(
             F.when(F.col(f"__a{i}") > 0, F.lit(1)).otherwise(F.lit(0)).alias(f"__present{i}")
         )
@@ -380,7 +401,7 @@ def _grouped_over_positive(
             else:
                 raise AssertionError(f"aggregate {aggregation.kind} has no native kernel")
             finished.append(value.alias(f"{name}__{i}"))
-    return totals.select(*keys, *finished)
+    return finished
 
 
 def _user_aggregate(

@@ -466,21 +466,7 @@ class _Compiler:
         semi-join (anti-join for ``NOT EXISTS``) of the outer rows with the subquery's
         relation, on the subquery's equalities with outer columns (and, for ``IN``, the
         tested value against the subquery's one column)."""
-        negated = isinstance(term, exp.Not)
-        inner_term = term.this if negated else term
-        while isinstance(inner_term, exp.Paren):
-            inner_term = inner_term.this
-        pairs: list[tuple[exp.Expression, exp.Expression]] = []
-        if isinstance(inner_term, exp.Exists):
-            query = inner_term.this
-            tested = None
-        elif isinstance(inner_term, exp.In) and inner_term.args.get("query") is not None:
-            query = inner_term.args["query"]
-            tested = inner_term.this
-        else:
-            raise self.error(f"subquery in {sql_text(term)} is not supported here", term)
-        while isinstance(query, exp.Subquery):
-            query = query.this
+        negated, query, tested = self.subquery_parts(term)
         plain = isinstance(query, exp.Select) and not any(
             query.args.get(k) is not None for k in ("group", "having", "limit", "order", "with_")
         )
@@ -495,6 +481,47 @@ class _Compiler:
         if any(_aggregate_calls(item) for item in query.expressions):
             raise self.error("an aggregate in a WHERE subquery is not supported", query)
         items = self.from_items(query)
+        local, pairs = self.correlation(outer, query, items)
+        inner = self.join_all(items, query, local)
+        if tested is not None:
+            if len(query.expressions) != 1 or isinstance(query.expressions[0], exp.Star):
+                raise self.error("IN (subquery) needs a subquery of one column", query)
+            chosen = query.expressions[0]
+            chosen = chosen.this if isinstance(chosen, exp.Alias) else chosen
+            if negated:
+                return self.not_in(outer, inner, pairs, (tested, chosen), term)
+            pairs.append((tested, chosen))
+        if not pairs:
+            # Uncorrelated: every outer row is kept (EXISTS) or dropped (NOT EXISTS) by
+            # whether the subquery has a row at all, a join on one constant key.
+            pairs.append(_CONSTANT_KEY)
+        return self.semi_or_anti(outer, inner, pairs, anti=negated, node=term)
+
+    def subquery_parts(
+        self, term: exp.Expression
+    ) -> tuple[bool, exp.Expression, exp.Expression | None]:
+        """Of ``[NOT] EXISTS (q)`` or ``x [NOT] IN (q)``: whether it is negated, the query
+        ``q`` (parentheses removed) and the tested value ``x`` (None for EXISTS)."""
+        negated = isinstance(term, exp.Not)
+        inner_term = term.this if negated else term
+        while isinstance(inner_term, exp.Paren):
+            inner_term = inner_term.this
+        if isinstance(inner_term, exp.Exists):
+            query, tested = inner_term.this, None
+        elif isinstance(inner_term, exp.In) and inner_term.args.get("query") is not None:
+            query, tested = inner_term.args["query"], inner_term.this
+        else:
+            raise self.error(f"subquery in {sql_text(term)} is not supported here", term)
+        while isinstance(query, exp.Subquery):
+            query = query.this
+        return negated, query, tested
+
+    def correlation(
+        self, outer: _From, query: exp.Expression, items: list[tuple[_From, exp.Join | None]]
+    ) -> tuple[list[exp.Expression], list[tuple[exp.Expression, exp.Expression]]]:
+        """A WHERE subquery's conditions split into those on its own rows alone and the
+        equalities that correlate it, as (outer, inner) pairs; any other reference to
+        an outer column is refused."""
         inner_fields = Scalars(self.view, [f for item, _ in items for f in item.fields])
         outer_fields = Scalars(self.view, outer.fields)
 
@@ -510,7 +537,8 @@ class _Compiler:
                     found.add("outer")
             return found.pop() if len(found) == 1 else ("both" if found else "none")
 
-        local = []
+        local: list[exp.Expression] = []
+        pairs: list[tuple[exp.Expression, exp.Expression]] = []
         where = query.args.get("where")
         for part in conjuncts(where.this) if where is not None else []:
             if _has_subquery(part):
@@ -530,20 +558,7 @@ class _Compiler:
                     f"(found {sql_text(part)})",
                     part,
                 )
-        inner = self.join_all(items, query, local)
-        if tested is not None:
-            if len(query.expressions) != 1 or isinstance(query.expressions[0], exp.Star):
-                raise self.error("IN (subquery) needs a subquery of one column", query)
-            chosen = query.expressions[0]
-            chosen = chosen.this if isinstance(chosen, exp.Alias) else chosen
-            if negated:
-                return self.not_in(outer, inner, pairs, (tested, chosen), term)
-            pairs.append((tested, chosen))
-        if not pairs:
-            # Uncorrelated: every outer row is kept (EXISTS) or dropped (NOT EXISTS) by
-            # whether the subquery has a row at all, a join on one constant key.
-            pairs.append(_CONSTANT_KEY)
-        return self.semi_or_anti(outer, inner, pairs, anti=negated, node=term)
+        return local, pairs
 
     def uncorrelated_in(
         self,

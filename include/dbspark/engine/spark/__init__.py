@@ -9,10 +9,13 @@
   shared kernels (``engine/kernels.py``) call, in PySpark.
 * ``compile``: expressions -> ``pyspark.sql.Column`` with the reference engine's semantics.
 * ``frames``: Z-set <-> DataFrame conversions.
-* ``files``, ``upserts``: landing files read strictly; a large upsert batch ingested.
+* ``files``: landing files read strictly; ``upserts``: an upsert batch's state delta
+  on Spark, decided on the driver when the batch is small, else by Spark jobs.
 * ``user_aggregates``: user-defined aggregates over collected groups.
 * ``full_refresh``: a circuit evaluated from scratch over its accumulated inputs.
-* ``session``: ``spark_session()`` (local classic by default, Spark Connect on request).
+* ``session``: ``spark_session()`` (local classic by default, Spark Connect on request);
+  ``gateway``: the JVM class lookups a classic session remembers (fewer Py4J round
+  trips); ``class_archive``: the JVM class-data archive every Spark launch maps.
 
 Importing this package does not import pyspark; the submodules do.
 """
