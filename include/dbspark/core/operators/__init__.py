@@ -9,7 +9,9 @@ One module per family, each stating its incremental rule:
 * ``nonlinear``: distinct and aggregate, incremental over one clock and nested clocks;
 * ``temporal``: the delay ``z^-1`` and trace appends.
 
-These are the reference the engines are tested against; they favour clarity
+The reference engine (``engine/reference/engine.py``) and the reference full refresh
+evaluate the circuit's operators through these functions, so each rule is stated once;
+the Spark engine and the local tier are tested against those two. They favour clarity
 over speed.
 """
 

@@ -21,7 +21,7 @@ import datetime as dt
 import math
 import operator
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from decimal import ROUND_DOWN, Decimal, InvalidOperation
 from typing import Any
 
@@ -38,6 +38,7 @@ from dbspark.circuit.expressions import (
     like_regex,
     unify,
 )
+from dbspark.core import operators as ops
 from dbspark.core.temporal import parse_date, parse_timestamp
 from dbspark.core.types import (
     BIGINT,
@@ -175,6 +176,40 @@ def compile_predicate(expr: Expr, schema: Schema) -> Callable[[tuple], bool]:
 def compile_projection(columns: dict[str, Expr], schema: Schema) -> Callable[[tuple], tuple]:
     fns = [compile_expr(e, schema) for e in columns.values()]
     return lambda row: tuple(fn(row) for fn in fns)
+
+
+def emits_logic(emits: Sequence[Mapping[str, Any]], schema: Schema) -> ops.Logic:
+    """The circuit's general linear operator as a logic of ``core.operators.join_function``:
+    for each emit whose ``when`` holds and whose ``weight`` is neither NULL nor zero, the
+    projected row with that weight, from the beginning of time, or from the epoch its
+    ``epoch`` expression names (a NULL epoch never arrives)."""
+    compiled = [
+        (
+            compile_projection(e["columns"], schema),
+            compile_expr(e["weight"], schema),
+            None if e["epoch"] is None else compile_expr(e["epoch"], schema),
+            None if e["when"] is None else compile_predicate(e["when"], schema),
+        )
+        for e in emits
+    ]
+
+    def logic(row: tuple) -> list[tuple[tuple, tuple, int]]:
+        out = []
+        for project, weight_of, epoch_of, when in compiled:
+            if when is not None and not when(row):
+                continue
+            factor = weight_of(row)
+            if not factor:  # NULL or zero
+                continue
+            if epoch_of is None:
+                out.append((project(row), ops.MIN_TIME, factor))
+                continue
+            emitted = epoch_of(row)
+            if emitted is not None:
+                out.append((project(row), (emitted,), factor))
+        return out
+
+    return logic
 
 
 def _negate(value: Any) -> Any:

@@ -1,7 +1,10 @@
 """The reference engine: incremental evaluation in pure Python, the oracle.
 
 It runs a planned circuit one epoch at a time with exactly the semantics the
-Spark engine must reproduce, written for clarity rather than speed.
+Spark engine must reproduce, written for clarity rather than speed. Each operator is
+evaluated through its definition in ``core/operators`` (the linear ones on the delta,
+the general linear one as ``join_function``, the stateful ones per key at each corner
+below).
 
 **Linear operators** act on the delta at a time ``t`` and nothing else. The
 general linear operator may schedule output at a later epoch (the join of the
@@ -48,6 +51,7 @@ from dbspark.circuit.aggregations import Aggregation
 from dbspark.circuit.builder import STATEFUL_OPS, Circuit, Node
 from dbspark.circuit.planner import LoopPlan, Plan, plan
 from dbspark.core import aggregates as agg_impl
+from dbspark.core import operators as ops
 from dbspark.core import timestamps
 from dbspark.core.antichain import Antichain
 from dbspark.core.timestamps import Time
@@ -72,6 +76,7 @@ from dbspark.engine.reference.compile import (
     compile_expr,
     compile_predicate,
     compile_projection,
+    emits_logic,
 )
 
 log = logging.getLogger(__name__)
@@ -210,19 +215,19 @@ class ReferenceEngine:
         input_schema = self.circuit.node(node.inputs[0]).schema if node.inputs else None
         if op == "select":
             project = compile_projection(params["columns"], input_schema)
-            self._linear[node.id] = self._mapper(node.id, lambda z: z.map(project))
+            self._linear[node.id] = self._mapper(node.id, lambda z: ops.map_(project, z))
         elif op == "filter":
             keep = compile_predicate(params["predicate"], input_schema)
-            self._linear[node.id] = self._mapper(node.id, lambda z: z.filter(keep))
+            self._linear[node.id] = self._mapper(node.id, lambda z: ops.filter_(keep, z))
         elif op == "flat_map":
             produce = compile_expr(params["array"], input_schema)
             self._linear[node.id] = self._mapper(
-                node.id, lambda z: z.flat_map(lambda r: [(*r, v) for v in (produce(r) or ())])
+                node.id, lambda z: ops.flat_map(lambda r: [(*r, v) for v in produce(r) or ()], z)
             )
         elif op == "join_function":
             self._linear[node.id] = self._general_linear(node, input_schema)
         elif op == "negate":
-            self._linear[node.id] = self._mapper(node.id, lambda z: -z)
+            self._linear[node.id] = self._mapper(node.id, ops.negate)
         elif op == "upsert_live":
             self._linear[node.id] = self._mapper(node.id, live_rows)
         elif op in ("index_by", "consolidate"):
@@ -244,33 +249,17 @@ class ReferenceEngine:
         return lambda z, t: self._emit(node_id, t, fn(z))
 
     def _general_linear(self, node: Node, schema: Any) -> Callable[[ZSet, Time], None]:
-        emits = []
-        for item in node.params["emits"]:
-            emits.append(
-                (
-                    compile_projection(item["columns"], schema),
-                    compile_expr(item["weight"], schema),
-                    None if item["epoch"] is None else compile_expr(item["epoch"], schema),
-                    None if item["when"] is None else compile_predicate(item["when"], schema),
-                )
-            )
+        """``core.operators.join_function`` with the node's emits as its logic: an emit
+        with an ``epoch`` expression is due at that epoch (``join`` with the input time
+        keeps the later one), and waits in the node's stream until it runs."""
+        logic = emits_logic(node.params["emits"], schema)
 
         def run(z: ZSet, t: Time) -> None:
             out: dict[Time, list[tuple[tuple, int]]] = defaultdict(list)
-            for row, weight in z.items():
-                for project, weight_of, epoch_of, when in emits:
-                    if when is not None and not when(row):
-                        continue
-                    factor = weight_of(row)
-                    if not factor:
-                        continue
-                    at = t
-                    if epoch_of is not None:
-                        emitted = epoch_of(row)
-                        if emitted is None:
-                            continue  # a NULL time never arrives
-                        at = (max(t[0], emitted), *t[1:])
-                    out[at].append((project(row), weight * factor))
+            for row, at, weight in ops.join_function(
+                logic, [(r, t, w) for r, w in z.items()]
+            ).updates():
+                out[at].append((row, weight))
             for at, pairs in out.items():
                 self._emit(node.id, at, ZSet(pairs))
 
@@ -279,24 +268,23 @@ class ReferenceEngine:
     def _stateful_function(self, node: Node) -> _Keyed:
         circuit = self.circuit
         if node.op == "distinct":
-            return _Keyed(
-                [lambda row: row],
-                lambda key, accs: ZSet([(key, 1)]) if accs[0].weight(key) > 0 else EMPTY,
-            )
+            return _Keyed([lambda row: row], lambda key, accs: ops.distinct(accs[0]))
         if node.op == "aggregate":
             schema = circuit.node(node.inputs[0]).schema
             key_idx = [schema.index_of(k) for k in node.params["keys"]]
             aggs = [_aggregate_impl(a, schema) for a in node.params["aggregations"].values()]
 
-            def aggregate(key: Hashable, accs: list[ZSet]) -> ZSet:
-                (group,) = accs
-                if not group:
-                    return EMPTY
-                rows = list(group.items())
-                values = tuple(fn([(value_of(r), w) for r, w in rows]) for value_of, fn in aggs)
-                return ZSet([((*key, *values), 1)])  # type: ignore[misc]
+            def key_of(row: tuple) -> tuple:
+                return tuple(row[i] for i in key_idx)
 
-            return _Keyed([lambda row: tuple(row[i] for i in key_idx)], aggregate)
+            def values(rows: list[tuple[Any, int]]) -> tuple:
+                return tuple(fn([(value_of(r), w) for r, w in rows]) for value_of, fn in aggs)
+
+            def aggregate(key: Hashable, accs: list[ZSet]) -> ZSet:
+                grouped = ops.aggregate(values, ops.index_with(key_of, accs[0]))
+                return ops.map_(lambda row: (*row[0], *row[1]), grouped)
+
+            return _Keyed([key_of], aggregate)
         if node.op == "join":
             left_schema = circuit.node(node.inputs[0]).schema
             right_schema = circuit.node(node.inputs[1]).schema
@@ -304,23 +292,24 @@ class ReferenceEngine:
             right_idx = [right_schema.index_of(k) for k in node.params["right_keys"]]
             value_idx = [right_schema.index_of(v) for v in node.params["right_values"]]
 
+            def left_key(row: tuple) -> tuple:
+                return tuple(row[i] for i in left_idx)
+
+            def right_key(row: tuple) -> tuple:
+                return tuple(row[i] for i in right_idx)
+
+            def joined(key: Any, lrow: tuple, rrow: tuple) -> tuple:
+                return (*lrow, *(rrow[i] for i in value_idx))
+
             def join(key: Hashable, accs: list[ZSet]) -> ZSet:
                 if None in key:  # type: ignore[operator]
                     return EMPTY  # SQL: a NULL key matches nothing
                 left, right = accs
-                return ZSet(
-                    ((*lrow, *(rrow[i] for i in value_idx)), lw * rw)
-                    for lrow, lw in left.items()
-                    for rrow, rw in right.items()
+                return ops.join_stream(
+                    joined, ops.index_with(left_key, left), ops.index_with(right_key, right)
                 )
 
-            return _Keyed(
-                [
-                    lambda row: tuple(row[i] for i in left_idx),
-                    lambda row: tuple(row[i] for i in right_idx),
-                ],
-                join,
-            )
+            return _Keyed([left_key, right_key], join)
         raise AssertionError(node.op)
 
     # --- evaluation ---------------------------------------------------------------------------
@@ -341,9 +330,9 @@ class ReferenceEngine:
             if t == (0,):  # its rows arrive once, at the first epoch
                 self._emit(node.id, t, ZSet(node.params["rows"]))
         elif op == "plus":
-            self._emit(node.id, t, self._input(node, 0, t) + self._input(node, 1, t))
+            self._emit(node.id, t, ops.plus(self._input(node, 0, t), self._input(node, 1, t)))
         elif op == "minus":
-            self._emit(node.id, t, self._input(node, 0, t) - self._input(node, 1, t))
+            self._emit(node.id, t, ops.minus(self._input(node, 0, t), self._input(node, 1, t)))
         elif op == "delay":
             if t[-1] > 0:
                 self._emit(node.id, t, self._input(node, 0, (*t[:-1], t[-1] - 1)))

@@ -8,9 +8,9 @@ suite uses it as the oracle that the incremental engines must agree with,
 epoch after epoch.
 
 To be a trustworthy oracle it shares none of the incremental machinery: no
-traces, no timestamps on data, no deltas, no corner formula, no convergence
-bookkeeping, no compaction. It evaluates each operator's *definition* on whole
-collections:
+arranged traces, no deltas, no corner formula, no convergence bookkeeping, no
+compaction. It evaluates each operator's *definition*, as ``core/operators`` states
+it and the reference engine uses it, on whole collections:
 
 * A Z-set source at epoch ``e`` is the sum of its batches of epochs ``0..e``.
 * An upsert source is replayed per key over every row received so far: the row
@@ -54,12 +54,13 @@ it is short enough to check by reading.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from dbspark.circuit.aggregations import Aggregation
 from dbspark.circuit.builder import Circuit, Node, Scope
 from dbspark.core import aggregates
+from dbspark.core import operators as ops
 from dbspark.core.upsert import (
     UpsertConflict,
     UpsertSpec,
@@ -73,6 +74,7 @@ from dbspark.engine.reference.compile import (
     compile_expr,
     compile_predicate,
     compile_projection,
+    emits_logic,
 )
 
 __all__ = ["FullRefresh", "full_refresh"]
@@ -168,28 +170,26 @@ class FullRefresh:
         if op in ("index_by", "consolidate", "inspect"):
             return inputs[0]
         if op == "plus":
-            return inputs[0] + inputs[1]
+            return ops.plus(inputs[0], inputs[1])
         if op == "minus":
-            return inputs[0] - inputs[1]
+            return ops.minus(inputs[0], inputs[1])
         if op == "negate":
-            return -inputs[0]
+            return ops.negate(inputs[0])
         if op == "upsert_live":
             return ZSet((row[:-1], w) for row, w in inputs[0].items() if row[-1] is False)
         if op == "select":
-            return inputs[0].map(self._compile(node))
+            return ops.map_(self._compile(node), inputs[0])
         if op == "filter":
-            return inputs[0].filter(self._compile(node))
+            return ops.filter_(self._compile(node), inputs[0])
         if op == "flat_map":
             produce = self._compile(node)
-            return ZSet(
-                ((*row, value), w) for row, w in inputs[0].items() for value in produce(row) or ()
-            )
+            return ops.flat_map(lambda row: [(*row, v) for v in produce(row) or ()], inputs[0])
         if op == "join_function":
             return self._join_function(node, inputs[0], t[0])
         if op == "join":
             return self._join(node, *inputs)
         if op == "distinct":
-            return ZSet((row, 1) for row, w in inputs[0].items() if w > 0)
+            return ops.distinct(inputs[0])
         if op == "aggregate":
             return self._aggregate(node, inputs[0])
         raise AssertionError(f"full refresh has no definition for {op!r}")
@@ -206,15 +206,7 @@ class FullRefresh:
             elif node.op == "flat_map":
                 compiled = compile_expr(params["array"], schema)
             elif node.op == "join_function":
-                compiled = [
-                    (
-                        compile_projection(e["columns"], schema),
-                        compile_expr(e["weight"], schema),
-                        None if e["epoch"] is None else compile_expr(e["epoch"], schema),
-                        None if e["when"] is None else compile_predicate(e["when"], schema),
-                    )
-                    for e in params["emits"]
-                ]
+                compiled = emits_logic(params["emits"], schema)
             elif node.op == "aggregate":
                 index = [schema.index_of(k) for k in params["keys"]]
                 compiled = (
@@ -227,19 +219,15 @@ class FullRefresh:
         return self._compiled[node.id]
 
     def _join_function(self, node: Node, rows: ZSet, epoch: int) -> ZSet:
-        out = []
-        for row, weight in rows.items():
-            for project, weight_of, epoch_of, when in self._compile(node):
-                if when is not None and not when(row):
-                    continue
-                factor = weight_of(row)
-                if not factor:  # NULL or zero
-                    continue
-                if epoch_of is not None:
-                    visible_from = epoch_of(row)
-                    if visible_from is None or visible_from > epoch:
-                        continue
-                out.append((project(row), weight * factor))
+        """Every row's emits, each visible from the epoch it names (from the start when
+        it names none): the general linear operator over rows present since epoch 0,
+        summed up to ``epoch``."""
+        since_start = [(row, (0,), weight) for row, weight in rows.items()]
+        emitted = ops.join_function(self._compile(node), since_start)
+        out: dict[tuple, int] = {}
+        for row, (visible_from, *_), weight in emitted.updates():
+            if visible_from <= epoch:
+                out[row] = out.get(row, 0) + weight
         return ZSet(out)
 
     def _join(self, node: Node, left: ZSet, right: ZSet) -> ZSet:
@@ -248,29 +236,26 @@ class FullRefresh:
         left_idx = [left_schema.index_of(k) for k in node.params["left_keys"]]
         right_idx = [right_schema.index_of(k) for k in node.params["right_keys"]]
         value_idx = [right_schema.index_of(v) for v in node.params["right_values"]]
-        by_key: dict[Hashable, list[tuple[tuple, int]]] = {}
-        for row, weight in right.items():
-            key = tuple(row[i] for i in right_idx)
-            if None not in key:  # SQL: NULL = NULL is not true, so it never joins
-                by_key.setdefault(key, []).append((row, weight))
-        return ZSet(
-            ((*lrow, *(rrow[i] for i in value_idx)), lw * rw)
-            for lrow, lw in left.items()
-            for rrow, rw in by_key.get(tuple(lrow[i] for i in left_idx), ())
+
+        def right_key(row: tuple) -> tuple:
+            return tuple(row[i] for i in right_idx)
+
+        # SQL: NULL = NULL is not true, so a key with a NULL never joins.
+        joinable = ops.filter_(lambda row: None not in right_key(row), right)
+        return ops.join_stream(
+            lambda _key, lrow, rrow: (*lrow, *(rrow[i] for i in value_idx)),
+            ops.index_with(lambda row: tuple(row[i] for i in left_idx), left),
+            ops.index_with(right_key, joinable),
         )
 
     def _aggregate(self, node: Node, rows: ZSet) -> ZSet:
         key_of, functions = self._compile(node)
-        groups: dict[Hashable, list[tuple[tuple, int]]] = {}
-        for row, weight in rows.items():  # a ZSet holds no zero weights
-            groups.setdefault(key_of(row), []).append((row, weight))
-        return ZSet(
-            (
-                (*key, *(fn([(value_of(r), w) for r, w in members]) for value_of, fn in functions)),
-                1,
-            )
-            for key, members in groups.items()
-        )
+
+        def values(members: list[tuple[tuple, int]]) -> tuple:
+            return tuple(fn([(value_of(r), w) for r, w in members]) for value_of, fn in functions)
+
+        grouped = ops.aggregate(values, ops.index_with(key_of, rows))
+        return ops.map_(lambda row: (*row[0], *row[1]), grouped)
 
     # --- recursion ------------------------------------------------------------------
     def _fixed_point(self, scope: Scope, prefix: Time) -> ZSet:
