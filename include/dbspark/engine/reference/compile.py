@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from decimal import ROUND_DOWN, Decimal, InvalidOperation
 from typing import Any
 
+from dbspark.circuit.aggregations import Aggregation
 from dbspark.circuit.expressions import (
     BinaryOp,
     Call,
@@ -38,6 +39,7 @@ from dbspark.circuit.expressions import (
     like_regex,
     unify,
 )
+from dbspark.core import aggregates
 from dbspark.core import operators as ops
 from dbspark.core.temporal import parse_date, parse_timestamp
 from dbspark.core.types import (
@@ -210,6 +212,50 @@ def emits_logic(emits: Sequence[Mapping[str, Any]], schema: Schema) -> ops.Logic
         return out
 
     return logic
+
+
+def key_function(columns: Sequence[str], schema: Schema) -> RowFunction:
+    """A row's values of ``columns``, as a tuple (a join's or an aggregate's key)."""
+    index = [schema.index_of(c) for c in columns]
+    return lambda row: tuple(row[i] for i in index)
+
+
+def join_output(right_values: Sequence[str], right_schema: Schema) -> Callable[..., tuple]:
+    """The join's output row for ``join_stream``: the left row, then ``right_values``."""
+    index = [right_schema.index_of(v) for v in right_values]
+    return lambda _key, left, right: (*left, *(right[i] for i in index))
+
+
+def group_values(
+    aggregations: Mapping[str, Aggregation], schema: Schema
+) -> Callable[[list[tuple[tuple, int]]], tuple]:
+    """A group's aggregate values, one per aggregation, from its ``(row, weight)``
+    pairs (the function ``core.operators.aggregate`` applies per key)."""
+    compiled = [_aggregation(a, schema) for a in aggregations.values()]
+    return lambda members: tuple(
+        fn([(value_of(row), w) for row, w in members]) for value_of, fn in compiled
+    )
+
+
+def _aggregation(
+    aggregation: Aggregation, schema: Schema
+) -> tuple[RowFunction, Callable[[list[tuple[Any, int]]], Any]]:
+    """The value to aggregate and the function over ``(value, weight)`` pairs, per kind."""
+    if aggregation.expr is None:  # count(): every row counts, with its multiplicity
+        return (lambda row: None), aggregates.count_rows()
+    value_of = compile_expr(aggregation.expr, schema)
+    functions: dict[str, Callable[[], aggregates.Aggregate]] = {
+        "count": aggregates.count_values,
+        "sum": aggregates.sum_values,
+        "min": aggregates.min_value,
+        "max": aggregates.max_value,
+    }
+    if aggregation.kind == "udf":
+        assert aggregation.function is not None and aggregation.declared_type is not None
+        return value_of, aggregates.user_defined(aggregation.function, aggregation.declared_type)
+    if aggregation.kind == "avg":
+        return value_of, aggregates.avg_value(aggregation.result_type(schema, "aggregate"))
+    return value_of, functions[aggregation.kind]()
 
 
 def _negate(value: Any) -> Any:

@@ -47,10 +47,8 @@ from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dbspark.circuit.aggregations import Aggregation
 from dbspark.circuit.builder import STATEFUL_OPS, Circuit, Node
 from dbspark.circuit.planner import LoopPlan, Plan, plan
-from dbspark.core import aggregates as agg_impl
 from dbspark.core import operators as ops
 from dbspark.core import timestamps
 from dbspark.core.antichain import Antichain
@@ -77,6 +75,9 @@ from dbspark.engine.reference.compile import (
     compile_predicate,
     compile_projection,
     emits_logic,
+    group_values,
+    join_output,
+    key_function,
 )
 
 log = logging.getLogger(__name__)
@@ -271,14 +272,8 @@ class ReferenceEngine:
             return _Keyed([lambda row: row], lambda key, accs: ops.distinct(accs[0]))
         if node.op == "aggregate":
             schema = circuit.node(node.inputs[0]).schema
-            key_idx = [schema.index_of(k) for k in node.params["keys"]]
-            aggs = [_aggregate_impl(a, schema) for a in node.params["aggregations"].values()]
-
-            def key_of(row: tuple) -> tuple:
-                return tuple(row[i] for i in key_idx)
-
-            def values(rows: list[tuple[Any, int]]) -> tuple:
-                return tuple(fn([(value_of(r), w) for r, w in rows]) for value_of, fn in aggs)
+            key_of = key_function(node.params["keys"], schema)
+            values = group_values(node.params["aggregations"], schema)
 
             def aggregate(key: Hashable, accs: list[ZSet]) -> ZSet:
                 grouped = ops.aggregate(values, ops.index_with(key_of, accs[0]))
@@ -288,18 +283,9 @@ class ReferenceEngine:
         if node.op == "join":
             left_schema = circuit.node(node.inputs[0]).schema
             right_schema = circuit.node(node.inputs[1]).schema
-            left_idx = [left_schema.index_of(k) for k in node.params["left_keys"]]
-            right_idx = [right_schema.index_of(k) for k in node.params["right_keys"]]
-            value_idx = [right_schema.index_of(v) for v in node.params["right_values"]]
-
-            def left_key(row: tuple) -> tuple:
-                return tuple(row[i] for i in left_idx)
-
-            def right_key(row: tuple) -> tuple:
-                return tuple(row[i] for i in right_idx)
-
-            def joined(key: Any, lrow: tuple, rrow: tuple) -> tuple:
-                return (*lrow, *(rrow[i] for i in value_idx))
+            left_key = key_function(node.params["left_keys"], left_schema)
+            right_key = key_function(node.params["right_keys"], right_schema)
+            joined = join_output(node.params["right_values"], right_schema)
 
             def join(key: Hashable, accs: list[ZSet]) -> ZSet:
                 if None in key:  # type: ignore[operator]
@@ -466,26 +452,3 @@ def _candidate_keys(arranged: Iterable[Trace], t: Time) -> set[Hashable]:
             if all(any(u[d] == t[d] for u in times) for d in range(len(t))):
                 candidates.add(key)
     return candidates
-
-
-def _aggregate_impl(
-    aggregation: Aggregation, schema: Any
-) -> tuple[Callable[[tuple], Any], agg_impl.Aggregate]:
-    if aggregation.expr is None:
-        return (lambda row: 1), agg_impl.count_rows()
-    value_of = compile_expr(aggregation.expr, schema)
-    kind = aggregation.kind
-    if kind == "count":
-        return value_of, agg_impl.count_values()
-    if kind == "sum":
-        return value_of, agg_impl.sum_values()
-    if kind == "min":
-        return value_of, agg_impl.min_value()
-    if kind == "max":
-        return value_of, agg_impl.max_value()
-    if kind == "avg":
-        return value_of, agg_impl.avg_value(aggregation.result_type(schema, "aggregate"))
-    if kind == "udf":
-        assert aggregation.function is not None and aggregation.declared_type is not None
-        return value_of, agg_impl.user_defined(aggregation.function, aggregation.declared_type)
-    raise AssertionError(kind)

@@ -54,12 +54,10 @@ it is short enough to check by reading.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dbspark.circuit.aggregations import Aggregation
 from dbspark.circuit.builder import Circuit, Node, Scope
-from dbspark.core import aggregates
 from dbspark.core import operators as ops
 from dbspark.core.upsert import (
     UpsertConflict,
@@ -75,6 +73,9 @@ from dbspark.engine.reference.compile import (
     compile_predicate,
     compile_projection,
     emits_logic,
+    group_values,
+    join_output,
+    key_function,
 )
 
 __all__ = ["FullRefresh", "full_refresh"]
@@ -208,10 +209,9 @@ class FullRefresh:
             elif node.op == "join_function":
                 compiled = emits_logic(params["emits"], schema)
             elif node.op == "aggregate":
-                index = [schema.index_of(k) for k in params["keys"]]
                 compiled = (
-                    lambda row: tuple(row[i] for i in index),
-                    [_aggregation(a, schema) for a in params["aggregations"].values()],
+                    key_function(params["keys"], schema),
+                    group_values(params["aggregations"], schema),
                 )
             else:
                 raise AssertionError(node.op)
@@ -233,27 +233,17 @@ class FullRefresh:
     def _join(self, node: Node, left: ZSet, right: ZSet) -> ZSet:
         left_schema = self.circuit.node(node.inputs[0]).schema
         right_schema = self.circuit.node(node.inputs[1]).schema
-        left_idx = [left_schema.index_of(k) for k in node.params["left_keys"]]
-        right_idx = [right_schema.index_of(k) for k in node.params["right_keys"]]
-        value_idx = [right_schema.index_of(v) for v in node.params["right_values"]]
-
-        def right_key(row: tuple) -> tuple:
-            return tuple(row[i] for i in right_idx)
-
+        right_key = key_function(node.params["right_keys"], right_schema)
         # SQL: NULL = NULL is not true, so a key with a NULL never joins.
         joinable = ops.filter_(lambda row: None not in right_key(row), right)
         return ops.join_stream(
-            lambda _key, lrow, rrow: (*lrow, *(rrow[i] for i in value_idx)),
-            ops.index_with(lambda row: tuple(row[i] for i in left_idx), left),
+            join_output(node.params["right_values"], right_schema),
+            ops.index_with(key_function(node.params["left_keys"], left_schema), left),
             ops.index_with(right_key, joinable),
         )
 
     def _aggregate(self, node: Node, rows: ZSet) -> ZSet:
-        key_of, functions = self._compile(node)
-
-        def values(members: list[tuple[tuple, int]]) -> tuple:
-            return tuple(fn([(value_of(r), w) for r, w in members]) for value_of, fn in functions)
-
+        key_of, values = self._compile(node)
         grouped = ops.aggregate(values, ops.index_with(key_of, rows))
         return ops.map_(lambda row: (*row[0], *row[1]), grouped)
 
@@ -351,24 +341,3 @@ def _check_conflicts(spec: UpsertSpec, rows: list[tuple], winners: Mapping[tuple
             reports
         )
         raise UpsertConflict(spec.source, None, conflicts, detail, (), spec.key)
-
-
-def _aggregation(
-    aggregation: Aggregation, schema: Any
-) -> tuple[Callable[[tuple], Any], Callable[[list[tuple[Any, int]]], Any]]:
-    """The value to aggregate and the function over ``(value, weight)`` pairs, per kind."""
-    if aggregation.expr is None:  # count(): every row counts, with its multiplicity
-        return (lambda row: None), aggregates.count_rows()
-    value_of = compile_expr(aggregation.expr, schema)
-    functions: dict[str, Callable[[], aggregates.Aggregate]] = {
-        "count": aggregates.count_values,
-        "sum": aggregates.sum_values,
-        "min": aggregates.min_value,
-        "max": aggregates.max_value,
-    }
-    if aggregation.kind == "udf":
-        assert aggregation.function is not None and aggregation.declared_type is not None
-        return value_of, aggregates.user_defined(aggregation.function, aggregation.declared_type)
-    if aggregation.kind == "avg":
-        return value_of, aggregates.avg_value(aggregation.result_type(schema, "aggregate"))
-    return value_of, functions[aggregation.kind]()
