@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import os
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -293,13 +293,18 @@ class ResidentFiles:
             self._files.move_to_end(path)
         return found
 
-    def load(self, path: str) -> ResidentFile | None:
-        """The file at ``path``, decoded now unless it is kept; None if it alone is larger
-        than the budget."""
+    def load(
+        self, path: str, read: Callable[[], pa.Table | None] | None = None
+    ) -> ResidentFile | None:
+        """What ``path`` holds, decoded now unless it is kept: by ``read`` (a batch's
+        files together, say), by default the Parquet file at ``path``. None if it alone
+        is larger than the budget, or ``read`` found nothing to keep."""
         found = self.get(path)
         if found is not None:
             return found
-        table = pq.read_table(path)
+        table = pq.read_table(path) if read is None else read()
+        if table is None:
+            return None
         self.loads += 1
         return self.keep(path, table)
 

@@ -317,20 +317,18 @@ class LocalTier:
         """The resident entry of ``record``: all its files' rows together (decoded now if
         not yet kept); None when it is larger than the whole budget, or its files'
         schemas differ."""
-        key = str(self.warehouse.abspath(record.path))
-        found = self.resident.get(key)
-        if found is not None:
-            return found
-        files = self._files_of(record, None)
-        tables = [pq.read_table(f) for f in files]
-        for file, table in zip(files, tables, strict=True):
-            READS.note([file], table.column_names)
-        try:
-            table = pa.concat_tables(tables) if len(tables) != 1 else tables[0]
-        except pa.ArrowInvalid:
-            return None
-        self.resident.loads += 1
-        return self.resident.keep(key, table)
+
+        def read() -> pa.Table | None:
+            files = self._files_of(record, None)
+            tables = [pq.read_table(f) for f in files]
+            for file, table in zip(files, tables, strict=True):
+                READS.note([file], table.column_names)
+            try:
+                return pa.concat_tables(tables)
+            except pa.ArrowInvalid:
+                return None
+
+        return self.resident.load(str(self.warehouse.abspath(record.path)), read)
 
     def _typed_keys(self, keys: KeySet, fields: Fields, key_cols: list[str]) -> LocalFrame:
         types = dict(fields)
@@ -446,9 +444,7 @@ class LocalTier:
                 if bucket_by:
                     table = _sorted(table, bucket_by)
                 written = write_files(table, target, None)
-            parts = [part for _path, part in written]
-            kept = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
-            self.resident.keep(str(target), kept)
+            self.resident.keep(str(target), pa.concat_tables([part for _, part in written]))
         except BaseException:
             shutil.rmtree(target, ignore_errors=True)
             raise
