@@ -242,6 +242,7 @@ def write(results: Results) -> Path:
             "delta",
             "epoch",
             "incremental s",
+            "runs s (first: warm-up)",
             "full refresh s",
             "R",
             "warm batch s",
@@ -257,7 +258,8 @@ def write(results: Results) -> Path:
         for e in results.summary.get(workload, {}).get("epochs", []):
             lines.append(
                 f"| {workload} {_describe(e['params'])} | {e['size']} | {e['delta']} | "
-                f"{e['epoch']} | {e['incremental_s']} | {e['full_refresh_s']} | {e['R']} | "
+                f"{e['epoch']} | {e['incremental_s']} | {_runs(e['params'])} | "
+                f"{e['full_refresh_s']} | {e['R']} | "
                 f"{_dash(e.get('warm_batch_s'))} | {_dash(e.get('B'))} | "
                 f"{_dash(e.get('not_resident_s'))} | {_dash(e.get('B_not_resident'))} | "
                 f"{e['read_over_stored']} | {e['jobs']} | {_yes(_all_ok(e))} |"
@@ -402,6 +404,12 @@ def _yes(ok: bool | None) -> str:
 def _dash(value: Any) -> str:
     """A cell: ``-`` where there is no value (no warm batch, no target)."""
     return "-" if value is None else str(value)
+
+
+def _runs(params: dict[str, Any]) -> str:
+    """A cell: every run's seconds of a size measured as a median (the warm-up first)."""
+    runs = params.get("runs_s")
+    return ", ".join(str(r) for r in runs) if runs else "-"
 
 
 def _all_ok(epoch: dict[str, Any]) -> bool | None:

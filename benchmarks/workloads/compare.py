@@ -12,13 +12,23 @@ timing.
 A workload that supplies a :class:`~benchmarks.workloads.warm_batch.WarmBatch` also gets
 a third side per epoch: the views' own queries over the sources' current tables, as a
 user's warm Spark batch would compute them (see that module), checked the same way.
+
+A compared epoch may be the last of a run of epochs of the same size
+(:meth:`Series.advance`, then :meth:`Series.compare` with ``earlier``), measured as the
+warm batch is: the first of them is the warm-up, and the incremental side is the median
+of the others and the compared one. One epoch is one sample of a 0.2 s piece of work on
+a 2-core host, and samples of the same code spread by half; the first epoch after
+``warm()`` also pays the process's one-time costs (each catalog statement's first
+compilation, DuckDB's and Arrow's first call of each shape), which a worker running
+epoch after epoch pays once. The warm-up's time is kept (``first_s``) and reported.
 """
 
 from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -107,10 +117,17 @@ class Series:
         self.bench.results.skip(f"{self.workload} {what} (time budget)")
         return False
 
+    def advance(self, epoch: int, **params: Any) -> Measurement:
+        """Run ``epoch`` incrementally, timed but not compared: one of the epochs before a
+        compared one of the same size (``compare(..., earlier=...)``). Recorded as an
+        ``incremental_run``."""
+        return self.bench.results.add(self._incremental(epoch, "incremental_run", params))
+
     def compare(
         self,
         epoch: int,
         *,
+        earlier: Sequence[Measurement] = (),
         spark_only: bool = False,
         not_resident: bool = False,
         **params: Any,
@@ -118,23 +135,21 @@ class Series:
         """Run ``epoch`` incrementally, then a full refresh of the same snapshot, then
         (with a warm batch) the views' queries over the current tables; every
         measurement carries whether its answers agreed with the maintained views. With
-        ``spark_only``, the same epoch also runs on a copy of the warehouse with the local
-        tier off (``local_rows=0``), to count the Spark tier's jobs per unit. With
-        ``not_resident``, it also runs on a copy by a new engine that keeps nothing in
-        memory (``resident_bytes=0``), as an Airflow task does: every trace read from its
-        files."""
-        meter = self.bench.meter
-        read, rows = self._inputs(epoch)
+        ``earlier`` (runs of ``advance`` just before, of epochs of the same size), the
+        incremental side is the median of ``earlier[1:]`` and this epoch, the first
+        being the warm-up. With ``spark_only``, the same epoch also runs on a copy of the
+        warehouse with the local tier off (``local_rows=0``), to count the Spark tier's
+        jobs per unit. With ``not_resident``, it also runs on a copy by a new engine that
+        keeps nothing in memory (``resident_bytes=0``), as an Airflow task does: every
+        trace read from its files."""
+        rows = self._inputs(epoch)[1]
         before = self._copy("spark-only") if spark_only else None
         cold = self._copy("not-resident") if not_resident else None
-        incremental = self._measurement("incremental", epoch, rows, params)
-        with meter.measure(incremental):
-            report = self.engine.run_epoch(epoch, read())
-        incremental.stored_bytes = self._stored_bytes()
-        incremental.params["loop_iterations"] = len(report.iterations)
-        tiers = sorted({unit.tier for unit in report.units if unit.tier})
-        incremental.params["tiers"] = ",".join(tiers)
+        incremental = _median_after_warm_up(
+            [*earlier, self._incremental(epoch, "incremental", params)], epoch
+        )
 
+        meter = self.bench.meter
         refresh = self._measurement("full_refresh", epoch, rows, params)
         target = self.root / "full_refresh" / f"epoch={epoch}"
         with meter.measure(refresh):
@@ -149,8 +164,21 @@ class Series:
         if before is not None:
             measured.append(self._spark_only(before, epoch, rows, params))
         if cold is not None:
-            measured.append(self._not_resident(cold, read, epoch, rows, params))
+            measured.append(self._not_resident(cold, epoch, rows, params))
         return measured
+
+    def _incremental(self, epoch: int, variant: str, params: dict[str, Any]) -> Measurement:
+        """``epoch`` run by the series' engine, timed: its landed batches, read inside
+        the timing (``_inputs``)."""
+        read, rows = self._inputs(epoch)
+        measurement = self._measurement(variant, epoch, rows, params)
+        with self.bench.meter.measure(measurement):
+            report = self.engine.run_epoch(epoch, read())
+        measurement.stored_bytes = self._stored_bytes()
+        measurement.params["loop_iterations"] = len(report.iterations)
+        tiers = sorted({unit.tier for unit in report.units if unit.tier})
+        measurement.params["tiers"] = ",".join(tiers)
+        return measurement
 
     def _copy(self, name: str) -> Path:
         """A copy of the warehouse as it stands (the state the epoch starts from), made
@@ -161,17 +189,13 @@ class Series:
         return copy
 
     def _not_resident(
-        self,
-        warehouse: Path,
-        read: Callable[[], dict[str, Any]],
-        epoch: int,
-        rows: int,
-        params: dict[str, Any],
+        self, warehouse: Path, epoch: int, rows: int, params: dict[str, Any]
     ) -> Measurement:
-        """The epoch again (its landed batches from ``read``) by a new engine with no
-        resident files, from the copied state: every trace slice is read from Parquet.
-        Its views must equal the maintained ones."""
+        """The epoch again (its landed batches) by a new engine with no resident files,
+        from the copied state: every trace slice is read from Parquet. Its views must
+        equal the maintained ones."""
         engine = SparkEngine(self.circuit, warehouse, spark=self.bench.spark, resident_bytes=0)
+        read = self._inputs(epoch)[0]
         measurement = self._measurement("not_resident", epoch, rows, params)
         with self.bench.meter.measure(measurement):
             report = engine.run_epoch(epoch, read())
@@ -287,6 +311,21 @@ class Series:
         """Live bytes of every batch of the circuit (traces, views, the raw input log)."""
         engine = self.engine
         return sum(b.bytes for b in engine.catalog.all_batches(engine.circuit.name) if b.live)
+
+
+def _median_after_warm_up(runs: list[Measurement], epoch: int) -> Measurement:
+    """The compared epoch's incremental measurement: the only run, or the median of the
+    runs after the first (the warm-up), labelled ``epoch`` (the one compared), with
+    every run's seconds in ``params["runs_s"]`` and the warm-up's in ``first_s``."""
+    if len(runs) == 1:
+        return runs[0]
+    timed = runs[1:]
+    middle = sorted(timed, key=lambda m: m.seconds)[len(timed) // 2]
+    median = replace(middle, variant="incremental", epoch=epoch, params=dict(middle.params))
+    median.params["runs_s"] = [round(m.seconds, 3) for m in runs]
+    median.params["first_s"] = round(runs[0].seconds, 3)
+    median.params["median_of_epochs"] = [m.epoch for m in timed]
+    return median
 
 
 def room_for_next(bench: Bench, previous: Series | None, what: str) -> bool:

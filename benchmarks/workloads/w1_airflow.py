@@ -86,9 +86,11 @@ def run(bench: Bench, series: Series, loaded: Path, epoch: int) -> None:
         catalog.open_epoch(circuit.name, 0, interval(0).label)  # the DAG's first interval
     finally:
         catalog.close()
-    engine_side = [m for m in bench.results.of(series.workload, "incremental") if m.epoch == epoch][
-        -1
-    ]
+    engine_side = [
+        m
+        for m in bench.results.of(series.workload)
+        if m.variant in ("incremental", "incremental_run") and m.epoch == epoch
+    ][-1]
     landing = LandingDirectory(root / "landing")
     for source in circuit.sources:
         folder = epoch_folder(series.landing, source, epoch)

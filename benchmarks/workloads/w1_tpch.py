@@ -1,8 +1,9 @@
 """W1: a TPC-H Q3-like join and aggregate over three upsert sources.
 
 Per scale factor: the base load (epoch 0), then epochs that change about 0.1% and 1%
-of every table (updates, deletes, new orders), each against a full refresh of the same
-snapshot and against a warm batch of Q3 over the current tables. For alpha (with more
+of every table (updates, deletes, new orders): per size a warm-up epoch and three more,
+whose median is compared against a full refresh of the same snapshot and against a warm
+batch of Q3 over the current tables. For alpha (with more
 than one scale factor), one more epoch per scale factor changes a fixed number of rows
 (0.1% of the smallest scale factor), so only the base size varies. The largest scale
 factor also runs the sweep's larger deltas (default 5%, past the local tier's
@@ -26,6 +27,8 @@ WORKLOAD = "W1"
 SEED = 20261123
 #: Q3 as a plain Spark query over the current customer, orders and lineitem tables.
 WARM_BATCH = WarmBatch(TPCH_KEYS, queries.TPCH_Q3)
+#: Epochs of each size after the warm-up one; the median is compared (as the warm batch).
+RUNS = 3
 
 
 def run(
@@ -37,11 +40,14 @@ def run(
     sweep_fractions: Sequence[float] = (),
     airflow: bool = False,
     spark_only_first: bool = False,
+    runs: int = RUNS,
 ) -> dict[float, Path]:
     """Run W1 at each scale factor; the landing folder of each (for the SDP side). The
-    largest scale factor also gets an epoch per ``sweep_fractions`` (the plot against
-    delta size). With ``airflow``, its first epoch also runs through Airflow
-    (``w1_airflow.py``); with ``spark_only_first``, also with the local tier off."""
+    largest scale factor also gets a size per ``sweep_fractions`` (the plot against
+    delta size). Each size is ``runs`` + 1 epochs: a warm-up, then ``runs`` whose median
+    is compared (``Series.compare``). With ``airflow``, the first epoch at the largest
+    scale factor also runs through Airflow (``w1_airflow.py``); with
+    ``spark_only_first``, the first compared one also with the local tier off."""
     landings = {}
     smallest_rows = None
     previous = None
@@ -68,22 +74,29 @@ def run(
             plan.append((fractions[0] * smallest_rows / rows, True))
         if largest:
             plan.extend((f, False) for f in sweep_fractions)
-        for epoch, (fraction, fixed_delta) in enumerate(plan, start=1):
+        last = 0
+        for step, (fraction, fixed_delta) in enumerate(plan):
             if not series.fits(f"SF {sf:g}: epochs from fraction {fraction:g} on", 2.5):
                 break
-            series.land(epoch, tpch.change_tables(base, fraction, epoch, SEED))
-            # The first epoch at the largest SF also runs with the local tier off.
-            spark_only = spark_only_first and largest and epoch == 1
-            series.compare(
-                epoch,
-                fraction=fraction,
-                fixed_delta=fixed_delta,
-                spark_only=spark_only,
-                not_resident=largest,
-            )
-            if loaded is not None and epoch == 1:
-                from benchmarks.workloads import w1_airflow
+            epochs = range(last + 1, last + 2 + runs)
+            last = epochs[-1]
+            for epoch in epochs:
+                series.land(epoch, tpch.change_tables(base, fraction, epoch, SEED))
+            params = {"fraction": fraction, "fixed_delta": fixed_delta}
+            earlier = []
+            for epoch in epochs[:-1]:
+                earlier.append(series.advance(epoch, **params))
+                if loaded is not None and step == 0 and epoch == epochs[0]:
+                    from benchmarks.workloads import w1_airflow
 
-                w1_airflow.run(bench, series, loaded, epoch)
+                    w1_airflow.run(bench, series, loaded, epoch)
+            series.compare(
+                epochs[-1],
+                earlier=earlier,
+                # The first size at the largest SF also runs with the local tier off.
+                spark_only=spark_only_first and largest and step == 0,
+                not_resident=largest,
+                **params,
+            )
         landings[sf] = series.landing
     return landings

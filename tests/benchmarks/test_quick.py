@@ -63,6 +63,13 @@ def test_quick_mode_checks_every_workload(tmp_path: Path) -> None:
             if m["workload"] == workload and m["variant"] == "sdp"
         ]
         assert sdp and all(m["ok"] for m in sdp), workload
+    # W1 measures each size as a warm-up epoch and then the compared one (quick: one).
+    w1_epochs = [
+        m
+        for m in results["measurements"]
+        if m["workload"] == "W1" and m["variant"] == "incremental"
+    ]
+    assert w1_epochs and all(len(m["params"]["runs_s"]) == 2 for m in w1_epochs)
     # P: a view's Delta commits for a small and a large delta, next to its snapshot.
     commits = [m for m in results["measurements"] if m["variant"] == "table_commit"]
     assert len({m["delta"] for m in commits}) == 2 and all(m["ok"] for m in commits)
