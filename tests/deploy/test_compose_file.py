@@ -138,7 +138,7 @@ OPTIONAL_DBSPARK_KEYS = {
 KNOWN_DBSPARK_KEYS = {"warehouse", "landing", "outputs", "catalog_conn_id", "spark_conn_id"}
 _DBSPARK_KEY_PATTERNS = (
     re.compile(r"""conf\.get(?:boolean|int|float)?\(\s*["']dbspark["']\s*,\s*["'](\w+)["']"""),
-    re.compile(r"""\b_config\(\s*["'](\w+)["']"""),
+    re.compile(r"""\bdbspark_(?:setting|flag)\(\s*["'](\w+)["']"""),
     re.compile(r"""\b_airflow_setting\(\s*["'](\w+)["']"""),
 )
 
@@ -1353,9 +1353,9 @@ MUTATIONS: dict[str, tuple[Check, Callable[[Deployment], None], str]] = {
         lambda d: d.sources.update({"new.py": 'conf.get("dbspark", "checkpoints", fallback=None)'}),
         "AIRFLOW__DBSPARK__CHECKPOINTS is not set",
     ),
-    "a new _config key in the code": (
+    "a new dbspark_setting key in the code": (
         check_dbspark_settings,
-        lambda d: d.sources.update({"new.py": 'x = _config("retention")'}),
+        lambda d: d.sources.update({"new.py": 'x = dbspark_setting("retention")'}),
         "AIRFLOW__DBSPARK__RETENTION is not set",
     ),
     "no Spark connection": (

@@ -62,6 +62,7 @@ from dbspark.devtools.processes import (
     kill_sessions,
     launch,
     port_is_free,
+    stop_groups,
     tail,
 )
 
@@ -837,18 +838,7 @@ class LocalAirflow:
         """
         components, self._components = self._components, []
         started = [c.proc for c in components if c.proc is not None]
-        for proc in started:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        for proc in started:
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(timeout=10)
+        stop_groups(started, timeout)
         leftovers = kill_sessions(proc.pid for proc in started)
         if leftovers:
             log.warning("processes %s of the local Airflow did not go away", leftovers)

@@ -162,16 +162,49 @@ def stop_group(
 ) -> None:
     """End ``proc``'s process group: each of ``signals`` in turn, waiting ``timeout``
     after each, then SIGKILL. Safe on None and on a process that already exited."""
-    if proc is None:
-        return
+    stop_groups([proc] if proc is not None else [], timeout, signals)
+
+
+def stop_groups(
+    procs: Sequence[subprocess.Popen[bytes]],
+    timeout: float = 30.0,
+    signals: Sequence[signal.Signals] = (signal.SIGTERM,),
+) -> None:
+    """End the process groups of ``procs`` together: each of ``signals`` to every group
+    still running, then one wait of at most ``timeout`` for all of them, and SIGKILL to
+    what is left (waited for 10 seconds). Together, so that components that shut down
+    slowly (an Airflow scheduler stopping its tasks) do so side by side."""
+    running = list(procs)
     for sig in (*signals, signal.SIGKILL):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, sig)
-        try:
-            proc.wait(timeout=timeout if sig != signal.SIGKILL else 10.0)
+        for proc in running:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, sig)
+        deadline = time.monotonic() + (timeout if sig != signal.SIGKILL else 10.0)
+        still = []
+        for proc in running:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                still.append(proc)
+        running = still
+        if not running:
             return
-        except subprocess.TimeoutExpired:
-            continue
+
+
+def empty_group(group_id: int, timeout: float = 10.0) -> bool:
+    """SIGKILL process group ``group_id`` until it is gone (its leader may have exited
+    while others in the group linger: a JVM's Python workers, a worker's executors);
+    False if it is still there after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(group_id, signal.SIGKILL)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        time.sleep(0.1)
+    return False
 
 
 def session_members(session_id: int) -> list[int]:

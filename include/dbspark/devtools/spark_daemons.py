@@ -38,7 +38,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -46,6 +45,7 @@ from typing import Any
 from dbspark.devtools.processes import (
     LOG_TAIL_LINES,
     LOOPBACK,
+    empty_group,
     free_port,
     launch,
     port_open,
@@ -249,16 +249,8 @@ class SparkProcess:
         if proc is None:
             return
         stop_group(proc, timeout)
-        # The JVM may be gone while others in its group linger (Python workers, a
-        # worker's executors): kill them and wait (briefly) until the group is empty.
-        deadline = time.monotonic() + 10.0
-        while time.monotonic() < deadline:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                return
-            time.sleep(0.1)
-        log.warning("processes of the %s's group %s did not go away", self.kind, proc.pid)
+        if not empty_group(proc.pid):
+            log.warning("processes of the %s's group %s did not go away", self.kind, proc.pid)
 
     @property
     def running(self) -> bool:

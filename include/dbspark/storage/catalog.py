@@ -43,6 +43,7 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
+from dbspark.storage import collection_names as coll
 from dbspark.storage.durability import shared_filesystem, sync_trees
 
 Time = tuple[int, ...]
@@ -1127,8 +1128,8 @@ class Catalog:
             .where(
                 t.c.circuit == circuit,
                 t.c.superseded_by.is_(None),
-                ~t.c.collection.like("view.%"),
-                ~t.c.collection.like("%.input"),
+                ~t.c.collection.like(coll.VIEW_LIKE),
+                ~t.c.collection.like(coll.INPUT_LOG_LIKE),
             )
             .order_by(t.c.epoch, t.c.id)
         )

@@ -4,7 +4,7 @@
   loop; it hands each unit to the local or the Spark tier. Its other parts, one module
   each: ``unit`` (a unit's writes, reads of its own batches, one commit), ``ingest``,
   ``evaluate`` (one evaluation function per operator), ``loops``, ``views``,
-  ``maintenance``; ``collection_names`` names what they store.
+  ``maintenance``; ``storage/collection_names`` names what they store.
 * ``tier``: the Spark tier's frames, reads and writes; ``dialect``: the functions the
   shared kernels (``engine/kernels.py``) call, in PySpark.
 * ``compile``: expressions -> ``pyspark.sql.Column`` with the reference engine's semantics.

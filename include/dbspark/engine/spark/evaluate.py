@@ -29,9 +29,9 @@ from dbspark.engine import kernels as ops
 from dbspark.engine.api import UnitReport
 from dbspark.engine.dialect import dialect_of
 from dbspark.engine.kernels import consolidate
-from dbspark.engine.spark import collection_names as coll
 from dbspark.engine.spark.tier import SparkTier
 from dbspark.engine.spark.unit import Frame, Unit, with_time
+from dbspark.storage import collection_names as coll
 from dbspark.storage.catalog import BatchRecord
 from dbspark.storage.warehouse import KeySet
 

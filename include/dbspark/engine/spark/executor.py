@@ -21,7 +21,7 @@ after the commit and changes no answer.
 This module is the epoch API and the stage loop; the rest of ``SparkEngine`` is mixed in
 from one module per concern: ``unit`` (a unit's writes and its one commit), ``ingest``,
 ``evaluate`` (one evaluation function per operator), ``loops``, ``views`` and
-``maintenance``; ``collection_names`` names what they store.
+``maintenance``; ``storage/collection_names`` names what they store.
 """
 
 from __future__ import annotations
@@ -52,7 +52,6 @@ from dbspark.engine.circuits import register
 from dbspark.engine.epoch_units import Units, epoch_units, stage_inputs
 from dbspark.engine.local.resident import default_resident_bytes
 from dbspark.engine.local.tier import LocalTier
-from dbspark.engine.spark import collection_names as coll
 from dbspark.engine.spark.evaluate import Evaluation, OperatorEvaluation, evaluate
 from dbspark.engine.spark.gateway import remember_jvm_lookups
 from dbspark.engine.spark.ingest import Ingest
@@ -63,6 +62,7 @@ from dbspark.engine.spark.tier import SparkTier, spark_struct
 from dbspark.engine.spark.unit import Frame, Tier, Unit, records_rows
 from dbspark.engine.spark.upserts import default_driver_rows
 from dbspark.engine.spark.views import Views
+from dbspark.storage import collection_names as coll
 from dbspark.storage.catalog import BatchRecord, Catalog
 from dbspark.storage.traces import TraceStore
 from dbspark.storage.warehouse import KeySet, Warehouse

@@ -44,13 +44,13 @@ from dbspark.engine.kernels import consolidate
 from dbspark.engine.local.files import CheckedFiles, checked_table, read_files
 from dbspark.engine.local.frame import LocalFrame
 from dbspark.engine.local.tier import LocalTier
-from dbspark.engine.spark import collection_names as coll
 from dbspark.engine.spark.compile import struct_type
 from dbspark.engine.spark.files import CheckedFrame, check_frame, load_files
 from dbspark.engine.spark.session import is_connect
 from dbspark.engine.spark.tier import spark_struct
 from dbspark.engine.spark.unit import Tier, Unit, with_time
 from dbspark.engine.spark.upserts import state_delta
+from dbspark.storage import collection_names as coll
 from dbspark.storage.catalog import BatchRecord
 from dbspark.storage.warehouse import KeySet
 

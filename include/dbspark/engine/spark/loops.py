@@ -28,9 +28,9 @@ from dbspark.engine.api import (
 from dbspark.engine.dialect import dialect_of
 from dbspark.engine.epoch_units import loop_inputs
 from dbspark.engine.kernels import consolidate
-from dbspark.engine.spark import collection_names as coll
 from dbspark.engine.spark.evaluate import keys_by_port, renamed
 from dbspark.engine.spark.unit import Frame, Unit
+from dbspark.storage import collection_names as coll
 from dbspark.storage.catalog import LoopIteration
 
 log = logging.getLogger("dbspark.engine")

@@ -15,7 +15,7 @@ from dbspark.core.columns import WEIGHT, time_columns
 from dbspark.core.timestamps import Time
 from dbspark.engine.dialect import dialect_of
 from dbspark.engine.kernels import consolidate
-from dbspark.engine.spark import collection_names as coll
+from dbspark.storage import collection_names as coll
 from dbspark.storage.catalog import BatchRecord
 from dbspark.storage.traces import CompactionPlanInput, advance_columns
 

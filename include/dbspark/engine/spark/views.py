@@ -29,9 +29,9 @@ from dbspark.engine.api import (
 )
 from dbspark.engine.epoch_units import PUBLISH, publish_inputs
 from dbspark.engine.kernels import consolidate
-from dbspark.engine.spark import collection_names as coll
 from dbspark.engine.spark.compile import struct_type
 from dbspark.engine.spark.unit import records_rows, with_time
+from dbspark.storage import collection_names as coll
 from dbspark.storage.catalog import BatchRecord
 
 log = logging.getLogger("dbspark.engine")

@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dbspark.orchestration.airflow.hook import connection, connection_url, dbspark_setting
+
 log = logging.getLogger("dbspark.airflow")
 
 DEFAULT_SPARK_CONN_ID = "dbspark_spark"
@@ -86,33 +88,10 @@ class Deployment:
         return "; ".join(parts)
 
 
-def _config(key: str) -> str | None:
-    from airflow.sdk.configuration import conf
-
-    value = conf.get("dbspark", key, fallback=None)
-    return value or None
-
-
-def _connection(conn_id: str | None, *, required: bool) -> Any | None:
-    if not conn_id:
+def _database_url(found: Any | None) -> str | None:
+    if found is None:
         return None
-    from airflow.sdk import BaseHook
-    from airflow.sdk.exceptions import AirflowNotFoundException
-
-    try:
-        return BaseHook.get_connection(conn_id)
-    except AirflowNotFoundException:
-        if required:
-            raise
-        return None
-
-
-def _database_url(connection: Any | None) -> str | None:
-    from dbspark.orchestration.sources.sql import airflow_connection_url
-
-    if connection is None:
-        return None
-    return airflow_connection_url(connection.conn_id).render_as_string(hide_password=False)
+    return connection_url(found.conn_id).render_as_string(hide_password=False)
 
 
 @dataclass(frozen=True)
@@ -139,11 +118,11 @@ def resolve_catalog(options: DeploymentOptions | None = None) -> CatalogLocation
     options = options or DeploymentOptions()
     home = Path(os.environ.get("AIRFLOW_HOME", Path.home() / "airflow"))
     warehouse = Path(
-        options.warehouse or _config("warehouse") or home / "dbspark" / "warehouse"
+        options.warehouse or dbspark_setting("warehouse") or home / "dbspark" / "warehouse"
     ).resolve()
     # An explicitly named connection must exist; the default name is optional.
-    catalog_id = options.catalog_conn_id or _config("catalog_conn_id")
-    catalog = _connection(catalog_id or DEFAULT_CATALOG_CONN_ID, required=bool(catalog_id))
+    catalog_id = options.catalog_conn_id or dbspark_setting("catalog_conn_id")
+    catalog = connection(catalog_id or DEFAULT_CATALOG_CONN_ID, required=bool(catalog_id))
     return CatalogLocation(
         warehouse, _database_url(catalog), catalog.conn_id if catalog is not None else None
     )
@@ -153,12 +132,14 @@ def resolve(options: DeploymentOptions) -> Deployment:
     """Resolve a task's deployment (see the module docstring for the order)."""
     catalog = resolve_catalog(options)
     warehouse = catalog.warehouse
-    outputs = Path(options.outputs or _config("outputs") or warehouse / "published").resolve()
+    outputs = Path(
+        options.outputs or dbspark_setting("outputs") or warehouse / "published"
+    ).resolve()
 
-    spark_id = options.spark_conn_id or _config("spark_conn_id")
-    spark = _connection(spark_id or DEFAULT_SPARK_CONN_ID, required=bool(spark_id))
-    serving_id = options.serving_conn_id or _config("serving_conn_id")
-    serving = _connection(serving_id, required=True)
+    spark_id = options.spark_conn_id or dbspark_setting("spark_conn_id")
+    spark = connection(spark_id or DEFAULT_SPARK_CONN_ID, required=bool(spark_id))
+    serving_id = options.serving_conn_id or dbspark_setting("serving_conn_id")
+    serving = connection(serving_id, required=True)
 
     remote = submit = None
     if spark is not None and spark.conn_type == "spark_connect":
@@ -192,12 +173,12 @@ def table_settings() -> dict[str, str]:
     ``table_retention_hours``, ``table_maintain_every``, ``table_target_file_bytes``:
     ``tables.SETTING_KEYS``)."""
     found = {
-        "table_retention_hours": _config("table_retention_hours"),
-        "table_maintain_every": _config("table_maintain_every"),
-        "table_target_file_bytes": _config("table_target_file_bytes"),
+        "table_retention_hours": dbspark_setting("table_retention_hours"),
+        "table_maintain_every": dbspark_setting("table_maintain_every"),
+        "table_target_file_bytes": dbspark_setting("table_target_file_bytes"),
         # Where the tables are (a path or s3://...) and delta-rs's options for it.
-        "table_location": _config("table_location"),
-        "table_storage_options": _config("table_storage_options"),
+        "table_location": dbspark_setting("table_location"),
+        "table_storage_options": dbspark_setting("table_storage_options"),
     }
     return {key: value for key, value in found.items() if value is not None}
 
@@ -221,11 +202,11 @@ def maintenance_settings() -> MaintenanceSettings:
     defaults = MaintenanceSettings()
     values: dict[str, Any] = {}
     for key, raw, field_name, kind, minimum in (
-        ("maintain_every", _config("maintain_every"), "every", int, 1),
-        ("gc_min_age_hours", _config("gc_min_age_hours"), "gc_min_age_hours", float, 0),
+        ("maintain_every", dbspark_setting("maintain_every"), "every", int, 1),
+        ("gc_min_age_hours", dbspark_setting("gc_min_age_hours"), "gc_min_age_hours", float, 0),
         (
             "changes_retention_hours",
-            _config("changes_retention_hours"),
+            dbspark_setting("changes_retention_hours"),
             "changes_retention_hours",
             float,
             0,

@@ -26,6 +26,8 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
+from dbspark.orchestration.airflow.hook import dbspark_setting
+
 #: The task kinds of a dbspark DAG and each one's default ``execution_timeout``. Tasks
 #: that only read the catalog get minutes; units of data work get hours (a first epoch
 #: loads a whole history); rebuild and verify recompute every view from scratch.
@@ -89,9 +91,7 @@ def parse_duration(value: Any, where: str) -> timedelta:
 def configured_timeouts() -> dict[str, timedelta]:
     """``[dbspark] execution_timeouts`` from ``airflow.cfg`` (or its environment
     variable), parsed; empty when unset."""
-    from airflow.sdk.configuration import conf
-
-    text = conf.get("dbspark", "execution_timeouts", fallback=None)
+    text = dbspark_setting("execution_timeouts")
     if not text:
         return {}
     return parse_timeouts(text, "[dbspark] execution_timeouts in airflow.cfg")

@@ -48,6 +48,7 @@ from dbspark.orchestration.airflow.deployment import (
     resolve,
     spark_for,
 )
+from dbspark.orchestration.airflow.hook import dbspark_flag, dbspark_setting
 from dbspark.orchestration.airflow.ui.status import task_of_stage
 from dbspark.orchestration.epochs import EpochOfRun, next_epoch, require_epoch
 from dbspark.orchestration.intervals import Interval
@@ -132,9 +133,7 @@ def apply_redaction_setting() -> None:
     variable it reads (``core.errors.REDACT_SETTING``), so this task's errors, and those
     of a spark-submit job it starts, which inherits the environment, keep row values out
     of the task log. Already set in the environment, it stays as it is."""
-    from airflow.sdk.configuration import conf
-
-    if conf.getboolean("dbspark", "redact_input_values", fallback=False):
+    if dbspark_flag("redact_input_values"):
         os.environ[REDACT_SETTING] = "1"
 
 
@@ -144,12 +143,10 @@ def apply_storage_settings() -> None:
     (``SHARED_SQLITE_SETTING``: a SQLite catalog is refused on a shared file system
     unless so allowed) and ``[dbspark] sync_method`` (``SYNC_METHOD_SETTING``: how
     committed files are made durable). A variable already set stays as it is."""
-    from airflow.sdk.configuration import conf
-
-    value = conf.get("dbspark", "sqlite_on_shared_filesystem", fallback="")
+    value = dbspark_setting("sqlite_on_shared_filesystem")
     if (value or "").strip().lower() == "allow":
         os.environ[SHARED_SQLITE_SETTING] = "allow"
-    method = (conf.get("dbspark", "sync_method", fallback="") or "").strip()
+    method = (dbspark_setting("sync_method") or "").strip()
     if method:
         os.environ.setdefault(SYNC_METHOD_SETTING, method)
 

@@ -8,13 +8,12 @@
 
 from dbspark.orchestration.sources.base import SourceConnector, source_columns
 from dbspark.orchestration.sources.landing import LandingDirectory
-from dbspark.orchestration.sources.sql import SqlTable, airflow_connection_url, sqlalchemy_url
+from dbspark.orchestration.sources.sql import SqlTable, sqlalchemy_url
 
 __all__ = [
     "LandingDirectory",
     "SourceConnector",
     "SqlTable",
-    "airflow_connection_url",
     "source_columns",
     "sqlalchemy_url",
 ]

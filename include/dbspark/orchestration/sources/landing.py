@@ -358,9 +358,9 @@ def _write_atomically(target: Path, write: Any) -> None:
 
 def _airflow_setting(key: str) -> str | None:
     """``[dbspark] <key>`` from ``airflow.cfg`` (or ``AIRFLOW__DBSPARK__<KEY>``)."""
-    from airflow.sdk.configuration import conf
+    from dbspark.orchestration.airflow.hook import dbspark_setting
 
-    return conf.get("dbspark", key, fallback=None) or None
+    return dbspark_setting(key)
 
 
 def _late_policy(value: str) -> str:

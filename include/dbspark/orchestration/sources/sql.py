@@ -1,7 +1,7 @@
 """A change-data pull from an operational table: :class:`SqlTable`.
 
 The database is a SQLAlchemy URL, or an Airflow connection resolved at each pull
-(:func:`airflow_connection_url`), never when the DAG file is parsed.
+(``orchestration/airflow/hook.py``), never when the DAG file is parsed.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from dbspark.orchestration.sources.base import SourceConnector
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["SqlTable", "airflow_connection_url", "sqlalchemy_url"]
+__all__ = ["SqlTable", "sqlalchemy_url"]
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -42,34 +42,6 @@ def sqlalchemy_url(uri: str | sa.URL) -> sa.URL:
     if url.drivername in ("postgres", "postgresql"):
         url = url.set(drivername="postgresql+psycopg")
     return url
-
-
-def airflow_connection_url(conn_id: str) -> sa.URL:
-    """The SQLAlchemy URL of the Airflow connection ``conn_id`` (resolved now).
-
-    Works inside a task and outside one (connections given as ``AIRFLOW_CONN_<ID>``
-    environment variables, a URI or JSON). A SQLite connection may hold its file path in
-    ``host`` (Airflow's SQLite hook convention, and the JSON form) or in ``schema`` (the
-    URI form ``sqlite:////abs/path.db``); ``get_uri`` renders the first one wrongly, so
-    SQLite URLs are built from the fields.
-    """
-    # Imported here: the task SDK costs seconds to import and DAG parsing must not need it.
-    from airflow.sdk import BaseHook
-    from airflow.sdk.exceptions import AirflowNotFoundException
-
-    try:
-        conn = BaseHook.get_connection(conn_id)
-    except AirflowNotFoundException:
-        raise LookupError(
-            f"Airflow connection {conn_id!r} is not defined (add it in Airflow, or set "
-            f"AIRFLOW_CONN_{conn_id.upper()})"
-        ) from None
-    if conn.conn_type == "sqlite":
-        path = conn.host or conn.schema
-        if not path:
-            raise ValueError(f"Airflow connection {conn_id!r} (sqlite) names no database file")
-        return sa.URL.create("sqlite", database=path)
-    return sqlalchemy_url(conn.get_uri())
 
 
 def _as_utc(row: Sequence[Any], positions: Sequence[int]) -> list[Any]:
@@ -235,7 +207,9 @@ class SqlTable(SourceConnector):
         if self.url is not None:
             return self.url
         assert self.conn_id is not None  # the constructor requires one of the two
-        return airflow_connection_url(self.conn_id)
+        from dbspark.orchestration.airflow.hook import connection_url
+
+        return connection_url(self.conn_id)
 
     def _reflect(self, source: str, conn: sa.Connection) -> sa.Table:
         try:

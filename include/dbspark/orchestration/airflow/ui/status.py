@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from urllib.parse import quote
 
 from dbspark.orchestration.intervals import Interval
+from dbspark.storage import collection_names as coll
 from dbspark.storage.catalog import (
     Catalog,
     CollectionSize,
@@ -34,9 +35,6 @@ from dbspark.storage.catalog import (
 #: Epochs shown per circuit unless asked otherwise (the newest ones).
 DEFAULT_EPOCHS = 50
 
-# Collection names as ``engine/spark/collection_names.py`` makes them.
-_NODE_COLLECTION = re.compile(r"n(?P<node>\d+)(?:\.(?P<part>in\d+|state|input|scheduled))?")
-_VIEW_PREFIX = "view."
 # A root-scope stage is named after its anchor operator (``circuit/planner.py``).
 _ANCHOR_STAGE = re.compile(r"[a-z_]+?_(?P<node>\d+)")
 
@@ -221,7 +219,7 @@ def circuit_status(
         runs_by_epoch[run.epoch].append(run)
     sizes = catalog.collection_sizes(circuit)
     sources = sorted({s.removeprefix("ingest_") for s, _ in committed if s.startswith("ingest_")})
-    views = [s.collection.removeprefix(_VIEW_PREFIX) for s in sizes if _is_view(s.collection)]
+    views = [name for s in sizes if (name := coll.view_name(s.collection)) is not None]
     epochs = [
         _epoch_status(
             record,
@@ -274,11 +272,12 @@ def _epoch_status(
             rows_in.setdefault(stage.removeprefix("ingest_"), 0)
     rows_changed: dict[str, int] = dict.fromkeys(views, 0) if "publish" in stages else {}
     for output in outputs:
-        if output.stage.startswith("ingest_") and output.collection.endswith(".input"):
+        view = coll.view_name(output.collection)
+        if output.stage.startswith("ingest_") and coll.is_input_log(output.collection):
             source = output.stage.removeprefix("ingest_")
             rows_in[source] = rows_in.get(source, 0) + output.rows
-        elif output.stage == "publish" and _is_view(output.collection):
-            rows_changed[output.collection.removeprefix(_VIEW_PREFIX)] = output.rows
+        elif output.stage == "publish" and view is not None:
+            rows_changed[view] = output.rows
     opened, committed = _utc(record.opened_at), _utc(record.committed_at)
     start, end = _interval(record.label)
     task_logs: list[Link] = []
@@ -326,18 +325,14 @@ def _interval(label: str | None) -> tuple[datetime | None, datetime | None]:
     return interval.start, interval.end
 
 
-def _is_view(collection: str) -> bool:
-    return collection.startswith(_VIEW_PREFIX)
-
-
 def _node_names(outputs: Iterable[StageOutput]) -> dict[int, str]:
     """Names of nodes the catalog reveals: a source by the collections its ingest wrote,
     a root-scope stage's anchor by its stage name (``join_6``)."""
     names: dict[int, str] = {}
     for output in outputs:
-        match = _NODE_COLLECTION.fullmatch(output.collection)
-        if match and output.stage.startswith("ingest_"):
-            names.setdefault(int(match["node"]), f"source {output.stage.removeprefix('ingest_')}")
+        parsed = coll.parse(output.collection)
+        if parsed is not None and parsed.node is not None and output.stage.startswith("ingest_"):
+            names.setdefault(parsed.node, f"source {output.stage.removeprefix('ingest_')}")
     for output in outputs:
         anchor = _ANCHOR_STAGE.fullmatch(output.stage)
         if anchor and not output.stage.startswith("ingest_"):
@@ -345,31 +340,28 @@ def _node_names(outputs: Iterable[StageOutput]) -> dict[int, str]:
     return names
 
 
-_PARTS = {
-    None: "delta of {}",
-    "state": "upsert state of {}",
-    "input": "input log of {}",
-    "scheduled": "scheduled output of {}",
+_ROLES = {
+    "delta": "delta of {name}",
+    "arranged": "arranged input {port} of {name} (trace)",
+    "state": "upsert state of {name}",
+    "input": "input log of {name}",
+    "scheduled": "scheduled output of {name}",
 }
 
 
 def _role(collection: str, names: dict[int, str]) -> str:
-    if _is_view(collection):
-        return f"view {collection.removeprefix(_VIEW_PREFIX)} (published changes)"
-    match = _NODE_COLLECTION.fullmatch(collection)
-    if match is None:
+    parsed = coll.parse(collection)
+    if parsed is None:
         return ""
-    node = int(match["node"])
-    name = names.get(node, f"node {node}")
-    part = match["part"]
-    if part in _PARTS:
-        return _PARTS[part].format(name)
-    return f"arranged input {part.removeprefix('in')} of {name} (trace)"
+    if parsed.node is None:
+        return f"view {parsed.view} (published changes)"
+    name = names.get(parsed.node, f"node {parsed.node}")
+    return _ROLES[parsed.kind].format(name=name, port=parsed.port)
 
 
 def _collection_order(collection: str) -> tuple[int, int, str]:
     """Views last; node collections by node id."""
-    if _is_view(collection):
+    parsed = coll.parse(collection)
+    if parsed is not None and parsed.node is None:
         return (1, 0, collection)
-    match = _NODE_COLLECTION.fullmatch(collection)
-    return (0, int(match["node"]) if match else -1, collection)
+    return (0, parsed.node if parsed is not None and parsed.node is not None else -1, collection)
