@@ -286,3 +286,31 @@ def test_a_small_log_is_verified_in_this_process_and_both_tiers_name_the_same_ro
     assert SparkEngine(circuit, tmp_path / "wh", spark=spark, local_rows=0).verify_tier() == (
         "spark"
     )
+
+
+def test_an_epoch_leaves_the_garbage_collector_as_it_found_it(tmp_path: Path) -> None:
+    """An epoch freezes the objects older than itself (``_young_objects_only``), and
+    unfreezes them when it ends, whether it commits or fails: frozen for good, their
+    cyclic garbage would never be collected."""
+    import gc
+
+    import pytest
+
+    from dbspark.engine.api import InputError
+
+    engine = SparkEngine(NAMED_CIRCUITS["word_count"](), tmp_path / "wh")
+    frozen = []
+    original = engine.ingest
+
+    def ingest(*args: Any, **kwargs: Any) -> Any:
+        frozen.append(gc.get_freeze_count())
+        return original(*args, **kwargs)
+
+    engine.ingest = ingest  # type: ignore[method-assign]
+    engine.step({"words": [(("to",), 1)]})
+    assert frozen and frozen[0] > 0  # older objects were frozen during the epoch
+    assert gc.get_freeze_count() == 0
+    with pytest.raises(InputError):
+        engine.step({"words": [(("to", "many"), 1)]})
+    assert gc.get_freeze_count() == 0
+    assert engine.last_committed_epoch() == 0  # the bad epoch committed nothing
