@@ -602,20 +602,13 @@ def upsert_problems(spec: UpsertSpec, batch: DataFrame, current: DataFrame) -> D
     (``UPSERT_PROBLEMS``); no rows when the batch is good."""
     F = dialect_of(batch).F
     cols, keys, marks = list(spec.columns), list(spec.key), list(spec.watermark)
-    groups = keys + [m for m in marks if m not in keys]
     null_keys = batch.where(reduce(lambda a, b: a | b, [F.col(k).isNull() for k in keys]))
     # A regex over NULL is NULL, which no ``where`` keeps.
     texts = [m for m in marks if spec.types[spec.columns.index(m)] == STRING]
     offset_marks = [
         F.col(m).rlike(f"^{OFFSET_TIME}\\z") & ~F.col(m).rlike(f"{ZERO_OFFSET}\\z") for m in texts
     ]
-    ties = (
-        batch.select(*cols)
-        .distinct()
-        .groupBy(*groups)
-        .agg(F.count(F.lit(1)).alias("__n"))
-        .where(F.col("__n") > 1)
-    )
+    ties = _ties(F, spec, batch)
     s = _prefixed(current)
     same_mark = reduce(lambda a, b: a & b, [F.col(m).eqNullSafe(F.col(f"__s_{m}")) for m in marks])
     same_row = reduce(lambda a, b: a & b, [F.col(c).eqNullSafe(F.col(f"__s_{c}")) for c in cols])
@@ -631,20 +624,79 @@ def upsert_problems(spec: UpsertSpec, batch: DataFrame, current: DataFrame) -> D
     )
 
 
+def _ties(F: ModuleType, spec: UpsertSpec, rows: DataFrame, *within: str) -> DataFrame:
+    """The keys (and ``within`` columns) of ``rows`` holding two different rows at an
+    equal watermark: which row wins would be arbitrary."""
+    keys, marks = list(spec.key), list(spec.watermark)
+    groups = [*keys, *(m for m in marks if m not in keys), *within]
+    return (
+        rows.select(*spec.columns, *within)
+        .distinct()
+        .groupBy(*groups)
+        .agg(F.count(F.lit(1)).alias("__n"))
+        .where(F.col("__n") > 1)
+        .select(*keys, *within)
+    )
+
+
+def upsert_log_conflicts(spec: UpsertSpec, log: DataFrame, epoch: str) -> DataFrame:
+    """The keys and epochs where a source's log of upsert batches (``log``: every epoch's
+    batch, its epoch in column ``epoch``) holds what ``upsert_problems`` rejects batch by
+    batch: two different rows for one key at an equal watermark in one epoch, or a row
+    whose watermark equals that of the version stored before its epoch (the greatest
+    watermark of the earlier epochs) while the row differs from it. Full refresh checks
+    the whole log with it at once (Spark only: a window over each key's epochs)."""
+    d = dialect_of(log)
+    F = d.F
+    keys, names = list(spec.key), list(spec.columns)
+    within = _ties(F, spec, log, epoch)
+    distinct = log.select(*names, epoch).distinct().withColumn("__wm", _watermark_order(F, spec))
+    earlier = (
+        d.Window.partitionBy(*keys).orderBy(epoch).rangeBetween(d.Window.unboundedPreceding, -1)
+    )
+    row = F.struct(*names)
+    stored = (
+        distinct.withColumn("__stored_wm", F.max("__wm").over(earlier))
+        .withColumn("__stored", F.max_by(row, "__wm").over(earlier))
+        .where((F.col("__wm") == F.col("__stored_wm")) & ~row.eqNullSafe(F.col("__stored")))
+        .select(*keys, epoch)
+    )
+    return within.unionByName(stored).distinct()
+
+
+def _watermark_order(F: ModuleType, spec: UpsertSpec) -> Column:
+    """The watermark as one sortable value (a struct of, per watermark column, whether
+    it is present and its value): NULL below any value, compared left to right."""
+    parts = []
+    for index, name in enumerate(spec.watermark):
+        parts.append(F.col(name).isNotNull().alias(f"p{index}"))
+        parts.append(F.col(name).alias(f"v{index}"))
+    return F.struct(*parts)
+
+
+def upsert_winners(spec: UpsertSpec, rows: DataFrame, *tiebreak: Column) -> DataFrame:
+    """Per key the freshest of ``rows``: the greatest watermark (compared left to right,
+    NULL smallest), then the first by ``tiebreak`` (full refresh: the later epoch);
+    with the tombstone flag in ``__tombstone``. Checked input leaves ties only between
+    equal rows, so the choice among them never shows."""
+    d = dialect_of(rows)
+    F = d.F
+    order = [F.col(m).desc_nulls_last() for m in spec.watermark]
+    window = d.Window.partitionBy(*spec.key).orderBy(*order, *tiebreak)
+    ranked = rows.withColumn("__rank", F.row_number().over(window))
+    winners = ranked.where(F.col("__rank") == 1).drop("__rank")
+    return winners.withColumn(TOMBSTONE, _tombstone_condition(F, spec))
+
+
 def upsert_delta(
     spec: UpsertSpec, batch: DataFrame, current: DataFrame, state_columns: Sequence[str]
 ) -> DataFrame:
     """The state delta (``state_columns`` and ``__w``) of a good batch: per key the
     freshest row wins (NULL watermarks smallest); where it is fresher than the stored
     version (or there is none), ``-stored +winner`` with the winner's tombstone flag."""
-    d = dialect_of(batch)
-    F = d.F
+    F = dialect_of(batch).F
     keys, marks = list(spec.key), list(spec.watermark)
-    order = [F.col(m).desc_nulls_last() for m in marks]
-    window = d.Window.partitionBy(*keys).orderBy(*order)
-    ranked = batch.withColumn("__rank", F.row_number().over(window))
-    winners = ranked.where(F.col("__rank") == 1).drop("__rank")
-    winners = winners.withColumn(state_columns[-1], _tombstone_condition(F, spec))
+    winners = upsert_winners(spec, batch)  # the state's columns: the user's, __tombstone
     joined = winners.join(_prefixed(current), _on_key(F, keys), "left")
     stored_missing = F.col(f"__s_{keys[0]}").isNull()
     fresher = _lexicographic_greater(F, marks, [f"__s_{m}" for m in marks])

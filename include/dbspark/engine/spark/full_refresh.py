@@ -13,7 +13,8 @@ docstring states the operator's full-refresh rule. Input the incremental engine 
 have rejected is rejected here too, before any operator runs: the batch checks of
 ``engine/batches.py`` and ``core/upsert.py`` in :func:`source_frames`, and the upsert
 conflicts of :func:`find_upsert_conflicts` in :func:`evaluate`
-(:class:`UpsertConflict`).
+(:class:`UpsertConflict`). The upsert rule itself, its checks and its winners, is the
+one the incremental engine applies (``kernels.upsert_*``), over the whole log at once.
 """
 
 from __future__ import annotations
@@ -23,17 +24,17 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from pyspark.sql import Column, DataFrame, Observation, Row, SparkSession, Window
+from pyspark.sql import Column, DataFrame, Observation, Row, SparkSession
 from pyspark.sql import functions as F
 
 from dbspark.circuit.aggregations import Aggregation
 from dbspark.circuit.builder import Circuit, Node, Scope
 from dbspark.core.columns import EPOCH, EPOCH_TYPE, TOMBSTONE, WEIGHT, WEIGHT_TYPE
-from dbspark.core.types import BOOLEAN, STRING, Schema
+from dbspark.core.types import Schema
 from dbspark.core.upsert import UpsertConflict, conform_rows, format_key
 from dbspark.engine.api import LoopDidNotConverge, require_sources
 from dbspark.engine.batches import upsert_batch, upsert_spec, zset_batch
-from dbspark.engine.kernels import consolidate
+from dbspark.engine.kernels import consolidate, upsert_log_conflicts, upsert_winners
 from dbspark.engine.spark import user_aggregates
 from dbspark.engine.spark.compile import (
     compile_predicate,
@@ -174,57 +175,13 @@ def verify(
 # --- upsert sources ----------------------------------------------------------------------
 
 
-def _watermark_order(node: Node) -> Column:
-    """A sortable struct: per watermark column (present?, value): NULL below any value."""
-    parts = []
-    for index, name in enumerate(node.params["watermark"]):
-        parts.append(F.col(name).isNotNull().alias(f"p{index}"))
-        parts.append(F.col(name).alias(f"v{index}"))
-    return F.struct(*parts)
-
-
-def _tombstone(node: Node) -> Column:
-    column = node.params["tombstone"]
-    if column is None:
-        return F.lit(False)
-    kind = node.params["user_schema"].type_of(column)
-    if kind == BOOLEAN:
-        return F.coalesce(F.col(column), F.lit(False))
-    if kind == STRING:
-        return F.coalesce(F.col(column) == F.lit(node.params["tombstone_value"]), F.lit(False))
-    return F.col(column).isNotNull()
-
-
 def find_upsert_conflicts(node: Node, rows: DataFrame) -> list[Row]:
-    """The first conflicts, by epoch, where the incremental reader would have rejected input
-    (rows of the key columns and ``__epoch``; at most 21).
-
-    ``rows`` holds the source's upsert rows with ``__epoch``. A conflict is two
-    different rows for one key with an equal watermark in one epoch, or a row whose
-    watermark equals that of the version stored before its epoch (the greatest
-    watermark of earlier epochs) while the row differs from it.
-    """
-    user: Schema = node.params["user_schema"]
+    """The first conflicts, by epoch, where the incremental reader would have rejected
+    input (rows of the key columns and ``__epoch``; at most 21): ``rows`` holds the
+    source's upsert rows with ``__epoch``, checked by ``kernels.upsert_log_conflicts``."""
     keys = list(node.params["key"])
-    names = list(user.names)
-    distinct = rows.select(*names, EPOCH).distinct().withColumn("__wm", _watermark_order(node))
-    within = (
-        distinct.groupBy(*keys, EPOCH, "__wm")
-        .agg(F.count(F.lit(1)).alias("__n"))
-        .where(F.col("__n") > 1)
-        .select(*keys, EPOCH)
-    )
-    earlier = Window.partitionBy(*keys).orderBy(EPOCH).rangeBetween(Window.unboundedPreceding, -1)
-    row = F.struct(*names)
-    stored = (
-        distinct.withColumn("__stored_wm", F.max("__wm").over(earlier))
-        .withColumn("__stored", F.max_by(row, "__wm").over(earlier))
-        .where((F.col("__wm") == F.col("__stored_wm")) & ~row.eqNullSafe(F.col("__stored")))
-        .select(*keys, EPOCH)
-    )
-    return (
-        within.unionByName(stored).distinct().orderBy(EPOCH, *keys).limit(_MAX_LISTED + 1)
-    ).collect()
+    conflicts = upsert_log_conflicts(upsert_spec(node), rows, EPOCH)
+    return conflicts.orderBy(EPOCH, *keys).limit(_MAX_LISTED + 1).collect()
 
 
 def raise_upsert_conflict(node: Node, found: Sequence[Row]) -> None:
@@ -360,17 +317,9 @@ def _upsert_source(r: Refresh, node: Node, time: Time) -> DataFrame:
     right, NULL smallest, NaN largest) wins, the later epoch on a tie (conflict checking
     leaves ties only between equal rows). The collection is the winners at weight one,
     tombstones included and flagged in ``__tombstone`` (``upsert_live`` drops them)."""
-    user: Schema = node.params["user_schema"]
     rows = r.sources[node.label].where(F.col(EPOCH) <= time[0])
-    freshest = Window.partitionBy(*node.params["key"]).orderBy(
-        _watermark_order(node).desc(), F.col(EPOCH).desc()
-    )
-    winners = rows.withColumn("__rank", F.row_number().over(freshest)).where(F.col("__rank") == 1)
-    return winners.select(
-        *user.names,
-        _tombstone(node).alias(TOMBSTONE),
-        F.lit(1).cast(WEIGHT_TYPE).alias(WEIGHT),
-    )
+    winners = upsert_winners(upsert_spec(node), rows, F.col(EPOCH).desc())
+    return winners.select(*node.schema.names, F.lit(1).cast(WEIGHT_TYPE).alias(WEIGHT))
 
 
 @refreshes("upsert_live")
