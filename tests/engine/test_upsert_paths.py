@@ -267,3 +267,58 @@ def test_a_string_watermark_with_a_utc_offset_is_refused_on_every_path(
             engine.step({"events": given(name, bad)})
         assert set(raised.value.keys) == {(6,)}, name
         assert engine.last_committed_epoch() == 0, name
+
+
+@pytest.mark.parametrize("tier", ["local", "spark"])
+def test_a_file_batch_is_looked_at_for_ties_once(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tier: str
+) -> None:
+    """A landed batch's NULL keys and ties are looked for when its files are read (before
+    the epoch opens); ingest then looks only for what needs the stored state, the clash
+    with a stored version, and the watermarks' forms. A batch handed over as an Arrow
+    table is looked at once, at ingest, for everything."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from dbspark.engine import kernels
+    from dbspark.engine.file_batches import FileBatch
+    from dbspark.examples.circuits import NAMED_CIRCUITS
+
+    asked: list[bool] = []
+    original = kernels.upsert_problems
+
+    def spy(*args: Any, within_batch: bool = True, **kwargs: Any) -> Any:
+        asked.append(within_batch)
+        return original(*args, within_batch=within_batch, **kwargs)
+
+    monkeypatch.setattr(kernels, "upsert_problems", spy)
+
+    def customers(rows: list[tuple]) -> pa.Table:
+        names = ["cust_id", "region", "ts", "deleted"]
+        types = [pa.int64(), pa.string(), pa.int64(), pa.bool_()]
+        columns = zip(*rows, strict=True)
+        return pa.table([pa.array(c, t) for c, t in zip(columns, types, strict=True)], names=names)
+
+    def landed(name: str, rows: list[tuple]) -> FileBatch:
+        path = tmp_path / f"{name}.parquet"
+        pq.write_table(customers(rows), path)
+        return FileBatch(path, "parquet")
+
+    local_rows = 100 if tier == "local" else 0
+    engine = SparkEngine(
+        NAMED_CIRCUITS["orders"](),
+        tmp_path / "wh",
+        spark=lambda: spark,
+        local_rows=local_rows,
+        driver_rows=0,  # decided in Spark, where upsert_problems runs
+    )
+    empty_orders = {"orders": []}
+    engine.run_epoch(0, {"customers": landed("e0", [(1, "EU", 1, False)]), **empty_orders})
+    assert asked == [False]
+    table = customers([(2, "US", 1, False)])
+    engine.run_epoch(1, {"customers": table, **empty_orders})
+    assert asked == [False, True]
+    # The clash with the stored version is still found in a file batch.
+    with pytest.raises(UpsertConflict, match="same watermark as the stored version"):
+        engine.run_epoch(2, {"customers": landed("e2", [(1, "APAC", 1, False)]), **empty_orders})
+    assert engine.last_committed_epoch() == 1

@@ -597,9 +597,14 @@ def upsert_current(stored: DataFrame, state_columns: Sequence[str]) -> DataFrame
     return current.where(F.col(WEIGHT) == 1).drop(WEIGHT)
 
 
-def upsert_problems(spec: UpsertSpec, batch: DataFrame, current: DataFrame) -> DataFrame:
+def upsert_problems(
+    spec: UpsertSpec, batch: DataFrame, current: DataFrame, *, within_batch: bool = True
+) -> DataFrame:
     """The keys of ``batch`` that make it bad input, each with a ``__problem`` code
-    (``UPSERT_PROBLEMS``); no rows when the batch is good."""
+    (``UPSERT_PROBLEMS``); no rows when the batch is good. ``within_batch=False`` says
+    the batch's own NULL keys and ties were looked for already (a file batch, when its
+    files were read): only the watermarks' forms and the clashes with the stored
+    versions are looked for."""
     F = dialect_of(batch).F
     cols, keys, marks = list(spec.columns), list(spec.key), list(spec.watermark)
     null_keys = batch.where(reduce(lambda a, b: a | b, [F.col(k).isNull() for k in keys]))
@@ -613,15 +618,14 @@ def upsert_problems(spec: UpsertSpec, batch: DataFrame, current: DataFrame) -> D
     same_mark = reduce(lambda a, b: a & b, [F.col(m).eqNullSafe(F.col(f"__s_{m}")) for m in marks])
     same_row = reduce(lambda a, b: a & b, [F.col(c).eqNullSafe(F.col(f"__s_{c}")) for c in cols])
     clash = batch.join(s, _on_key(F, keys), "inner").where(same_mark & ~same_row)
-    problems = null_keys.select(*keys, F.lit(0).alias("__problem"))
+    problems = clash.select(*keys, F.lit(3).alias("__problem"))
+    if within_batch:
+        problems = problems.unionByName(null_keys.select(*keys, F.lit(0).alias("__problem")))
+        problems = problems.unionByName(ties.select(*keys, F.lit(2).alias("__problem")))
     if offset_marks:
         offsets = batch.where(reduce(lambda a, b: a | b, offset_marks))
         problems = problems.unionByName(offsets.select(*keys, F.lit(1).alias("__problem")))
-    return (
-        problems.unionByName(ties.select(*keys, F.lit(2).alias("__problem")))
-        .unionByName(clash.select(*keys, F.lit(3).alias("__problem")))
-        .distinct()
-    )
+    return problems.distinct()
 
 
 def _ties(F: ModuleType, spec: UpsertSpec, rows: DataFrame, *within: str) -> DataFrame:

@@ -44,7 +44,7 @@ import csv
 import io
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import reduce
 from typing import Any
 
@@ -98,6 +98,9 @@ class CheckedFrame:
 
     frame: DataFrame
     files: tuple[str, ...] = field(default=())
+    #: An upsert batch's NULL keys and ties were looked for (``check_rows``): ingest
+    #: does not look again.
+    rows_checked: bool = False
 
     def rows(self) -> DataFrame:
         """The rows without the locating columns (what the source ingests)."""
@@ -252,6 +255,7 @@ def load_files(
     checked = CheckedFrame(frame.drop(_PROBLEM), batch.paths)
     if upsert is not None:
         check_rows(source, checked, upsert)
+        checked = replace(checked, rows_checked=True)
     return checked
 
 

@@ -109,6 +109,10 @@ class Ingest:
         if isinstance(batch, (FileBatch, DataFrame, pa.Table)):
             batch = self.check_batch(source, batch, file)
         from_files = batch if isinstance(batch, (CheckedFrame, CheckedFiles)) else None
+        # The local reader always looks for an upsert batch's NULL keys and ties.
+        rows_checked = isinstance(batch, CheckedFiles) or (
+            isinstance(batch, CheckedFrame) and batch.rows_checked
+        )
         if isinstance(batch, CheckedFiles):
             file = file or batch.file_label()
             batch = batch.batch
@@ -155,7 +159,9 @@ class Ingest:
             delta = frame
         else:
             try:
-                delta = self._upsert_delta(node, frame, t, unit, file, log_record)
+                delta = self._upsert_delta(
+                    node, frame, t, unit, file, log_record, batch_checked=rows_checked
+                )
             except UpsertError as error:
                 unit.discard()
                 if from_files is None or len(from_files.files) < 2:
@@ -215,17 +221,23 @@ class Ingest:
         unit: Unit,
         file: str | None,
         logged: BatchRecord | None,
+        *,
+        batch_checked: bool = False,
     ) -> Any:
         """Turn upserts into the state delta by consulting the source's arranged state
         (``upserts.py`` on Spark, ``kernels.upsert_delta`` on the local tier), and write
         the delta to the state trace. ``logged`` is the batch as just written to the
-        input log (None: it was empty)."""
+        input log (None: it was empty). ``batch_checked``: a file batch, whose NULL keys
+        and ties were looked for when its files were read (``files.check_rows``, the
+        local reader), and are not looked for again."""
         spec = self._specs[node.id]
         keys = list(spec.key)
         state_collection = coll.state(node.id)
         state_fields = [*node.schema.fields, (WEIGHT, "bigint"), *time_fields(1)]
         if isinstance(unit.tier, LocalTier):
-            delta = self._local_upsert_delta(node, batch, unit.tier, state_fields, file)
+            delta = self._local_upsert_delta(
+                node, batch, unit.tier, state_fields, file, batch_checked
+            )
         else:
             state_struct = spark_struct(state_fields)
 
@@ -244,7 +256,14 @@ class Ingest:
                     columns = [written.column(c).to_pylist() for c in spec.columns]
                     rows = list(zip(*columns, strict=True))
             delta, decided = state_delta(
-                spec, node.schema, batch, read_state, file, rows, buckets=self.buckets
+                spec,
+                node.schema,
+                batch,
+                read_state,
+                file,
+                rows,
+                buckets=self.buckets,
+                batch_checked=batch_checked,
             )
             if decided is not None:  # small: written here, and so are the writes after it
                 unit.write_table(decided, state_collection, "trace", t, bucket_by=keys)
@@ -254,7 +273,13 @@ class Ingest:
         return delta
 
     def _local_upsert_delta(
-        self, node: Node, batch: LocalFrame, tier: LocalTier, state_fields: Any, file: str | None
+        self,
+        node: Node,
+        batch: LocalFrame,
+        tier: LocalTier,
+        state_fields: Any,
+        file: str | None,
+        batch_checked: bool,
     ) -> LocalFrame:
         """The state delta, set-based (``kernels.upsert_delta``) against the stored rows of
         the batch's keys (a key-pruned read of the state trace). Bad input is judged again
@@ -270,7 +295,9 @@ class Ingest:
         stored = tier.read(records, state_fields, keys=gathered, bucket_by=keys)
         current = tier.checkpoint(ops.upsert_current(stored, state_columns))
         batch = tier.from_arrow(table)
-        problems = ops.upsert_problems(spec, batch, current).collect()
+        problems = ops.upsert_problems(
+            spec, batch, current, within_batch=not batch_checked
+        ).collect()
         if problems:
             rows = list(zip(*(table.column(c).to_pylist() for c in spec.columns), strict=True))
             updates_against(spec, rows, tier.zset(stored, node.schema), file)  # raises

@@ -62,15 +62,17 @@ def state_delta(
     rows: Sequence[Sequence[Any]] | None,
     *,
     buckets: int = DEFAULT_BUCKETS,
+    batch_checked: bool = False,
 ) -> tuple[DataFrame, pa.Table | None]:
     """The state delta (state columns and ``__w``) that ``batch`` causes; raises
     ``BadUpsertRow`` or ``UpsertConflict`` before anything is written. ``rows`` are the
     batch's rows (``spec.columns``) when the driver holds them (a small batch): the
     delta is then decided here and also returned as an Arrow table to write as it is;
-    otherwise (None) in Spark."""
+    otherwise (None) in Spark, where ``batch_checked`` (its NULL keys and ties were
+    looked for when its files were read) spares looking for them again."""
     if rows is not None:
         return _on_driver(spec, state_schema, batch, rows, read_state, file, buckets)
-    return _in_spark(spec, state_schema, batch, read_state, file), None
+    return _in_spark(spec, state_schema, batch, read_state, file, batch_checked), None
 
 
 def _on_driver(
@@ -124,12 +126,14 @@ def _in_spark(
     batch: DataFrame,
     read_state: StateReader,
     file: str | None,
+    batch_checked: bool,
 ) -> DataFrame:
     keys = list(spec.key)
     stored = read_state(batch.select(*keys).distinct())
     current = kernels.upsert_current(stored, list(state_schema.names))
     # Every kind of bad input is found by one Spark job, before anything is written.
-    problems = kernels.upsert_problems(spec, batch, current).limit(60).collect()
+    problems = kernels.upsert_problems(spec, batch, current, within_batch=not batch_checked)
+    problems = problems.limit(60).collect()
     if problems:
         worst = min(r["__problem"] for r in problems)
         offending = [tuple(r[k] for k in keys) for r in problems if r["__problem"] == worst]
