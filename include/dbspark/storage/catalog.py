@@ -27,6 +27,7 @@ as an integer column for range filters.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
@@ -232,6 +233,59 @@ gc_marks_table = sa.Table(
     sa.Column("path", sa.String(1000), primary_key=True),
     sa.Column("first_seen", _Timestamp, nullable=False),
 )
+
+
+# --- statements run by every unit, built once ---------------------------------------------
+# Built with bind parameters and reused: SQLAlchemy then neither constructs a statement
+# nor computes its cache key on each call, which halves the cost of these small ones
+# (about 0.3 -> 0.15 ms each, measured on SQLite; an epoch runs dozens of them).
+
+_STAGE_RUN_ID = sa.select(stage_runs_table.c.id).where(
+    stage_runs_table.c.circuit == sa.bindparam("circuit"),
+    stage_runs_table.c.stage == sa.bindparam("stage"),
+    stage_runs_table.c.time == sa.bindparam("time"),
+)
+_INPUT_FINGERPRINT = sa.select(unit_inputs_table.c.fingerprint).where(
+    unit_inputs_table.c.circuit == sa.bindparam("circuit"),
+    unit_inputs_table.c.stage == sa.bindparam("stage"),
+    unit_inputs_table.c.time == sa.bindparam("time"),
+)
+_OPERATOR_BATCHES = (
+    sa.select(batches_table)
+    .where(
+        batches_table.c.circuit == sa.bindparam("circuit"),
+        batches_table.c.superseded_by.is_(None),
+        ~batches_table.c.collection.like(coll.VIEW_LIKE),
+        ~batches_table.c.collection.like(coll.INPUT_LOG_LIKE),
+    )
+    .order_by(batches_table.c.epoch, batches_table.c.id)
+)
+_INSERT_BATCHES = batches_table.insert()
+_INSERT_UNIT_INPUT = unit_inputs_table.insert()
+_BATCH_FILTERS = {
+    "epoch": lambda t: t.c.epoch == sa.bindparam("epoch"),
+    "max_epoch": lambda t: t.c.epoch <= sa.bindparam("max_epoch"),
+    "time": lambda t: t.c.time == sa.bindparam("time"),
+    "kind": lambda t: t.c.kind == sa.bindparam("kind"),
+}
+
+
+@functools.cache
+def _batches_query(filters: tuple[str, ...], live_only: bool, several: bool) -> sa.Select:
+    """The batches of one collection (``several``: of the ``collections`` list) with the
+    ``filters`` of ``_BATCH_FILTERS`` that a call gives, oldest first."""
+    t = batches_table
+    collection = (
+        t.c.collection.in_(sa.bindparam("collections", expanding=True))
+        if several
+        else t.c.collection == sa.bindparam("collection")
+    )
+    q = sa.select(t).where(t.c.circuit == sa.bindparam("circuit"), collection)
+    for name in filters:
+        q = q.where(_BATCH_FILTERS[name](t))
+    if live_only:
+        q = q.where(t.c.superseded_by.is_(None))
+    return q.order_by(t.c.epoch, t.c.id)
 
 
 # --- records -----------------------------------------------------------------------------
@@ -943,12 +997,12 @@ class Catalog:
                         stage=stage,
                         time=time_text,
                         epoch=epoch,
-                        finished_at=self._stamp(),
+                        finished_at=self._stamp(),  # the database's clock, a SQL expression
                     )
                 ).inserted_primary_key[0]
                 if batches:  # one statement for all of them
                     conn.execute(
-                        batches_table.insert(),
+                        _INSERT_BATCHES,
                         [{**_batch_values(b, now), "created_by": run_id} for b in batches],
                     )
                 if supersede_ids:
@@ -958,14 +1012,13 @@ class Catalog:
                 if loop_iteration is not None:
                     self._insert_loop_iteration(conn, circuit, loop_iteration, now)
                 if input_fingerprint is not None:
-                    conn.execute(
-                        unit_inputs_table.insert().values(
-                            circuit=circuit,
-                            stage=stage,
-                            time=time_text,
-                            fingerprint=input_fingerprint,
-                        )
-                    )
+                    fingerprint = {
+                        "circuit": circuit,
+                        "stage": stage,
+                        "time": time_text,
+                        "fingerprint": input_fingerprint,
+                    }
+                    conn.execute(_INSERT_UNIT_INPUT, fingerprint)
                 for collection, times in (frontiers or {}).items():
                     self._set_frontier(conn, circuit, collection, times, now)
                 return True
@@ -1007,13 +1060,9 @@ class Catalog:
 
     def input_fingerprint(self, circuit: str, stage: str, time: Sequence[int]) -> str | None:
         """The fingerprint of the input a committed unit consumed, if it recorded one."""
-        t = unit_inputs_table
+        params = {"circuit": circuit, "stage": stage, "time": encode_time(time)}
         with self._read() as conn:
-            return conn.execute(
-                sa.select(t.c.fingerprint).where(
-                    t.c.circuit == circuit, t.c.stage == stage, t.c.time == encode_time(time)
-                )
-            ).scalar_one_or_none()
+            return conn.execute(_INPUT_FINGERPRINT, params).scalar_one_or_none()
 
     def stage_done(self, circuit: str, stage: str, time: Sequence[int]) -> bool:
         with self._read() as conn:
@@ -1057,12 +1106,8 @@ class Catalog:
 
     @staticmethod
     def _stage_run_id(conn: Connection, circuit: str, stage: str, time_text: str) -> int | None:
-        t = stage_runs_table
-        return conn.execute(
-            sa.select(t.c.id).where(
-                t.c.circuit == circuit, t.c.stage == stage, t.c.time == time_text
-            )
-        ).scalar_one_or_none()
+        params = {"circuit": circuit, "stage": stage, "time": time_text}
+        return conn.execute(_STAGE_RUN_ID, params).scalar_one_or_none()
 
     # --- batches -------------------------------------------------------------------------
     def batches(
@@ -1077,21 +1122,17 @@ class Catalog:
         live_only: bool = True,
     ) -> list[BatchRecord]:
         """The batches of a collection, oldest first (by epoch, then commit order)."""
-        t = batches_table
-        q = sa.select(t).where(t.c.circuit == circuit, t.c.collection == collection)
-        if epoch is not None:
-            q = q.where(t.c.epoch == epoch)
-        if max_epoch is not None:
-            q = q.where(t.c.epoch <= max_epoch)
-        if time is not None:
-            q = q.where(t.c.time == encode_time(time))
-        if kind is not None:
-            q = q.where(t.c.kind == kind)
-        if live_only:
-            q = q.where(t.c.superseded_by.is_(None))
-        q = q.order_by(t.c.epoch, t.c.id)
+        given = {
+            "epoch": epoch,
+            "max_epoch": max_epoch,
+            "time": None if time is None else encode_time(time),
+            "kind": kind,
+        }
+        params = {k: v for k, v in given.items() if v is not None}
+        q = _batches_query(tuple(params), live_only, several=False)
+        params.update(circuit=circuit, collection=collection)
         with self._read() as conn:
-            return [_batch_record(r) for r in conn.execute(q)]
+            return [_batch_record(r) for r in conn.execute(q, params)]
 
     def live_batches(
         self,
@@ -1105,36 +1146,20 @@ class Catalog:
         given), oldest first (by epoch, then commit order), in one query."""
         if not collections:
             return []
-        t = batches_table
-        q = sa.select(t).where(
-            t.c.circuit == circuit,
-            t.c.collection.in_(list(collections)),
-            t.c.superseded_by.is_(None),
-        )
-        if kind is not None:
-            q = q.where(t.c.kind == kind)
-        if epoch is not None:
-            q = q.where(t.c.epoch == epoch)
+        params: dict[str, Any] = {
+            k: v for k, v in {"epoch": epoch, "kind": kind}.items() if v is not None
+        }
+        q = _batches_query(tuple(params), True, several=True)
+        params.update(circuit=circuit, collections=list(collections))
         with self._read() as conn:
-            return [_batch_record(r) for r in conn.execute(q.order_by(t.c.epoch, t.c.id))]
+            return [_batch_record(r) for r in conn.execute(q, params)]
 
     def operator_batches(self, circuit: str) -> list[BatchRecord]:
         """The live batches of every collection an operator reads (deltas and arranged
         traces), oldest first, in one query: not the raw input logs nor the published
         views, which grow with every epoch and are read only by name."""
-        t = batches_table
-        q = (
-            sa.select(t)
-            .where(
-                t.c.circuit == circuit,
-                t.c.superseded_by.is_(None),
-                ~t.c.collection.like(coll.VIEW_LIKE),
-                ~t.c.collection.like(coll.INPUT_LOG_LIKE),
-            )
-            .order_by(t.c.epoch, t.c.id)
-        )
         with self._read() as conn:
-            return [_batch_record(r) for r in conn.execute(q)]
+            return [_batch_record(r) for r in conn.execute(_OPERATOR_BATCHES, {"circuit": circuit})]
 
     def batch(self, id: int) -> BatchRecord | None:
         with self._read() as conn:
