@@ -1129,7 +1129,7 @@ class Catalog:
             "kind": kind,
         }
         params = {k: v for k, v in given.items() if v is not None}
-        q = _batches_query(tuple(params), live_only, several=False)
+        q = _batches_query(tuple(params), live_only=live_only, several=False)
         params.update(circuit=circuit, collection=collection)
         with self._read() as conn:
             return [_batch_record(r) for r in conn.execute(q, params)]
@@ -1149,7 +1149,7 @@ class Catalog:
         params: dict[str, Any] = {
             k: v for k, v in {"epoch": epoch, "kind": kind}.items() if v is not None
         }
-        q = _batches_query(tuple(params), True, several=True)
+        q = _batches_query(tuple(params), live_only=True, several=True)
         params.update(circuit=circuit, collections=list(collections))
         with self._read() as conn:
             return [_batch_record(r) for r in conn.execute(q, params)]
