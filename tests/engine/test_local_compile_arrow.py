@@ -139,6 +139,12 @@ def check(table: pa.Table, sql: str, arrow) -> bool:
     if found is None:
         return False
     expected = duckdb_column(table, sql)
+    if expected is None and table.num_rows == 0:
+        # DuckDB folds constants before it looks at the rows: an overflow inside a
+        # constant (-(-2^63)) raises over an empty table too, where no row computes it
+        # and Arrow's empty column is the only answer there is.
+        assert len(found) == 0, sql
+        return True
     assert expected is not None, f"Arrow answered where DuckDB raises: {sql}"
     assert found.type == expected.type, sql
     # repr: NaN equals itself there, as in SQL
