@@ -314,3 +314,59 @@ def test_an_epoch_leaves_the_garbage_collector_as_it_found_it(tmp_path: Path) ->
         engine.step({"words": [(("to", "many"), 1)]})
     assert gc.get_freeze_count() == 0
     assert engine.last_committed_epoch() == 0  # the bad epoch committed nothing
+
+
+def test_with_the_local_tier_off_small_batches_and_merges_stay_on_the_driver(
+    spark: Any, tmp_path: Path, monkeypatch: Any
+) -> None:
+    """``local_rows=0`` runs every unit on Spark; a Z-set batch known to hold at most
+    ``driver_rows`` rows is still written from the driver (as an upsert batch is), and a
+    compaction merge of at most ``driver_rows`` rows is rewritten in this process: no
+    Spark write and no Spark merge. ``driver_rows=0`` sends both to Spark, with the
+    same answers."""
+    from dbspark.storage import traces, warehouse
+
+    calls: dict[str, int] = {"write": 0, "merge": 0}
+
+    def counting(name: str, original: Any) -> Any:
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            calls[name] += 1
+            return original(*args, **kwargs)
+
+        return counted
+
+    monkeypatch.setattr(
+        warehouse, "_write_with_spark", counting("write", warehouse._write_with_spark)
+    )
+    monkeypatch.setattr(
+        traces.TraceStore,
+        "_merge_on_spark",
+        counting("merge", traces.TraceStore._merge_on_spark),
+    )
+    epochs = [
+        {"words": [(("to",), 1), (("be",), 1)]},
+        {"words": [(("or",), 1), (("not",), 1)]},
+        {"words": [(("to",), 1), (("be",), -1)]},
+        {"words": [(("be",), 1)]},
+    ]
+    views = {}
+    for driver_rows in (20_000, 0):
+        calls.update(write=0, merge=0)
+        engine = SparkEngine(
+            NAMED_CIRCUITS["word_count"](),
+            tmp_path / f"driver-{driver_rows}",
+            spark=spark,
+            local_rows=0,
+            driver_rows=driver_rows,
+        )
+        for inputs in epochs:
+            report = engine.step(inputs).report
+            assert {unit.tier for unit in report.units} == {"spark"}
+        runs = engine.catalog.stage_runs(engine.circuit.name)
+        assert any(stage.startswith("compact:") for stage, _ in runs), "nothing merged"
+        views[driver_rows] = dict(engine.view("counts").items())
+        if driver_rows:
+            assert calls == {"write": 0, "merge": 0}
+        else:
+            assert calls["write"] > 0 and calls["merge"] > 0
+    assert views[20_000] == views[0] == {("to", 2): 1, ("or", 1): 1, ("not", 1): 1, ("be", 1): 1}

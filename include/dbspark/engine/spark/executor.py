@@ -119,7 +119,8 @@ class SparkEngine(Ingest, OperatorEvaluation, Loops, Views, Maintenance):
         self.circuit = circuit
         #: On the Spark tier, upsert batches of up to this many rows are decided on the
         #: driver, and the units of an epoch with up to this many input rows write from the
-        #: driver (0: never; None: ``DBSPARK_DRIVER_ROWS`` or 20,000). See ``upserts.py``.
+        #: driver; with the local tier off, compaction merges this small run in-process
+        #: (0: never; None: ``DBSPARK_DRIVER_ROWS`` or 20,000). See ``upserts.py``.
         self.driver_rows = default_driver_rows() if driver_rows is None else driver_rows
         #: Units of an epoch whose input has at most this many rows run on the local tier,
         #: in this process with no Spark job (0: never; None: ``DBSPARK_LOCAL_ROWS`` or

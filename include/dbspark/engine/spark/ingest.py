@@ -116,6 +116,7 @@ class Ingest:
         if isinstance(batch, CheckedFiles):
             file = file or batch.file_label()
             batch = batch.batch
+        rows: int | None = None  # unknown for a Spark frame
         if isinstance(batch, CheckedFrame):
             file = file or batch.file_label()
             unit = self._unit(self._spark_unit_tier())
@@ -147,9 +148,12 @@ class Ingest:
             logged = frame.observe(observation, *_fingerprint_columns(frame))
         input_fields = [*self._user_schema(node).fields, *_weight_field(node), *time_fields(1)]
         logged = with_time(logged, t)
-        if node.op == "upsert_source" and not local:
-            # Written first, from the driver when the batch is small: its rows are then
-            # the ones the upsert is decided on, with no job of their own (upserts.py).
+        small = rows is not None and rows <= self.driver_rows
+        if not local and (node.op == "upsert_source" or small):
+            # Written first, from the driver when the batch is small: an upsert's rows are
+            # then the ones it is decided on, with no job of their own (upserts.py). A
+            # Z-set batch known to be small is written so as well, with its chain's delta:
+            # a Spark write of a few rows costs a job per bucket and the commit protocol.
             unit.driver_rows = self.driver_rows
         log_record = unit.write(logged, coll.input_log(node.id), "trace", t, input_fields)
         if observation is not None:

@@ -51,6 +51,17 @@ class Maintenance:
         if stale:
             self.catalog.commit(self.circuit.name, "retire-deltas", (epoch,), [], supersede=stale)
 
+    @property
+    def in_process_merge_rows(self) -> int:
+        """The largest compaction merge rewritten in this process rather than by Spark.
+
+        A merge is not a unit: it rewrites committed rows, after the epoch's commit. With
+        the local tier off (``local_rows=0``), a Spark tier that writes small outputs from
+        the driver (``driver_rows``) merges that many rows in the driver as well, as a
+        Spark job costs about 0.2 s and the merge of a few small batches milliseconds.
+        Both 0 keeps every merge on Spark."""
+        return max(self.local_rows, self.driver_rows)
+
     def _traces(self) -> Iterator[tuple[str, Node, int, list[str]]]:
         """Every trace the circuit keeps: its collection, the node whose rows it holds,
         its time depth and its key columns."""
@@ -86,8 +97,9 @@ class Maintenance:
         key_columns: list[str],
         known: CompactionPlanInput | None = None,
     ) -> None:
-        """One trace's tiered compaction; a merge of at most ``local_rows`` rows is
-        rewritten on the local tier (no Spark job), a larger one by Spark."""
+        """One trace's tiered compaction; a merge of at most ``local_rows`` rows (or, with
+        the local tier off, ``driver_rows``) is rewritten in this process by the local
+        tier's code (no Spark job), a larger one by Spark."""
         fields = self._fields(node, depth)
         names = time_columns(depth)
 
@@ -114,6 +126,6 @@ class Maintenance:
             names,
             tiered=True,
             local=rewrite,
-            local_rows=self.local_rows,
+            local_rows=self.in_process_merge_rows,
             known=known,
         )
