@@ -322,3 +322,35 @@ def test_a_file_batch_is_looked_at_for_ties_once(
     with pytest.raises(UpsertConflict, match="same watermark as the stored version"):
         engine.run_epoch(2, {"customers": landed("e2", [(1, "APAC", 1, False)]), **empty_orders})
     assert engine.last_committed_epoch() == 1
+
+
+def test_a_spark_batch_past_the_driver_limit_records_the_whole_batchs_fingerprint(
+    spark, tmp_path: Path
+) -> None:
+    """An upsert batch handed over as a Spark frame is first collected from the driver
+    (at most ``driver_rows + 1`` rows); past the limit Spark writes it after all. The
+    fingerprint the ingest records must be the whole batch's, or the same batch re-run
+    (a retried task) is refused as a different one."""
+    from dbspark.engine.spark.ingest import frame_fingerprint
+
+    def circuit() -> Circuit:
+        c = Circuit("past_the_limit")
+        items = c.upsert_source(
+            "items", {"k": "bigint", "v": "bigint", "ts": "bigint"}, key="k", watermark="ts"
+        )
+        c.view("items", items)
+        return c
+
+    rows = [(k, k * 3, 1) for k in range(50)]
+    batch = spark.createDataFrame(rows, "k bigint, v bigint, ts bigint").repartition(4)
+    warehouse = tmp_path / "wh"
+    engine = SparkEngine(circuit(), warehouse, spark=spark, local_rows=0, driver_rows=10)
+    engine.run_epoch(0, {"items": batch})
+    unit = engine.plan.stage_of(engine.circuit.sources["items"]).name
+    assert engine.catalog.input_fingerprint("past_the_limit", unit, (0,)) == frame_fingerprint(
+        batch
+    )
+    again = SparkEngine(circuit(), warehouse, spark=spark, local_rows=0, driver_rows=10)
+    report = again.ingest("items", 0, batch)
+    assert report.skipped and report.note == "same batch as committed"
+    assert dict(again.view("items").items()) == {row: 1 for row in rows}

@@ -157,7 +157,11 @@ class Ingest:
             unit.driver_rows = self.driver_rows
         log_record = unit.write(logged, coll.input_log(node.id), "trace", t, input_fields)
         if observation is not None:
-            fingerprint = _fingerprint_text(frame, observation.get)
+            fingerprint = (
+                frame_fingerprint(frame)
+                if _driver_write_fell_back(unit, log_record)
+                else _fingerprint_text(frame, observation.get)
+            )
         rows_in = log_record.rows if log_record else 0
         if node.op == "zset_source":
             delta = frame
@@ -316,6 +320,18 @@ class Ingest:
 def _weight_field(node: Node) -> list[tuple[str, str]]:
     """A Z-set source's raw input carries weights; an upsert source's does not."""
     return [(WEIGHT, "bigint")] if node.op == "zset_source" else []
+
+
+def _driver_write_fell_back(unit: Unit, record: BatchRecord | None) -> bool:
+    """Whether ``unit`` tried to write ``record``'s rows from the driver and found more
+    than ``driver_rows`` of them, so Spark wrote the batch after all. The observed
+    fingerprint is then the first action's, the collect of at most ``driver_rows + 1``
+    rows, which stopped before the batch's end: it must be taken again, by a job."""
+    return (
+        unit.driver_rows > 0
+        and record is not None
+        and unit.tier.warehouse.driver_written(record) is None
+    )
 
 
 def _fingerprint_columns(frame: DataFrame) -> list[Any]:
