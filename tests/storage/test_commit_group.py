@@ -130,3 +130,24 @@ def test_the_sync_method_setting_is_checked(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv(durability.SYNC_METHOD_SETTING, "sometimes")
     with pytest.raises(ValueError, match="DBSPARK_SYNC_METHOD='sometimes'"):
         durability.sync_method()
+
+
+@pytest.mark.skipif(durability._libc_syncfs() is None, reason="needs Linux 5.8 or later")
+def test_auto_syncs_the_file_system_only_while_little_else_is_dirty(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A syncfs writes out every process's dirty pages: past the limit, each file's own
+    # fsync costs less. An explicit setting is followed whatever is dirty.
+    meminfo = tmp_path / "meminfo"
+    monkeypatch.setattr(durability, "MEMINFO", meminfo)
+    monkeypatch.delenv(durability.SYNC_METHOD_SETTING, raising=False)
+    limit_kb = durability.SYNCFS_DIRTY_LIMIT >> 10
+    meminfo.write_text(f"MemTotal: 100 kB\nDirty: {limit_kb // 2} kB\nWriteback: 0 kB\n")
+    assert durability.sync_method() == "syncfs"
+    meminfo.write_text(f"Dirty: {limit_kb // 2} kB\nWriteback: {limit_kb} kB\n")
+    assert durability.sync_method() == "fsync"
+    monkeypatch.setenv(durability.SYNC_METHOD_SETTING, "syncfs")
+    assert durability.sync_method() == "syncfs"
+    monkeypatch.setenv(durability.SYNC_METHOD_SETTING, "auto")
+    meminfo.unlink()
+    assert durability.sync_method() == "fsync"
