@@ -269,6 +269,34 @@ def test_files_that_arrive_change_or_vanish_after_their_ingest_are_found(tmp_pat
     )
 
 
+def test_records_past_the_late_window_are_removed_and_the_rest_kept(tmp_path: Path) -> None:
+    from dbspark.orchestration.sources.records import IngestRecords, late_window
+
+    landing = LandingDirectory(tmp_path / "landing", late_window=2)
+    records = IngestRecords(tmp_path / "warehouse", "orders")
+    days = [
+        Interval(DAY0.start + timedelta(days=n), DAY0.start + timedelta(days=n + 1))
+        for n in range(4)
+    ]
+    for day in days:
+        records.write("orders", day, {"files": {}})
+    folder = records.path("orders", days[0]).parent
+    # A write of the oldest record that died before its rename, and one in flight now.
+    (folder / f".{records.path('orders', days[0]).name}.tmp-dead").write_text("{")
+    (folder / f".{records.path('orders', days[3]).name}.tmp-live").write_text("{")
+    committed = days[:3]
+    window = late_window(landing, committed)
+    assert window == days[1:3]
+    assert records.forget("orders", committed[: len(committed) - len(window)]) == 1
+    assert records.read("orders", days[0]) is None
+    assert all(records.read("orders", day) == {"files": {}} for day in days[1:])
+    assert sorted(p.name for p in folder.iterdir() if p.name.startswith(".")) == [
+        f".{records.path('orders', days[3]).name}.tmp-live"
+    ]
+    assert late_window(LandingDirectory(tmp_path / "landing", late_window=0), committed) == []
+    assert records.forget("other", days) == 0
+
+
 def test_the_late_files_policy_is_warn_fail_or_airflow_cfgs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -53,7 +53,7 @@ from dbspark.orchestration.airflow.ui.status import task_of_stage
 from dbspark.orchestration.epochs import EpochOfRun, next_epoch, require_epoch
 from dbspark.orchestration.intervals import Interval
 from dbspark.orchestration.sources.base import source_columns
-from dbspark.orchestration.sources.records import IngestRecords, late_changes
+from dbspark.orchestration.sources.records import IngestRecords, late_changes, late_window
 from dbspark.orchestration.units import (
     CATALOG_URL_VARIABLE,
     SERVING_URL_VARIABLE,
@@ -477,6 +477,8 @@ class EpochTasks:
             catalog.close()
         committed = [Interval.parse(labels[e]) for e in sorted(labels) if e < epoch]
         late = late_changes(connector, source, records, committed)
+        window = late_window(connector, committed)
+        records.forget(source, committed[: len(committed) - len(window)])
         if not late:
             return []
         listed = "\n  ".join(late)

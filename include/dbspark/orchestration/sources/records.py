@@ -9,7 +9,9 @@ of the last ``late_window`` committed epochs (:func:`late_changes`).
 
 The records live in the warehouse because they belong to the circuit that read the
 files (two circuits may read one landing directory), and outside the catalog because
-they are advice, not state: losing one only means that interval is not checked.
+they are advice, not state: losing one only means that interval is not checked. So they
+are not fsynced, and a committed interval's record is removed once it falls out of the
+late window (:meth:`IngestRecords.forget`): no later ingest reads it again.
 """
 
 from __future__ import annotations
@@ -17,14 +19,14 @@ from __future__ import annotations
 import json
 import os
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from dbspark.orchestration.intervals import Interval
 from dbspark.orchestration.sources.base import SourceConnector
 
-__all__ = ["IngestRecords", "late_changes"]
+__all__ = ["IngestRecords", "late_changes", "late_window"]
 
 
 class IngestRecords:
@@ -44,6 +46,24 @@ class IngestRecords:
         temporary.write_text(json.dumps(record, sort_keys=True))
         os.replace(temporary, target)
 
+    def forget(self, source: str, intervals: Iterable[Interval]) -> int:
+        """Remove the records of ``source`` for ``intervals``, and what writes of them
+        left when they died before their rename; how many records were removed. Only the
+        folder's entries are looked at, which pruning keeps to about the late window."""
+        folder = self.root / source
+        try:
+            names = os.listdir(folder)
+        except FileNotFoundError:
+            return 0
+        wanted = {self.path(source, interval).name for interval in intervals}
+        removed = 0
+        for name in names:
+            leftover = name.startswith(".") and name[1:].split(".tmp-", 1)[0] in wanted
+            if name in wanted or leftover:
+                (folder / name).unlink(missing_ok=True)
+                removed += name in wanted
+        return removed
+
     def read(self, source: str, interval: Interval) -> dict[str, Any] | None:
         """The record of the ingest of ``source`` for ``interval``, or None."""
         try:
@@ -60,10 +80,15 @@ def late_changes(
 ) -> list[str]:
     """What the connector finds changed in the last ``connector.late_window`` of the
     ``committed`` intervals (oldest first) since each was ingested, one line each."""
-    window = committed[-connector.late_window :] if connector.late_window else []
+    window = late_window(connector, committed)
     found = []
     for interval in window:
         recorded = records.read(source, interval)
         if recorded is not None:
             found.extend(connector.changes(source, interval, recorded))
     return found
+
+
+def late_window(connector: SourceConnector, committed: list[Interval]) -> list[Interval]:
+    """The committed intervals (oldest first) whose late input an ingest looks for."""
+    return committed[-connector.late_window :] if connector.late_window else []
