@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
@@ -445,6 +446,32 @@ def test_a_statement_waits_for_a_lock_at_most_the_lock_timeout(catalog_url: str)
         assert cat.open_epoch("c", 0) == "open"  # the lock released, it works again
     finally:
         holder.dispose()
+        cat.close()
+
+
+def test_a_sqlite_statement_runs_at_most_the_statement_timeout(tmp_path: Path) -> None:
+    """SQLite has no statement timeout: the catalog's progress handler stops a statement
+    past it, with an error that names the timeout, and the catalog goes on working."""
+    import time
+
+    cat = Catalog(f"sqlite:///{tmp_path / 'catalog.db'}", statement_timeout=0.3)
+    # About ten seconds of work for SQLite: far past the timeout.
+    slow = (
+        "WITH RECURSIVE n(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM n WHERE x < 30000000) "
+        "SELECT count(*) FROM n"
+    )
+    try:
+        with cat.engine.connect() as conn:
+            started = time.monotonic()
+            with pytest.raises(CatalogError, match=r"longer than 0.3 s .* WITH RECURSIVE"):
+                conn.exec_driver_sql(slow).scalar()
+            assert time.monotonic() - started < 3
+            conn.rollback()
+            assert conn.exec_driver_sql("SELECT count(*) FROM circuits").scalar() == 0
+        cat.register_circuit("c", "fp1")  # a quick statement after it is not stopped
+        time.sleep(0.4)
+        cat.register_circuit("c", "fp1")  # nor one sent after a pause on a pooled connection
+    finally:
         cat.close()
 
 

@@ -514,8 +514,8 @@ class Catalog:
 
     Connections are checked before use (``pool_pre_ping``), so a pooled connection
     that a database restart closed is replaced instead of failing the next statement.
-    A statement waits at most ``lock_timeout`` seconds for a lock and, on PostgreSQL,
-    runs at most ``statement_timeout`` seconds (defaults above).
+    A statement waits at most ``lock_timeout`` seconds for a lock and runs at most
+    ``statement_timeout`` seconds (defaults above).
 
     ``warehouse`` is the root the batch paths are relative to: a commit then fsyncs the
     files it registers first (``storage/durability.py``). A SQLite catalog is refused
@@ -555,7 +555,7 @@ class Catalog:
         self.engine: Engine = sa.create_engine(url, **options)
         self._group: _CommitGroup | None = None
         if self.engine.dialect.name == "sqlite":
-            _configure_sqlite(self.engine, self.lock_timeout)
+            _configure_sqlite(self.engine, self.lock_timeout, self.statement_timeout)
         elif self.engine.dialect.name == "postgresql":
             _configure_postgresql(self.engine, self.lock_timeout, self.statement_timeout)
         self._create_tables()
@@ -1575,9 +1575,9 @@ def _configure_postgresql(engine: Engine, lock_timeout: float, statement_timeout
         dbapi_conn.commit()
 
 
-def _configure_sqlite(engine: Engine, lock_timeout: float) -> None:
-    """Foreign keys on, a busy timeout (``lock_timeout``), WAL for files, and real
-    transactions. SQLite has no statement timeout; its statements wait only on locks.
+def _configure_sqlite(engine: Engine, lock_timeout: float, statement_timeout: float) -> None:
+    """Foreign keys on, a busy timeout (``lock_timeout``), a statement timeout, WAL for
+    files, and real transactions.
 
     pysqlite's own transaction handling begins transactions lazily (and not before
     SELECTs), so the read-check-write of ``commit`` would not be atomic across
@@ -1585,11 +1585,16 @@ def _configure_sqlite(engine: Engine, lock_timeout: float) -> None:
     writes (the write lock is taken up front, waiting for other writers up to the busy
     timeout, so a transaction never fails halfway on a lock upgrade), a deferred
     ``BEGIN`` for reads, which WAL lets run beside a writer.
+
+    SQLite has no statement timeout of its own: a progress handler, which SQLite calls
+    every few thousand virtual-machine steps, interrupts a statement running longer
+    than ``statement_timeout`` (counted from when it was sent, its rows' fetching
+    included), and the error says so.
     """
     in_memory = engine.url.database in (None, "", ":memory:")
 
     @event.listens_for(engine, "connect")
-    def _connect(dbapi_conn: Any, _record: Any) -> None:
+    def _connect(dbapi_conn: Any, record: Any) -> None:
         dbapi_conn.isolation_level = None
         cur = dbapi_conn.cursor()
         try:
@@ -1602,11 +1607,45 @@ def _configure_sqlite(engine: Engine, lock_timeout: float) -> None:
                 cur.execute("PRAGMA synchronous = FULL")
         finally:
             cur.close()
+        info = record.info
+
+        def overdue() -> int:
+            started = info.get(_STATEMENT_STARTED)
+            if started is None or _time.monotonic() - started <= statement_timeout:
+                return 0
+            info[_TIMED_OUT] = True
+            return 1  # SQLite stops the statement: "interrupted"
+
+        dbapi_conn.set_progress_handler(overdue, _PROGRESS_STEPS)
+
+    @event.listens_for(engine, "before_cursor_execute")
+    def _started(conn: Connection, *_args: Any) -> None:
+        conn.info[_STATEMENT_STARTED] = _time.monotonic()
+        conn.info.pop(_TIMED_OUT, None)
+
+    @event.listens_for(engine, "handle_error")
+    def _timed_out(context: Any) -> None:
+        connection = context.connection
+        if connection is not None and connection.info.pop(_TIMED_OUT, False):
+            raise CatalogError(
+                f"a catalog statement ran longer than {statement_timeout:g} s (the "
+                "statement timeout, DBSPARK_CATALOG_STATEMENT_TIMEOUT) and was stopped: "
+                f"{context.statement}"
+            ) from context.original_exception
 
     @event.listens_for(engine, "begin")
     def _begin(conn: Connection) -> None:
         write = conn.get_execution_options().get("dbspark_write", False)
         conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+
+
+#: Keys of a pooled SQLite connection's ``info``: when its statement was sent, and
+#: whether the progress handler stopped it.
+_STATEMENT_STARTED = "dbspark_statement_started"
+_TIMED_OUT = "dbspark_statement_timed_out"
+#: SQLite calls the progress handler every this many virtual-machine steps (about a
+#: millisecond's work): often enough to stop on time, rarely enough to cost nothing.
+_PROGRESS_STEPS = 10_000
 
 
 # --- garbage collection ------------------------------------------------------------------
