@@ -113,6 +113,23 @@ def test_a_file_batch_is_a_checked_value(tmp_path: Path) -> None:
 TIERS = {"local": 200_000, "spark": 0}
 
 
+def test_utf8_is_checked_across_chunks_and_the_bad_line_found(tmp_path: Path) -> None:
+    from dbspark.engine import file_batches
+
+    line = b"x" * 99 + b"\n"
+    lines = file_batches._UTF8_CHUNK // len(line)
+    # A two-byte character split by the first chunk's end is UTF-8 all the same.
+    good = tmp_path / "good.jsonl"
+    good.write_bytes(b"x" * (file_batches._UTF8_CHUNK - 1) + "é\n".encode() + line)
+    file_batches.check_utf8("s", FileBatch(good, "jsonl"))
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(line * (2 * lines) + b"ok\n" + b"ab\xff\n")
+    with pytest.raises(InputError, match=rf"line {2 * lines + 2}: byte 3 of the line"):
+        file_batches.check_utf8("s", FileBatch(bad, "jsonl"))
+    file_batches.check_utf8("s", FileBatch(bad, "parquet"))  # not text: not looked at
+    file_batches.check_utf8("s", FileBatch("s3a://bucket/x.jsonl", "jsonl"))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("name", "tier"),
@@ -188,6 +205,16 @@ def _truncated(path: Path) -> Path:
 
 def _text(path: Path, text: str) -> Path:
     path.write_text(text)
+    return path
+
+
+def _latin1(path: Path, text: str) -> Path:
+    """``text`` encoded as Latin-1 (gzipped for a ``.gz`` name): not UTF-8 where it
+    has a letter past ASCII. Spark's readers would load U+FFFD in its place."""
+    import gzip
+
+    data = text.encode("latin-1")
+    path.write_bytes(gzip.compress(data) if path.suffix == ".gz" else data)
     return path
 
 
@@ -303,6 +330,33 @@ BAD_FILES = {
             "csv",
         ),
         r"line 3: 3 fields, the header has 5",
+    ),
+    # Given directly, not through a landing directory, which checks its own (issue 18).
+    "csv_not_utf8": (
+        lambda d: FileBatch(
+            _latin1(
+                d / "o.csv", "order_id,cust_id,amount,ts,deleted_at\n1,7,1,150,\n2,7,3,150,\xe9\n"
+            ),
+            "csv",
+        ),
+        r"line 3: byte 11 of the line is not UTF-8 \(0xe9\)",
+    ),
+    "csv_gz_not_utf8": (
+        lambda d: FileBatch(
+            _latin1(d / "o.csv.gz", "order_id,cust_id,amount,ts,deleted_at\n\xe91,7,1,150,\n"),
+            "csv",
+        ),
+        r"line 2: byte 1 of the line is not UTF-8 \(0xe9\)",
+    ),
+    "jsonl_not_utf8": (
+        lambda d: FileBatch(
+            _latin1(
+                d / "o.jsonl",
+                '{"order_id": 1, "cust_id": 7, "amount": 1, "ts": 150}\n{"\xfc": 1}\n',
+            ),
+            "jsonl",
+        ),
+        r"line 2: byte 3 of the line is not UTF-8 \(0xfc\)",
     ),
     "csv_missing_column": (
         lambda d: FileBatch(

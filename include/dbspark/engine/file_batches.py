@@ -9,11 +9,14 @@ the source's declared ones with the same message, built here.
 
 from __future__ import annotations
 
+import bz2
+import codecs
+import gzip
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import IO, Any
 
 from dbspark.core.columns import WEIGHT
 from dbspark.core.errors import REDACTED, redacting, shown_text
@@ -54,6 +57,82 @@ class FileBatch:
             raise ValueError(f"a FileBatch lists {twice} more than once")
         object.__setattr__(self, "paths", normal)
         object.__setattr__(self, "format", fmt)
+
+
+#: The formats whose files are text, which must be UTF-8.
+TEXT_FORMATS = ("csv", "jsonl")
+#: How much of a text file :func:`check_utf8` decodes at a time.
+_UTF8_CHUNK = 1 << 20
+
+
+def local_path(path: str) -> str | None:
+    """``path`` as a local file path, or None if it names another file system."""
+    if path.startswith("file://"):
+        return path[len("file://") :]
+    if "://" in path:
+        return None
+    return path
+
+
+def open_binary(path: str | os.PathLike[str]) -> IO[bytes]:
+    """A data file's bytes, decompressed when its name ends in ``.gz`` or ``.bz2`` (as
+    Spark's readers decompress them)."""
+    suffix = os.path.splitext(os.fspath(path))[1].lower()
+    if suffix == ".gz":
+        return gzip.open(path, "rb")  # type: ignore[return-value]
+    if suffix == ".bz2":
+        return bz2.open(path, "rb")  # type: ignore[return-value]
+    return open(path, "rb")
+
+
+def utf8_lines(source: str, path: str, handle: IO[bytes]) -> Iterator[bytes]:
+    """The lines of a text file, each checked to be UTF-8; the first that is not is
+    refused, naming the file, the line and the byte, never the line's text."""
+    for number, line in enumerate(handle, start=1):
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise InputError(
+                source,
+                f"line {number}: byte {error.start + 1} of the line is not UTF-8 "
+                f"(0x{line[error.start]:02x}); text files must be UTF-8",
+                path,
+            ) from None
+        yield line
+
+
+def check_utf8(source: str, batch: FileBatch) -> None:
+    """Refuse a text batch with a file that is not UTF-8, naming the file and the line:
+    Spark's readers would replace the bytes with U+FFFD and load the mangled text. Files
+    on other file systems (``s3a://``) are read as Spark finds them."""
+    if batch.format not in TEXT_FORMATS:
+        return
+    for path in batch.paths:
+        local = local_path(path)
+        if local is None or not os.path.isfile(local):
+            continue  # the reader says what is wrong with a missing path, in its words
+        try:
+            with open_binary(local) as handle:
+                if _is_utf8(handle):
+                    continue
+            with open_binary(local) as handle:  # again, line by line, to say where
+                for _ in utf8_lines(source, path, handle):
+                    pass
+        except (OSError, EOFError) as error:  # a truncated or corrupt .gz / .bz2
+            raise InputError(source, f"cannot be read: {error}", path) from None
+
+
+def _is_utf8(handle: IO[bytes]) -> bool:
+    """Whether all of ``handle`` decodes as UTF-8, decoded a chunk at a time (a
+    character may span two chunks)."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    try:
+        while chunk := handle.read(_UTF8_CHUNK):
+            decoder.decode(chunk)
+        decoder.decode(b"", final=True)
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def declared_columns(schema: Schema, weighted: bool) -> dict[str, str]:

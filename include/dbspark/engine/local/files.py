@@ -50,6 +50,7 @@ from dbspark.engine.file_batches import (
     FileBatch,
     check_names,
     declared_columns,
+    local_path,
     wrong_type,
 )
 from dbspark.engine.local.dialect import arrow_type
@@ -96,15 +97,6 @@ class CheckedFiles:
             if tuple(row[i] for i in index) in wanted
         }
         return [f for f in self.files if f in found] or list(self.files)
-
-
-def local_path(path: str) -> str | None:
-    """``path`` as a local file path, or None if it names another file system."""
-    if path.startswith("file://"):
-        return path[len("file://") :]
-    if "://" in path:
-        return None
-    return path
 
 
 def read_files(

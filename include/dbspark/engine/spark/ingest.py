@@ -39,7 +39,7 @@ from dbspark.engine.batches import (
     upsert_batch,
     zset_batch,
 )
-from dbspark.engine.file_batches import FileBatch
+from dbspark.engine.file_batches import FileBatch, check_utf8
 from dbspark.engine.kernels import consolidate
 from dbspark.engine.local.files import CheckedFiles, checked_table, read_files
 from dbspark.engine.local.frame import LocalFrame
@@ -73,6 +73,7 @@ class Ingest:
             return batch
         if isinstance(batch, FileBatch):
             spec = None if weighted else self._specs[node.id]
+            check_utf8(source, batch)  # both tiers' readers would take it mangled
             small = read_files(
                 source, schema, batch, weighted=weighted, upsert=spec, max_rows=self.local_rows
             )

@@ -24,10 +24,8 @@ File names are read literally (``a[1].csv`` is that file, not a glob).
 
 from __future__ import annotations
 
-import bz2
 import contextlib
 import csv
-import gzip
 import json
 import os
 import uuid
@@ -36,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dbspark.engine.api import InputError
-from dbspark.engine.file_batches import FORMATS, FileBatch
+from dbspark.engine.file_batches import FORMATS, TEXT_FORMATS, FileBatch, open_binary, utf8_lines
 from dbspark.orchestration.intervals import Interval
 from dbspark.orchestration.sources.base import SourceConnector
 
@@ -167,7 +165,7 @@ class LandingDirectory(SourceConnector):
             return None
         fmt = self._format(source, directory, files) if files else None
         marker = read_marker(source, directory)
-        if fmt in _TEXT_FORMATS or marker is not None:  # text is always scanned for UTF-8
+        if fmt in TEXT_FORMATS or marker is not None:  # text is always scanned for UTF-8
             counts = {path.name: _count_rows(source, path, fmt) for path in files}  # type: ignore[arg-type]
             if marker is not None:
                 _check_marker(source, directory, marker, counts)
@@ -373,7 +371,6 @@ def _late_policy(value: str) -> str:
 # ==================================================================================== markers
 #: The completion marker a writer may leave in a partition (:meth:`LandingDirectory.complete`).
 COMPLETION_MARKER = "_dbspark_complete.json"
-_TEXT_FORMATS = ("csv", "jsonl")
 
 
 def read_marker(source: str, directory: Path) -> dict[str, int] | None:
@@ -445,32 +442,14 @@ def _count_rows(source: str, path: Path, fmt: str) -> int:
         except (OSError, pa.ArrowException) as error:
             raise InputError(source, f"cannot be read: {error}", str(path)) from None
     rows = 0
-    with _open_binary(path) as handle:
-        try:
-            for number, line in enumerate(handle, start=1):
-                try:
-                    line.decode("utf-8")
-                except UnicodeDecodeError as error:
-                    raise InputError(
-                        source,
-                        f"line {number}: byte {error.start + 1} of the line is not UTF-8 "
-                        f"(0x{line[error.start]:02x}); landing files must be UTF-8 text",
-                        str(path),
-                    ) from None
+    try:
+        with open_binary(path) as handle:
+            for line in utf8_lines(source, str(path), handle):
                 if line.strip():
                     rows += 1
-        except (OSError, EOFError) as error:  # a truncated or corrupt .gz / .bz2
-            raise InputError(source, f"cannot be read: {error}", str(path)) from None
+    except (OSError, EOFError) as error:  # a truncated or corrupt .gz / .bz2
+        raise InputError(source, f"cannot be read: {error}", str(path)) from None
     return rows - 1 if fmt == "csv" and rows else rows
-
-
-def _open_binary(path: Path) -> Any:
-    suffix = path.suffix.lower()
-    if suffix == ".gz":
-        return gzip.open(path, "rb")
-    if suffix == ".bz2":
-        return bz2.open(path, "rb")
-    return path.open("rb")
 
 
 def _as_record(row: Sequence[Any] | Mapping[str, Any], columns: list[str], position: int) -> dict:
