@@ -23,6 +23,7 @@ same way.
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import hashlib
 import hmac
@@ -34,7 +35,8 @@ import math
 import os
 import stat
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import date, datetime
 from decimal import Decimal
@@ -515,12 +517,18 @@ def _url_of(conn_id: str | None, variable: str, environ: Mapping[str, str]) -> s
 
 
 def run_unit_file(
-    path: Path, spark: Any, environ: Mapping[str, str] | None = None
+    path: Path,
+    spark: Any,
+    environ: Mapping[str, str] | None = None,
+    *,
+    engines: EngineSource | None = None,
 ) -> dict[str, Any]:
     """Run a unit written by ``write_unit_file`` and write its result beside it (JSON,
     with an HMAC under the same key, mode 0600). The key and the databases' URLs come
-    from ``environ`` (default: this process's environment)."""
-    from dbspark.engine.spark.executor import SparkEngine, circuit_fingerprint
+    from ``environ`` (default: this process's environment). ``engines`` gives the engine
+    to run it on (default: a new one that keeps nothing, closed after the unit; a
+    long-lived worker keeps its own, ``orchestration/worker.py``)."""
+    from dbspark.engine.spark.executor import circuit_fingerprint
 
     environ = os.environ if environ is None else environ
     key = unit_key_from_environment(environ)
@@ -529,24 +537,18 @@ def run_unit_file(
     if circuit_fingerprint(circuit) != shipped.fingerprint:
         raise UnitFileError(
             f"the circuit built from {shipped.recipe} is not the one the task ran (another "
-            "version of the code on the driver?): deploy the same code to both"
+            "version of the code on the driver or worker?): deploy the same code to both, "
+            "and restart a long-lived worker"
         )
     unit = shipped.unit
     if isinstance(unit, PublishUnit) and shipped.serving_conn_id:
         serving_url = _url_of(shipped.serving_conn_id, SERVING_URL_VARIABLE, environ)
         unit = dataclasses.replace(unit, serving_url=serving_url)
+    catalog_url = _url_of(shipped.catalog_conn_id, CATALOG_URL_VARIABLE, environ)
+    source = engines or _fresh_engine(spark)
     try:
-        engine = SparkEngine(
-            circuit,
-            shipped.warehouse,
-            spark=spark,
-            catalog_url=_url_of(shipped.catalog_conn_id, CATALOG_URL_VARIABLE, environ),
-            resident_bytes=0,  # one unit per process: nothing to keep across epochs
-        )
-        try:
+        with source(shipped, circuit, catalog_url) as engine:
             result = execute_unit(engine, unit)
-        finally:
-            engine.catalog.close()
     except FINAL_ERRORS as err:
         # The task cannot see this process's exception, only its exit status: the error
         # goes back in the result file, so the task raises it and fails at once.
@@ -554,6 +556,33 @@ def run_unit_file(
         raise
     _write_result(path, key, json.loads(json.dumps(result, default=str)))
     return result
+
+
+#: Gives the engine a shipped unit runs on: called with the unit, its circuit (built
+#: and checked) and the catalog's URL, it returns a context manager yielding the engine.
+EngineSource = Callable[[ShippedUnit, Circuit, "str | None"], AbstractContextManager[Any]]
+
+
+def _fresh_engine(spark: Any) -> EngineSource:
+    @contextlib.contextmanager
+    def engine_for(
+        shipped: ShippedUnit, circuit: Circuit, catalog_url: str | None
+    ) -> Iterator[Any]:
+        from dbspark.engine.spark.executor import SparkEngine
+
+        engine = SparkEngine(
+            circuit,
+            shipped.warehouse,
+            spark=spark,
+            catalog_url=catalog_url,
+            resident_bytes=0,  # one unit per process: nothing to keep across epochs
+        )
+        try:
+            yield engine
+        finally:
+            engine.catalog.close()
+
+    return engine_for
 
 
 def _write_result(unit_file: Path, key: bytes, body: dict[str, Any]) -> None:

@@ -20,11 +20,17 @@ Connections, so one DAG file serves a laptop and a cluster alike.
 | | | ``changes_retention_hours`` | 168 |
 | SQLite on NFS, CIFS, FUSE | | ``sqlite_on_shared_filesystem`` | refused (``allow``) |
 | making commits durable | | ``sync_method`` | ``DBSPARK_SYNC_METHOD``, or ``auto`` |
+| a long-lived unit worker | | ``worker_socket`` | none: each task runs its unit |
 
 The Spark connection decides where Spark work runs: of type ``spark_connect`` (the
 Spark provider's), every task is a Spark Connect client of that server; of type
 ``spark``, every Spark task is a ``spark-submit`` of ``spark_jobs/run_unit.py`` to that
 master; without one, each worker process runs Spark in local mode.
+
+With ``worker_socket`` set (and no ``spark``-type connection), a task hands its unit to
+the dbspark worker listening there (``orchestration/worker.py``), which keeps its
+engines, decoded traces and Spark session between units; a task that finds none there
+runs the unit itself.
 """
 
 from __future__ import annotations
@@ -74,6 +80,8 @@ class Deployment:
     #: The ``[dbspark] table_*`` keys set in airflow.cfg, as text (checked by the publish
     #: unit, ``TableSettings.from_environment``).
     table_settings: dict[str, str] = field(default_factory=dict)
+    #: The socket of the long-lived unit worker (``[dbspark] worker_socket``), if any.
+    worker_socket: Path | None = None
 
     def describe(self) -> str:
         spark = "local Spark in the worker"
@@ -85,6 +93,8 @@ class Deployment:
         parts = [f"warehouse {self.warehouse}", f"catalog {catalog}", spark]
         if self.serving_url:
             parts.append(f"serving tables in {_safe_url(self.serving_url)}")
+        if self.worker_socket and not self.spark_submit_conn_id:
+            parts.append(f"units handed to the dbspark worker at {self.worker_socket}")
         return "; ".join(parts)
 
 
@@ -165,7 +175,14 @@ def resolve(options: DeploymentOptions) -> Deployment:
         catalog_conn_id=catalog.conn_id,
         serving_conn_id=serving.conn_id if serving is not None else None,
         table_settings=table_settings(),
+        worker_socket=_worker_socket(),
     )
+
+
+def _worker_socket() -> Path | None:
+    """``[dbspark] worker_socket``, the long-lived unit worker's socket, if set."""
+    found = dbspark_setting("worker_socket")
+    return Path(found).expanduser() if found else None
 
 
 def table_settings() -> dict[str, str]:

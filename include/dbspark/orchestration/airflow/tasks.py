@@ -20,6 +20,7 @@ never start Spark.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -349,6 +350,10 @@ class EpochTasks:
     def _execute_leased(self, deployment: Deployment, unit: Unit) -> dict[str, Any]:
         if deployment.spark_submit_conn_id:
             return self._submit(deployment, unit)
+        if deployment.worker_socket is not None:
+            handed = self._hand_to_worker(deployment, unit)
+            if handed is not None:
+                return handed
         with self._engine(deployment) as engine:
             try:
                 return execute_unit(engine, unit)
@@ -376,20 +381,63 @@ class EpochTasks:
         finally:
             catalog.close()
 
+    def _hand_to_worker(self, deployment: Deployment, unit: Unit) -> dict[str, Any] | None:
+        """Run the unit in the long-lived worker at ``[dbspark] worker_socket``; None
+        when no worker answers there, or it cannot build this circuit (the task then
+        runs the unit itself, and says why)."""
+        from dbspark.orchestration.worker import WorkerUnavailable, run_in_worker
+
+        socket_path = deployment.worker_socket
+        if self.recipe is None:
+            log.info(
+                "running %s here, not in the dbspark worker at %s: the worker builds the "
+                "circuit again, and build_dag was given an object (or a function a new "
+                "process cannot import)",
+                unit.kind,
+                socket_path,
+            )
+            return None
+        try:
+            result = run_in_worker(
+                socket_path,
+                self._shipped(deployment, unit),
+                unit_directory(deployment.warehouse, self.name),
+                catalog_url=deployment.catalog_url,
+                serving_url=deployment.serving_url,
+            )
+        except WorkerUnavailable as err:
+            log.warning("%s: running the %s unit in this task instead", err, unit.kind)
+            return None
+        except UncommittedUnits as err:
+            raise _fail(f"{err}{_clear_hint(err.missing)}") from None
+        log.info("the %s unit ran in the dbspark worker at %s", unit.kind, socket_path)
+        return json.loads(json.dumps(result))
+
+    def _shipped(self, deployment: Deployment, unit: Unit) -> ShippedUnit:
+        """``unit`` as a unit file carries it (for spark-submit or the worker)."""
+        from dbspark.engine.spark.executor import circuit_fingerprint
+
+        assert self.recipe is not None
+        return ShippedUnit(
+            recipe=self.recipe,
+            fingerprint=circuit_fingerprint(self.circuit),
+            unit=unit,
+            warehouse=str(deployment.warehouse),
+            catalog_conn_id=deployment.catalog_conn_id if deployment.catalog_url else None,
+            serving_conn_id=deployment.serving_conn_id if deployment.serving_url else None,
+        )
+
     def _submit(self, deployment: Deployment, unit: Unit) -> dict[str, Any]:
         """``spark-submit spark_jobs/run_unit.py`` with the unit in a private JSON file
         the job reads (``units.write_unit_file``; the driver must see the warehouse:
         client mode or shared storage). The file names connections; their URLs and the
         file's HMAC key reach the driver in its environment only."""
-        import json
-        import os
         import secrets
         import sys
 
         from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
         from dbspark.engine.spark import class_archive
-        from dbspark.engine.spark.executor import circuit_fingerprint
 
         if self.recipe is None:
             raise _fail(
@@ -399,14 +447,7 @@ class EpochTasks:
                 "returns the circuit, importable where the driver runs, or use sql_dag"
             )
         key = secrets.token_bytes(32)
-        shipped = ShippedUnit(
-            recipe=self.recipe,
-            fingerprint=circuit_fingerprint(self.circuit),
-            unit=unit,
-            warehouse=str(deployment.warehouse),
-            catalog_conn_id=deployment.catalog_conn_id if deployment.catalog_url else None,
-            serving_conn_id=deployment.serving_conn_id if deployment.serving_url else None,
-        )
+        shipped = self._shipped(deployment, unit)
         stage = write_unit_file(unit_directory(deployment.warehouse, self.name), shipped, key)
         venv_bin = os.path.dirname(sys.executable)
         env_vars = {

@@ -1,0 +1,136 @@
+"""The long-lived unit worker (``orchestration/worker.py``): DAG runs hand their units
+to a worker process that keeps its engine, and their views equal a full refresh; a
+task that finds no worker runs its unit itself; bad input fails at once through it;
+and only this user's private socket is trusted."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_dag_runs import check_against_full_refresh, day, run
+
+from dbspark.orchestration.airflow.dag import circuit_of
+from dbspark.orchestration.worker import WorkerFailed, WorkerUnavailable, _connect
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def place(place, spark):
+    """The folder's ``place``, with Spark up: these runs compare with full refresh."""
+    return place
+
+
+def start_worker(socket_path: Path, log_path: Path) -> subprocess.Popen:
+    """``python -m dbspark.orchestration.worker`` as its own process, once it listens."""
+    log = log_path.open("ab")
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "dbspark.orchestration.worker", "--socket", str(socket_path)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    deadline = time.monotonic() + 60
+    while not socket_path.exists():
+        if worker.poll() is not None or time.monotonic() > deadline:
+            raise AssertionError(f"the worker did not start:\n{log_path.read_text()}")
+        time.sleep(0.05)
+    return worker
+
+
+def test_dag_runs_hand_their_units_to_one_worker_that_keeps_its_engine(
+    test_dags, place, tmp_path, monkeypatch, caplog
+):
+    dag = test_dags["test_word_count"]
+    circuit = circuit_of("test_word_count")
+    socket_path = tmp_path / "worker" / "units.sock"
+    worker_log = tmp_path / "worker.log"
+    monkeypatch.setenv("AIRFLOW__DBSPARK__WORKER_SOCKET", str(socket_path))
+    worker = start_worker(socket_path, worker_log)
+    columns = ["word", "__w"]
+    batches = [
+        [("a", 1), ("b", 2)],
+        [("a", -1), ("c", 1)],
+        [("b", -2), ("d", 3)],
+    ]
+    history = []
+    try:
+        for epoch, rows in enumerate(batches):
+            place.landing.land("words", day(epoch), rows, columns, "parquet")
+            history.append({"words": [((word,), weight) for word, weight in rows]})
+            caplog.clear()
+            with caplog.at_level(logging.INFO, logger="dbspark"):
+                state, tasks = run(dag, epoch)
+            assert state == "success", tasks
+            logs = caplog.text
+            # Every unit ran in the worker, and its log lines reached the task's log.
+            for kind in ("ingest", "stage", "publish", "close"):
+                assert f"the {kind} unit ran in the dbspark worker at {socket_path}" in logs, kind
+            assert f"epoch {epoch}, source words:" in logs
+            assert "running the" not in logs  # no task ran its unit itself
+            check_against_full_refresh(place, circuit, history, epoch)
+        # One engine served every unit of the three epochs.
+        assert worker_log.read_text().count("an engine for circuit word_count") == 1
+    finally:
+        worker.terminate()
+        worker.wait(timeout=30)
+
+    # With the worker gone, the tasks run their units themselves, and say so.
+    assert not socket_path.exists()
+    place.landing.land("words", day(3), [("e", 1)], columns, "parquet")
+    history.append({"words": [(("e",), 1)]})
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="dbspark"):
+        state, tasks = run(dag, 3)
+    assert state == "success", tasks
+    logs = caplog.text
+    assert (
+        f"no dbspark worker socket at {socket_path}: running the ingest unit in this task" in logs
+    )
+    check_against_full_refresh(place, circuit, history, 3)
+
+
+def test_bad_input_fails_at_once_through_the_worker(test_dags, place, tmp_path, monkeypatch, capfd):
+    dag = test_dags["test_word_count"]
+    socket_path = tmp_path / "worker" / "units.sock"
+    monkeypatch.setenv("AIRFLOW__DBSPARK__WORKER_SOCKET", str(socket_path))
+    worker = start_worker(socket_path, tmp_path / "worker.log")
+    try:
+        partition = place.landing.partition("words", day(0))
+        partition.mkdir(parents=True)
+        (partition / "part-00000.jsonl").write_bytes(b'{"word": "a", "__w": 1}\n{"word": "\xe9"}\n')
+        capfd.readouterr()
+        state, tasks = run(dag, 0)
+        assert state == "failed" and tasks[("ingest.words", -1)] == "failed", tasks
+        logs = capfd.readouterr().out
+        assert "line 2: byte 11 of the line is not UTF-8" in logs
+        assert worker.poll() is None  # the worker goes on serving
+    finally:
+        worker.terminate()
+        worker.wait(timeout=30)
+
+
+def test_only_a_private_socket_of_this_user_is_trusted(tmp_path: Path) -> None:
+    with pytest.raises(WorkerUnavailable, match="no dbspark worker socket"):
+        _connect(tmp_path / "none.sock")
+    open_dir = tmp_path / "open"
+    open_dir.mkdir(mode=0o777)
+    open_dir.chmod(0o777)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(open_dir / "units.sock"))
+    (open_dir / "units.sock").chmod(0o600)
+    try:
+        with pytest.raises(WorkerFailed, match="nobody else may enter"):
+            _connect(open_dir / "units.sock")
+        (open_dir / "units.sock").chmod(0o666)
+        with pytest.raises(WorkerFailed, match="must be this user's"):
+            _connect(open_dir / "units.sock")
+    finally:
+        listener.close()
