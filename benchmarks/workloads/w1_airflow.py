@@ -6,19 +6,25 @@ to a local Airflow deployment (``devtools/airflow.py``: api-server, scheduler
 with the LocalExecutor, dag-processor, every task a process of its own). Then, each
 triggered through the REST API as the UI's trigger button does:
 
-1. the 0.1% epoch (the same landed files the engine-only side ingested), and
-2. an empty epoch (nothing landed): the floor, what Airflow alone costs per epoch.
+1. the first 0.1% epoch (the same landed files the engine-only side ingested), each
+   task running its unit itself;
+2. an empty epoch (nothing landed): the floor, what Airflow alone costs per epoch;
+3. then, with a unit worker started (``orchestration/worker.py``, which the tasks find
+   at ``[dbspark] worker_socket``), the size's next 0.1% epochs (the first fills the
+   worker's resident traces, the others are the steady state) and another empty one.
 
 Measured per run: the wall time from the trigger to the run's success, the sum of its
 task instances' durations, and per task its queue wait (queued to started). Checked:
-the run succeeded, its views equal the engine-only side's (``same answer``), and no
-task log says a unit ran on the Spark tier or that a Spark session started.
+the run succeeded, the views after the last epoch equal the engine-only side's
+(``same answer``), no log says a unit ran on the Spark tier or that a Spark session
+started, and with the worker every unit ran there, on one engine.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import textwrap
 import time
 from datetime import datetime
@@ -67,10 +73,10 @@ DAG_FILE = textwrap.dedent(
 SPARK_SIGNS = ("ran on the spark tier", "SparkContext: Running Spark version")
 
 
-def run(bench: Bench, series: Series, loaded: Path, epoch: int) -> None:
-    """Run ``series``' landed ``epoch`` (then an empty epoch) through Airflow, over
-    ``loaded``: a copy of the series' warehouse holding only the base load. Call it right
-    after the series ran ``epoch``, so that its views are the ones to match."""
+def run(bench: Bench, series: Series, loaded: Path, epochs: list[int]) -> None:
+    """Run ``series``' landed ``epochs`` (small ones, at least three) through Airflow,
+    over ``loaded``: a copy of the series' warehouse holding only the base load. Call it
+    right after the series ran them, so that its views are the ones to match."""
     from dbspark.devtools.airflow import LocalAirflow
     from dbspark.devtools.demo import interval
     from dbspark.orchestration import LandingDirectory
@@ -86,68 +92,139 @@ def run(bench: Bench, series: Series, loaded: Path, epoch: int) -> None:
         catalog.open_epoch(circuit.name, 0, interval(0).label)  # the DAG's first interval
     finally:
         catalog.close()
-    engine_side = [
-        m
+    engine_side = {
+        m.epoch: m
         for m in bench.results.of(series.workload)
-        if m.variant in ("incremental", "incremental_run") and m.epoch == epoch
-    ][-1]
+        if m.variant in ("incremental", "incremental_run") and m.epoch in epochs
+    }
+    # (label, the series' epoch landed in the interval or None, with the worker?)
+    runs = [
+        ("small epoch", epochs[0], False),
+        ("empty epoch", None, False),
+        ("small epoch, worker's first", epochs[1], True),
+        *[("small epoch, worker", epoch, True) for epoch in epochs[2:]],
+        ("empty epoch, worker", None, True),
+    ]
     landing = LandingDirectory(root / "landing")
-    for source in circuit.sources:
-        folder = epoch_folder(series.landing, source, epoch)
-        if folder.is_dir():
-            target = landing.partition(source, interval(1))
-            target.mkdir(parents=True)
-            for file in folder.glob("*.parquet"):
-                os.link(file, target / file.name)
-        # As a writer does when an interval's files are all there (the second, empty).
-        landing.complete(source, interval(1))
-        landing.complete(source, interval(2))
+    for n, (_, epoch, _) in enumerate(runs, start=1):
+        for source in circuit.sources:
+            folder = None if epoch is None else epoch_folder(series.landing, source, epoch)
+            if folder is not None and folder.is_dir():
+                target = landing.partition(source, interval(n))
+                target.mkdir(parents=True)
+                for file in folder.glob("*.parquet"):
+                    os.link(file, target / file.name)
+            # As a writer does when an interval's files are all there.
+            landing.complete(source, interval(n))
     dags.mkdir(parents=True)
     (dags / "bench_w1_q3.py").write_text(DAG_FILE)
+    socket_path = root / "worker" / "units.sock"
     env = {
         "AIRFLOW__DBSPARK__WAREHOUSE": str(warehouse),
         "AIRFLOW__DBSPARK__LANDING": str(root / "landing"),
         "AIRFLOW__DBSPARK__OUTPUTS": str(root / "published"),
+        # Set from the start: until the worker listens, each task runs its unit itself.
+        "AIRFLOW__DBSPARK__WORKER_SOCKET": str(socket_path),
         "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
     }
-    with LocalAirflow(home, dags, env=env) as airflow:
-        airflow.wait_for_dags(DAG_ID, timeout=180)
-        airflow.api.unpause(DAG_ID)
-        runs = [("small epoch", engine_side.delta), ("empty epoch", 0)]
-        for n, (label, rows) in enumerate(runs, start=1):
-            measurement = Measurement(
-                WORKLOAD,
-                "airflow",
-                0.0,
-                size=series.size,
-                delta=rows,
-                epoch=n,
-                params={**series.params, "run": label},
-            )
-            began = time.perf_counter()
-            triggered = airflow.api.trigger(DAG_ID, logical_date=interval(n).end)
-            (finished,) = airflow.api.wait_for_runs(
-                DAG_ID, run_ids=[triggered.run_id], timeout=900, poll=0.2
-            )
-            measurement.seconds = time.perf_counter() - began
-            instances = airflow.api.task_instances(DAG_ID, finished.run_id)
-            measurement.params.update(_task_times(instances))
-            logs = _logs(airflow.logs, finished.run_id)
-            measurement.params["spark_signs"] = [s for s in SPARK_SIGNS if s in logs]
-            measurement.params["state"] = finished.state
-            if n == 1:
-                measurement.params["engine_only_s"] = round(engine_side.seconds, 3)
-            measurement.ok = finished.state == "success" and not measurement.params["spark_signs"]
-            if not measurement.ok:
-                bench.results.failures.append(
-                    f"W1 through Airflow, {label}: run {finished.state}, Spark signs "
-                    f"{measurement.params['spark_signs']}:\n"
-                    + airflow.api.explain(DAG_ID, [finished])
-                )
-            bench.results.add(measurement)
+    worker = None
+    try:
+        with LocalAirflow(home, dags, env=env) as airflow:
+            airflow.wait_for_dags(DAG_ID, timeout=180)
+            airflow.api.unpause(DAG_ID)
+            for n, (label, epoch, in_worker) in enumerate(runs, start=1):
+                if in_worker and worker is None:
+                    worker = _start_worker(socket_path, root / "worker.log", env)
+                _trigger(bench, airflow, series, n, label, epoch, engine_side, in_worker)
+    finally:
+        if worker is not None:
+            worker.terminate()
+            worker.wait(timeout=60)
+    worker_log = (root / "worker.log").read_text(errors="replace")
+    engines = worker_log.count("an engine for circuit")
+    spark_in_worker = [s for s in SPARK_SIGNS if s in worker_log]
+    for m in bench.results.of(WORKLOAD, "airflow"):
+        if m.params.get("in_worker"):
+            m.params["worker_engines"] = engines
+            m.ok = bool(m.ok and engines == 1 and not spark_in_worker)
+    if engines != 1 or spark_in_worker:
+        bench.results.failures.append(
+            f"W1 through Airflow with the worker: {engines} engines built (1 expected), "
+            f"Spark signs {spark_in_worker}"
+        )
     if bench.results.failures:
         return
-    _check_views(bench, warehouse, series, epoch)
+    _check_views(bench, warehouse, series, epochs[-1], len(runs))
+
+
+def _start_worker(socket_path: Path, log_path: Path, env: dict[str, str]) -> subprocess.Popen:
+    """The unit worker, as its own process, once its socket listens."""
+    import sys
+
+    with log_path.open("ab") as log:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "dbspark.orchestration.worker", "--socket", str(socket_path)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
+        )
+    deadline = time.monotonic() + 120
+    while not socket_path.exists():
+        if worker.poll() is not None or time.monotonic() > deadline:
+            worker.kill()
+            raise RuntimeError(f"the unit worker did not start:\n{log_path.read_text()}")
+        time.sleep(0.05)
+    return worker
+
+
+def _trigger(
+    bench: Bench,
+    airflow: Any,
+    series: Series,
+    n: int,
+    label: str,
+    epoch: int | None,
+    engine_side: dict[int, Measurement],
+    in_worker: bool,
+) -> None:
+    """Trigger the DAG's run of interval ``n`` and record it."""
+    from dbspark.devtools.demo import interval
+
+    measurement = Measurement(
+        WORKLOAD,
+        "airflow",
+        0.0,
+        size=series.size,
+        delta=0 if epoch is None else engine_side[epoch].delta,
+        epoch=n,
+        params={**series.params, "run": label, "in_worker": in_worker},
+    )
+    began = time.perf_counter()
+    triggered = airflow.api.trigger(DAG_ID, logical_date=interval(n).end)
+    (finished,) = airflow.api.wait_for_runs(
+        DAG_ID, run_ids=[triggered.run_id], timeout=900, poll=0.2
+    )
+    measurement.seconds = time.perf_counter() - began
+    instances = airflow.api.task_instances(DAG_ID, finished.run_id)
+    measurement.params.update(_task_times(instances))
+    logs = _logs(airflow.logs, finished.run_id)
+    measurement.params["spark_signs"] = [s for s in SPARK_SIGNS if s in logs]
+    measurement.params["state"] = finished.state
+    if epoch is not None:
+        measurement.params["engine_only_s"] = round(engine_side[epoch].seconds, 3)
+    # Each task that runs a unit says where it ran (the maintain task runs none).
+    handed = logs.count("ran in the dbspark worker at")
+    measurement.params["units_in_worker"] = handed
+    measurement.ok = finished.state == "success" and not measurement.params["spark_signs"]
+    if in_worker and (handed == 0 or "in this task instead" in logs):
+        measurement.ok = False
+    if not measurement.ok:
+        bench.results.failures.append(
+            f"W1 through Airflow, {label}: run {finished.state}, Spark signs "
+            f"{measurement.params['spark_signs']}, {handed} units in the worker:\n"
+            + airflow.api.explain(DAG_ID, [finished])
+        )
+    bench.results.add(measurement)
 
 
 def _task_times(instances: list[dict[str, Any]]) -> dict[str, Any]:
@@ -176,15 +253,15 @@ def _logs(folder: Path, run_id: str) -> str:
     return "\n".join(p.read_text(errors="replace") for p in run_logs.rglob("*.log"))
 
 
-def _check_views(bench: Bench, warehouse: Path, series: Series, epoch: int) -> None:
-    """The DAG's views after its two epochs equal the series' after ``epoch`` (the empty
-    epoch changes nothing)."""
+def _check_views(bench: Bench, warehouse: Path, series: Series, epoch: int, dag_epoch: int) -> None:
+    """The DAG's views after its ``dag_epoch`` equal the series' after ``epoch`` (the
+    empty epochs change nothing)."""
     from dbspark.engine.spark.executor import SparkEngine
 
     ours = SparkEngine(series.circuit, warehouse, spark=lambda: bench.spark)
     try:
         same = all(
-            _sorted(ours.view_frame(name, 2).toArrow())
+            _sorted(ours.view_frame(name, dag_epoch).toArrow())
             == _sorted(series.engine.view_frame(name, epoch).toArrow())
             for name in series.circuit.views
         )
