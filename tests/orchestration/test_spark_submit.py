@@ -101,3 +101,53 @@ def test_bad_input_in_the_driver_fails_the_task_with_the_drivers_error(tmp_path,
     assert refused.value.source == "sentences"
     # Nothing is left of the unit: neither its file nor the result that carried the error.
     assert list((tmp_path / "warehouse" / "_units" / "word_count").iterdir()) == []
+
+
+def test_a_task_stopped_by_its_timeout_stops_spark_submit_and_its_driver(tmp_path, monkeypatch):
+    """Airflow's timeout raises in the task while spark-submit runs: the submission and
+    the Python driver it started (client mode) stop with the task, instead of running on
+    past its lease."""
+    import os
+    import sys
+    import time
+
+    import psutil
+    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+    from airflow.sdk.exceptions import AirflowTaskTimeout
+    from airflow.sdk.execution_time.timeout import timeout
+
+    from dbspark.orchestration.airflow.tasks import submit_or_kill
+
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_DBSPARK_SPARK", json.dumps({"conn_type": "spark", "host": "local[1]"})
+    )
+    started = tmp_path / "driver.pid"
+    application = tmp_path / "sleeps.py"
+    application.write_text(
+        "import os, pathlib, sys, time\n"
+        "pathlib.Path(sys.argv[1]).write_text(str(os.getpid()))\n"
+        "time.sleep(300)\n"
+    )
+    hook = SparkSubmitHook(
+        conn_id="dbspark_spark",
+        application_args=[str(started)],
+        env_vars={
+            # spark-submit is the wheel's, beside this interpreter (as the task finds it).
+            "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"],
+            "PYSPARK_PYTHON": sys.executable,
+            "PYSPARK_DRIVER_PYTHON": sys.executable,
+        },
+    )
+    began = time.monotonic()
+    with pytest.raises(AirflowTaskTimeout), timeout(30):
+        submit_or_kill(hook, str(application))
+    assert time.monotonic() - began < 75
+    assert started.exists(), "the driver never started: the timeout came too early to tell"
+    driver = int(started.read_text())
+    submission = hook._submit_sp
+    deadline = time.monotonic() + 15
+    while psutil.pid_exists(driver) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    alive = psutil.pid_exists(driver) and psutil.Process(driver).status() != psutil.STATUS_ZOMBIE
+    assert not alive, f"the driver {driver} outlived its task"
+    assert submission.poll() is not None

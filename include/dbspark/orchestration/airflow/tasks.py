@@ -20,6 +20,7 @@ never start Spark.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -94,6 +95,42 @@ def _skip(message: str) -> Exception:
 
     log.info("%s", message)
     return AirflowSkipException(message)
+
+
+def submit_or_kill(hook: Any, application: str) -> None:
+    """``hook.submit(application)``, killing what it started if this task is stopped
+    meanwhile: Airflow's timeout (``AirflowTaskTimeout``) and a kill reach the task as a
+    ``BaseException`` raised here, and the spark-submit process, with the driver it runs
+    in client mode, would otherwise run on past its task and its lease."""
+    try:
+        hook.submit(application=application)
+    except Exception:
+        raise
+    except BaseException:
+        _kill_submission(hook)
+        raise
+
+
+def _kill_submission(hook: Any) -> None:
+    """The provider's ``on_kill`` (the spark-submit process; a cluster's driver), then
+    the processes spark-submit started: in client mode the Python driver is a child of
+    its JVM, and outlives a JVM killed alone."""
+    import psutil
+
+    process = getattr(hook, "_submit_sp", None)
+    children: list[Any] = []
+    if process is not None and process.poll() is None:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            children = psutil.Process(process.pid).children(recursive=True)
+    hook.on_kill()
+    for child in children:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.kill()
+    psutil.wait_procs(children, timeout=10)
+    if children:
+        log.warning(
+            "stopped the spark-submit of this task and %d processes it started", len(children)
+        )
 
 
 def _fail(message: str) -> Exception:
@@ -473,7 +510,7 @@ class EpochTasks:
         )
         try:
             try:
-                hook.submit(application=str(SPARK_JOB))
+                submit_or_kill(hook, str(SPARK_JOB))
             except Exception:
                 if result_path(stage).exists():
                     # The driver's own error when no retry can fix it (bad input, say):
