@@ -130,7 +130,9 @@ OPTIONAL_DBSPARK_KEYS = {
     "gc_min_age_hours": "garbage collection keeps what is younger than 6 hours by default",
     "changes_retention_hours": "change directories are kept 168 hours by default",
     "sqlite_on_shared_filesystem": "compose's catalog is PostgreSQL; only SQLite reads it",
-    "sync_method": "DBSPARK_SYNC_METHOD, else syncfs where Linux reports its errors",
+    "sync_method": "DBSPARK_SYNC_METHOD, else syncfs where Linux reports its errors and "
+    "little else is dirty",
+    "worker_socket": "no unit worker by default: each task runs its unit itself",
     "table_location": "tables are written under [dbspark] outputs by default",
     "table_storage_options": "none needed for a local or shared-filesystem location",
 }
