@@ -134,3 +134,42 @@ def test_only_a_private_socket_of_this_user_is_trusted(tmp_path: Path) -> None:
             _connect(open_dir / "units.sock")
     finally:
         listener.close()
+
+
+def test_the_engines_share_one_budget_of_resident_traces(tmp_path: Path) -> None:
+    """Past the worker's budget, the engine used least recently goes (its circuit's next
+    unit builds it again); the one that just ran stays."""
+    from dbspark.engine.spark.executor import circuit_fingerprint
+    from dbspark.examples.circuits import word_count
+    from dbspark.orchestration.units import CircuitRecipe, ShippedUnit, StageUnit
+    from dbspark.orchestration.worker import ResidentEngines
+
+    circuit = word_count()
+
+    def shipped(warehouse: Path) -> ShippedUnit:
+        return ShippedUnit(
+            recipe=CircuitRecipe.of_factory(word_count),
+            fingerprint=circuit_fingerprint(circuit),
+            unit=StageUnit(0, 0),
+            warehouse=str(warehouse),
+        )
+
+    def epoch_in(engines: ResidentEngines, warehouse: Path, epoch: int) -> None:
+        with engines(shipped(warehouse), circuit, None) as engine:
+            engine.run_epoch(epoch, {"words": [(("w",), 1)]})
+
+    roomy = ResidentEngines(resident_bytes=1 << 30)
+    epoch_in(roomy, tmp_path / "a", 0)
+    one = roomy.resident()  # what one such engine keeps
+    epoch_in(roomy, tmp_path / "b", 0)
+    epoch_in(roomy, tmp_path / "a", 1)
+    assert one > 0 and roomy.built == 2  # both kept: a's second epoch found its engine
+    roomy.close()
+
+    tight = ResidentEngines(resident_bytes=one * 3 // 2)  # room for one engine, not two
+    epoch_in(tight, tmp_path / "c", 0)
+    epoch_in(tight, tmp_path / "d", 0)  # c's engine goes, d's stays
+    assert tight.built == 2 and 0 < tight.resident() <= one * 3 // 2
+    epoch_in(tight, tmp_path / "c", 1)  # built again
+    assert tight.built == 3
+    tight.close()

@@ -71,14 +71,18 @@ class WorkerFailed(RuntimeError):
 # ----------------------------------------------------------------------------- the worker
 class ResidentEngines:
     """The worker's engines, one per circuit fingerprint, warehouse and catalog, sharing
-    one Spark session started when a unit first needs it."""
+    one Spark session started when a unit first needs it. ``resident_bytes`` bounds the
+    traces they keep decoded, all engines together: past it, the engines used least
+    recently are dropped (the one that just ran is kept, within its own budget)."""
 
     def __init__(
         self, spark: Callable[[], Any] | None = None, resident_bytes: int | None = None
     ) -> None:
+        from dbspark.engine.local.resident import default_resident_bytes
+
         self._open_spark = spark
         self._spark: Any = None
-        self.resident_bytes = resident_bytes
+        self.resident_bytes = default_resident_bytes() if resident_bytes is None else resident_bytes
         self._engines: dict[tuple[str, str, str | None], Any] = {}
         self.built = 0  # engines built so far (a unit that found its engine built none)
 
@@ -128,9 +132,15 @@ class ResidentEngines:
             engine.catalog.close()
             raise
         self._engines[key] = engine  # the most recently used last
-        while len(self._engines) > ENGINES_KEPT:
+        while len(self._engines) > 1 and (
+            len(self._engines) > ENGINES_KEPT or self.resident() > self.resident_bytes
+        ):
             oldest = next(iter(self._engines))
             self._engines.pop(oldest).catalog.close()
+
+    def resident(self) -> int:
+        """The bytes of decoded traces the kept engines hold."""
+        return sum(engine.resident_nbytes for engine in self._engines.values())
 
     def close(self) -> None:
         for engine in self._engines.values():
@@ -370,7 +380,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--resident-bytes",
         type=int,
         default=None,
-        help="decoded traces kept in memory (default DBSPARK_RESIDENT_BYTES, or 4 GiB)",
+        help="decoded traces kept in memory, all circuits together (default "
+        "DBSPARK_RESIDENT_BYTES, or 4 GiB)",
     )
     args = parser.parse_args(argv)
     logging.basicConfig(

@@ -182,6 +182,11 @@ class SparkEngine(Ingest, OperatorEvaluation, Loops, Views, Maintenance):
             )
         return self._local
 
+    @property
+    def resident_nbytes(self) -> int:
+        """The bytes of traces the local tier keeps decoded now (0 before it is used)."""
+        return 0 if self._local is None else self._local.resident.nbytes
+
     def _spark_unit_tier(self) -> SparkTier:
         if self._spark_tier is None:
             self._spark_tier = SparkTier(self.spark, self.warehouse, buckets=self.buckets)
