@@ -231,15 +231,20 @@ def test_symbolic_links_are_refused_not_followed(tmp_path: Path) -> None:
         landing.batch("orders", DAY1)
 
 
+def daily_intervals(count: int) -> list[Interval]:
+    """``count`` days from DAY0 on."""
+    return [
+        Interval(DAY0.start + timedelta(days=n), DAY0.start + timedelta(days=n + 1))
+        for n in range(count)
+    ]
+
+
 def test_files_that_arrive_change_or_vanish_after_their_ingest_are_found(tmp_path: Path) -> None:
     from dbspark.orchestration.sources.records import IngestRecords, late_changes
 
     landing = LandingDirectory(tmp_path / "landing", late_window=2)
     records = IngestRecords(tmp_path / "warehouse", "orders")
-    days = [
-        Interval(DAY0.start + timedelta(days=n), DAY0.start + timedelta(days=n + 1))
-        for n in range(3)
-    ]
+    days = daily_intervals(3)
     for day in days:
         landing.land("orders", day, [(1, 1, 10, 1, None)], ORDERS, "parquet", name="a")
         landing.land("orders", day, [(2, 1, 10, 1, None)], ORDERS, "parquet", name="b")
@@ -274,10 +279,7 @@ def test_records_past_the_late_window_are_removed_and_the_rest_kept(tmp_path: Pa
 
     landing = LandingDirectory(tmp_path / "landing", late_window=2)
     records = IngestRecords(tmp_path / "warehouse", "orders")
-    days = [
-        Interval(DAY0.start + timedelta(days=n), DAY0.start + timedelta(days=n + 1))
-        for n in range(4)
-    ]
+    days = daily_intervals(4)
     for day in days:
         records.write("orders", day, {"files": {}})
     folder = records.path("orders", days[0]).parent
