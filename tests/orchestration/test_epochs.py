@@ -83,3 +83,21 @@ def test_one_interval_cannot_become_two_epochs(catalog):
 def test_later_tasks_need_the_open_task_first(catalog):
     with pytest.raises(EpochSequenceError, match="no epoch is open"):
         require_epoch(catalog, "c", day(0))
+
+
+def test_an_interval_from_airflow_stays_zoned_under_arithmetic():
+    """Airflow hands pendulum datetimes; their arithmetic on a standard-library UTC drops
+    the zone, which made every SQL pull with a data interval from Airflow fail."""
+    from datetime import UTC, datetime, timedelta
+
+    import pendulum
+
+    from dbspark.orchestration.intervals import Interval
+
+    start = pendulum.datetime(2026, 1, 1, 0, 0, 0, 123456, tz="Europe/Berlin")
+    interval = Interval(start, start.add(days=1))
+    assert type(interval.start) is datetime and interval.start.tzinfo is UTC
+    assert interval.start == start and interval.end == start.add(days=1)
+    earlier = interval.start - timedelta(hours=1)
+    assert earlier.tzinfo is UTC
+    assert Interval(earlier, interval.end).start == datetime(2025, 12, 31, 22, 0, 0, 123456, UTC)

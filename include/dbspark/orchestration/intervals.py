@@ -18,7 +18,12 @@ class Interval:
             value = getattr(self, name)
             if value.tzinfo is None:
                 raise ValueError(f"interval {name} {value} has no time zone")
-            object.__setattr__(self, name, value.astimezone(UTC))
+            utc = value.astimezone(UTC)
+            # A plain datetime, whatever came in: Airflow hands pendulum's, whose
+            # arithmetic drops a standard-library time zone (a pull's ``start - lag``
+            # came out naive).
+            plain = datetime(*utc.timetuple()[:6], utc.microsecond, tzinfo=UTC)
+            object.__setattr__(self, name, plain)
         if self.end <= self.start:
             raise ValueError(f"interval end {self.end} is not after its start {self.start}")
 
