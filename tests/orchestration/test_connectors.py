@@ -375,6 +375,47 @@ def pulled_ids(connector: SqlTable, interval: Interval = DAY0) -> list[int]:
     return [row[0] for row in connector.batch("orders", interval, columns=ORDERS)]
 
 
+def test_a_large_pull_is_written_to_files_and_reads_as_the_same_rows(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    """Past ``spill_rows``, a pull is checked and written as Parquet files a chunk at a
+    time (never held whole), and the engine reads those files as the rows they hold; a
+    bad row in a later chunk is refused, naming it and where in the pull it is."""
+    from dbspark.engine.spark.executor import SparkEngine
+    from dbspark.orchestration.sources import source_schema
+
+    circuit = orders()
+    schema = source_schema(circuit, "orders")
+    kept = SqlTable(sqlite_url, table="orders_cdc", watermark_column="changed_at")
+    spilled = SqlTable(
+        sqlite_url, table="orders_cdc", watermark_column="changed_at", chunk_rows=1, spill_rows=2
+    )
+    rows = kept.batch("orders", DAY0, columns=ORDERS, scratch=tmp_path / "a", schema=schema)
+    assert isinstance(rows, list) and len(rows) == 3  # under spill_rows: rows, as before
+    files = spilled.batch("orders", DAY0, columns=ORDERS, scratch=tmp_path / "b", schema=schema)
+    assert isinstance(files, FileBatch) and files.format == "parquet"
+    assert [pq.read_metadata(f).num_rows for f in files.paths] == [2, 1]
+    assert all(Path(f).parent == tmp_path / "b" for f in files.paths)
+    # Without a scratch folder (a caller of its own), the rows come back as ever.
+    assert spilled.batch("orders", DAY0, columns=ORDERS) == rows
+
+    views = []
+    for name, batch in (("rows", rows), ("files", files)):
+        engine = SparkEngine(circuit, tmp_path / f"warehouse-{name}", spark=lambda: None)
+        engine.run_epoch(0, {"customers": [(7, "north", 1, False)], "orders": batch})
+        views.append(engine.view("region_totals"))
+        assert engine.spark_started is False  # both stayed on the local tier
+        engine.catalog.close()
+    assert views[0] == views[1] and views[0]
+
+    engine = sa.create_engine(sqlite_url)
+    with engine.begin() as conn:  # the last row of the pull: the second file's
+        conn.exec_driver_sql("UPDATE orders_cdc SET amount = 'lots' WHERE order_id = 4")
+    engine.dispose()
+    with pytest.raises(InputError, match=r"rows 2 to 2 of the pull.*row 0.*'amount'"):
+        spilled.batch("orders", DAY0, columns=ORDERS, scratch=tmp_path / "c", schema=schema)
+
+
 def test_a_table_pull_is_the_half_open_interval(sqlite_url: str) -> None:
     connector = SqlTable(sqlite_url, table="orders_cdc", watermark_column="changed_at")
     rows = connector.batch("orders", DAY0, columns=ORDERS)

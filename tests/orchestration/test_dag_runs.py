@@ -248,3 +248,42 @@ def test_partitions_are_named_by_the_utc_start_of_intervals_across_a_dst_change(
     catalog.close()
     counts = published(place, circuit, "counts", 1)
     assert counts == ZSet({("w0", 1): 1, ("w1", 1): 1})
+
+
+def test_a_large_sql_pull_goes_through_files_and_leaves_none(
+    test_dags, place, tmp_path, monkeypatch
+):
+    """The orders pulled from a table, more rows than the DAG's ``spill_rows``: the
+    ingest task writes them to its scratch folder as Parquet, the engine reads them, the
+    views equal a full refresh of the same rows, and no scratch folder is left."""
+    import json
+
+    import sqlalchemy as sa
+    from test_connectors import make_orders_table
+
+    url = f"sqlite:///{tmp_path / 'operational.db'}"
+    make_orders_table(url)
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_TEST_ORDERS_DB",
+        json.dumps({"conn_type": "sqlite", "host": str(tmp_path / "operational.db")}),
+    )
+    engine = sa.create_engine(url)
+    with engine.connect() as conn:  # what day 0 pulls: stamped in [midnight, midnight)
+        pulled = conn.exec_driver_sql(
+            "SELECT order_id, cust_id, amount, ts, deleted_at FROM orders_cdc "
+            "WHERE changed_at >= '2026-01-01' AND changed_at < '2026-01-02'"
+        ).fetchall()
+    engine.dispose()
+    assert len(pulled) == 3  # more than spill_rows=2: two files
+    customers = [(7, "north", 1, False)]
+    place.landing.land(
+        "customers", day(0), customers, ["cust_id", "region", "ts", "deleted"], "parquet"
+    )
+    dag = test_dags["test_orders_pulled"]
+    circuit = circuit_of("test_orders_pulled")
+    state, tasks = run(dag, 0)
+    assert state == "success", tasks
+    history = [{"customers": customers, "orders": [tuple(r) for r in pulled]}]
+    check_against_full_refresh(place, circuit, history, 0)
+    units = place.warehouse / "_units" / circuit.name
+    assert not any(p.name.startswith("pull-") for p in units.iterdir())

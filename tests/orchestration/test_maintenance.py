@@ -219,7 +219,7 @@ def test_serving_failures_never_block_epochs_and_maintain_bounds_storage(
     crashed.mkdir(parents=True)
     (crashed / "part-0.parquet").write_bytes(b"half")
     leftover = place.warehouse / "_units" / "word_count" / "dead.unit.json"
-    leftover.parent.mkdir(parents=True)
+    leftover.parent.mkdir(parents=True, exist_ok=True)
     leftover.write_text("{}")
 
     state, tasks = run(dag, 1)

@@ -198,10 +198,17 @@ def test_gc_removes_leftover_unit_files(leased: tuple[Catalog, Path]) -> None:
     units.mkdir(parents=True)
     (units / "a.unit.json").write_text("{}")
     (units / "a.result.json").write_text("{}")
+    # What an ingest task killed during a large SQL pull leaves: its scratch folder.
+    (units / "pull-1").mkdir()
+    (units / "pull-1" / "part-00000.parquet").write_bytes(b"half")
     other = root / "_units" / "other"
     other.mkdir()
     (other / "b.unit.json").write_text("{}")  # another circuit's: not this GC's
     assert garbage_collect(root, cat, min_age_seconds=3600).unit_files == []
     report = garbage_collect(root, cat, min_age_seconds=0)
-    assert sorted(report.unit_files) == ["_units/c/a.result.json", "_units/c/a.unit.json"]
+    assert sorted(report.unit_files) == [
+        "_units/c/a.result.json",
+        "_units/c/a.unit.json",
+        "_units/c/pull-1",
+    ]
     assert list(units.iterdir()) == [] and (other / "b.unit.json").exists()

@@ -1755,8 +1755,8 @@ def garbage_collect(
 
 def _gc_candidates(root: Path, circuit: str) -> list[str]:
     """What garbage collection may delete of ``circuit`` unless it is registered: the
-    directories at batch depth and the files in its ``_units/`` folder, relative to
-    ``root``."""
+    directories at batch depth and what its ``_units/`` folder holds (unit files, and
+    the scratch folders of SQL pulls), relative to ``root``."""
     base = root / circuit
     units = root / UNITS_FOLDER / circuit
     listed: list[str] = []
@@ -1765,9 +1765,7 @@ def _gc_candidates(root: Path, circuit: str) -> list[str]:
             p.relative_to(root).as_posix() for p in sorted(base.glob("*/*/t=*/*")) if p.is_dir()
         )
     if units.is_dir():
-        listed.extend(
-            p.relative_to(root).as_posix() for p in sorted(units.iterdir()) if p.is_file()
-        )
+        listed.extend(p.relative_to(root).as_posix() for p in sorted(units.iterdir()))
     return listed
 
 

@@ -9,7 +9,7 @@ import pendulum
 from dbspark.circuit.builder import Circuit
 from dbspark.circuit.expressions import col
 from dbspark.examples.circuits import orders, reachability, word_count
-from dbspark.orchestration import LandingDirectory, build_dag
+from dbspark.orchestration import LandingDirectory, SqlTable, build_dag
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
 landing = LandingDirectory()
@@ -80,4 +80,23 @@ retrying_word_count_dag = build_dag(
     sources={"words": landing},
     retries=2,
     retry_delay=timedelta(seconds=1),
+)
+# Orders pulled from an operational table (the connection ``test_orders_db``), a few rows
+# per Parquet file: a pull of more than two rows is written to the task's scratch folder.
+pulled_orders_dag = build_dag(
+    orders,
+    dag_id="test_orders_pulled",
+    schedule="@daily",
+    start_date=START,
+    sources={
+        "customers": landing,
+        "orders": SqlTable(
+            conn_id="test_orders_db",
+            table="orders_cdc",
+            watermark_column="changed_at",
+            chunk_rows=1,
+            spill_rows=2,
+        ),
+    },
+    retries=0,
 )

@@ -24,7 +24,9 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import socket
+import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -54,7 +56,7 @@ from dbspark.orchestration.airflow.hook import dbspark_flag, dbspark_setting
 from dbspark.orchestration.airflow.ui.status import task_of_stage
 from dbspark.orchestration.epochs import EpochOfRun, next_epoch, require_epoch
 from dbspark.orchestration.intervals import Interval
-from dbspark.orchestration.sources.base import source_columns
+from dbspark.orchestration.sources.base import source_schema
 from dbspark.orchestration.sources.records import IngestRecords, late_changes, late_window
 from dbspark.orchestration.units import (
     CATALOG_URL_VARIABLE,
@@ -529,14 +531,23 @@ class EpochTasks:
         log.info("%s", connector.describe(source, run.interval))
         records = IngestRecords(deployment.warehouse, self.name)
         late = self._late_input(deployment, connector, source, run.epoch, records)
-        columns = source_columns(self.circuit, source)
-        batch = connector.batch(source, run.interval, columns=columns)
-        # Recorded before the unit runs, so every committed ingest has its record.
-        record = connector.record(source, run.interval, batch)
-        if record is not None:
-            records.write(source, run.interval, record)
-        unit = IngestUnit(run.epoch, source, batch)
-        return {**self._execute(deployment, unit), "late_input": late}
+        schema = source_schema(self.circuit, source)
+        # A connector may write the batch here (a large SQL pull): private, like the unit
+        # files beside it, and gone after the unit (garbage collection takes what a
+        # killed task left).
+        scratch = unit_directory(deployment.warehouse, self.name) / f"pull-{uuid.uuid4().hex}"
+        try:
+            batch = connector.batch(
+                source, run.interval, columns=schema.names, scratch=scratch, schema=schema
+            )
+            # Recorded before the unit runs, so every committed ingest has its record.
+            record = connector.record(source, run.interval, batch)
+            if record is not None:
+                records.write(source, run.interval, record)
+            unit = IngestUnit(run.epoch, source, batch)
+            return {**self._execute(deployment, unit), "late_input": late}
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
 
     def _late_input(
         self,

@@ -30,16 +30,18 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dbspark.circuit.builder import Circuit
+from dbspark.core.types import Schema
 from dbspark.engine.api import require_sources
 from dbspark.orchestration.intervals import Interval
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["SourceConnector", "source_columns"]
+__all__ = ["SourceConnector", "source_columns", "source_schema"]
 
 
 class SourceConnector(abc.ABC):
@@ -53,12 +55,17 @@ class SourceConnector(abc.ABC):
         *,
         columns: Sequence[str],
         spark: SparkSession | None = None,
+        scratch: Path | None = None,
+        schema: Schema | None = None,
     ) -> Any:
         """The batch of ``source`` for ``interval``: a ``FileBatch``, a list of rows in
         ``columns`` order, or ``None`` when nothing arrived.
 
         ``columns`` are the source's declared column names in schema order
         (:func:`source_columns`); ``spark`` is there for connectors that read with Spark.
+        ``scratch`` is a private folder the connector may write the batch's files into
+        (the task removes it after the ingest), and ``schema`` the source's declared
+        schema (:func:`source_schema`), for a connector that writes them.
         """
 
     @abc.abstractmethod
@@ -84,7 +91,12 @@ class SourceConnector(abc.ABC):
 def source_columns(circuit: Circuit, source: str) -> tuple[str, ...]:
     """The declared column names of ``source`` in schema order (an upsert source's user
     columns, not its internal state columns)."""
+    return tuple(source_schema(circuit, source).names)
+
+
+def source_schema(circuit: Circuit, source: str) -> Schema:
+    """The declared schema of ``source`` (an upsert source's user columns, not its
+    internal state columns)."""
     require_sources(circuit.name, circuit.sources, [source])
     node = circuit.node(circuit.sources[source])
-    schema = node.schema if node.op == "zset_source" else node.params["user_schema"]
-    return tuple(schema.names)
+    return node.schema if node.op == "zset_source" else node.params["user_schema"]

@@ -33,6 +33,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dbspark.core.types import Schema
 from dbspark.engine.api import InputError
 from dbspark.engine.file_batches import FORMATS, TEXT_FORMATS, FileBatch, open_binary, utf8_lines
 from dbspark.orchestration.intervals import Interval
@@ -152,10 +153,13 @@ class LandingDirectory(SourceConnector):
         *,
         columns: Sequence[str] = (),
         spark: SparkSession | None = None,
+        scratch: Path | None = None,
+        schema: Schema | None = None,
     ) -> FileBatch | None:
         """The partition's data files, sorted by name, as one ``FileBatch`` (or ``None``).
 
-        ``columns`` and ``spark`` are not needed: the engine reads and checks the files.
+        ``columns``, ``spark``, ``scratch`` and ``schema`` are not needed: the engine reads
+        and checks the files where they are.
         Text files are checked to be UTF-8 here; with a completion marker, the files and
         their row counts are checked against it (see the module docstring).
         """

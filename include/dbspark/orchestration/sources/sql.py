@@ -8,11 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
+from dbspark.core.types import Schema
 from dbspark.engine.api import InputError
+from dbspark.engine.file_batches import FileBatch
 from dbspark.orchestration.intervals import Interval
 from dbspark.orchestration.sources.base import SourceConnector
 
@@ -24,6 +27,41 @@ __all__ = ["SqlTable", "sqlalchemy_url"]
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _UNITS = {"s": 1_000_000, "ms": 1_000}
+
+
+class _Spill:
+    """Where a large pull goes, ``spill_rows`` rows at a time: checked as the engine
+    checks rows, then one Parquet file each in the task's private scratch folder."""
+
+    def __init__(self, table: SqlTable, source: str, scratch: Path, schema: Schema) -> None:
+        self.table = table
+        self.source = source
+        self.scratch = scratch
+        self.schema = schema
+        self.files: list[str] = []
+        self.pulled = 0  # rows written so far
+
+    def write(self, rows: list[Any]) -> None:
+        import pyarrow.parquet as pq
+
+        from dbspark.core.columns import WEIGHT
+        from dbspark.engine.batches import upsert_batch, zset_batch
+        from dbspark.engine.local.tier import arrow_table
+
+        first, last = self.pulled, self.pulled + len(rows) - 1
+        where = f"{self.table!r}, rows {first} to {last} of the pull"
+        fields = list(self.schema.fields)
+        if self.table.weight_column is None:
+            checked = [tuple(row) for row in upsert_batch(self.source, self.schema, rows, where)]
+        else:
+            weighted = zset_batch(self.source, self.schema, rows, where)
+            checked = [(*row, weight) for row, weight in weighted.items()]
+            fields.append((WEIGHT, "bigint"))
+        self.scratch.mkdir(parents=True, exist_ok=True)
+        path = self.scratch / f"part-{len(self.files):05d}.parquet"
+        pq.write_table(arrow_table(checked, fields), path)
+        self.files.append(str(path))
+        self.pulled += len(rows)
 
 
 def _epoch_bound(moment: datetime, unit: str) -> int:
@@ -76,7 +114,11 @@ class SqlTable(SourceConnector):
     except that a timestamp column without a time zone is taken to hold UTC, as the
     watermark is: its naive values become UTC instants, which a TIMESTAMP source takes.
     Rows are fetched ``chunk_rows`` at a time through a server-side cursor where the
-    driver has one, never all at once.
+    driver has one, never all at once. A pull of more than ``spill_rows`` rows is not
+    held in memory either: given the task's private ``scratch`` folder and the source's
+    schema, each ``spill_rows`` rows are checked as the engine checks rows (an error
+    names the row and which rows of the pull it is among) and written there as a
+    Parquet file, and the batch is a ``FileBatch`` of those files.
 
     **Late rows.** A row committed after its interval was pulled with a watermark inside
     that interval (a long transaction, a lagging replica) would never be read. ``lag``
@@ -103,6 +145,7 @@ class SqlTable(SourceConnector):
         weight_column: str | None = None,
         lag: timedelta = timedelta(0),
         chunk_rows: int = 10_000,
+        spill_rows: int = 100_000,
     ) -> None:
         if (url is None) == (conn_id is None):
             raise ValueError("SqlTable needs exactly one of url and conn_id")
@@ -115,6 +158,8 @@ class SqlTable(SourceConnector):
             )
         if chunk_rows < 1:
             raise ValueError(f"chunk_rows must be 1 or more, not {chunk_rows}")
+        if spill_rows < 1:
+            raise ValueError(f"spill_rows must be 1 or more, not {spill_rows}")
         if watermark_unit not in (None, *_UNITS):
             raise ValueError(
                 f"watermark_unit {watermark_unit!r} is not one of None (a timestamp), 's', 'ms'"
@@ -129,6 +174,7 @@ class SqlTable(SourceConnector):
         self.weight_column = weight_column
         self.lag = lag
         self.chunk_rows = chunk_rows
+        self.spill_rows = spill_rows
 
     @property
     def _table_name(self) -> str:
@@ -156,10 +202,13 @@ class SqlTable(SourceConnector):
         *,
         columns: Sequence[str],
         spark: SparkSession | None = None,
-    ) -> list[tuple]:
+        scratch: Path | None = None,
+        schema: Schema | None = None,
+    ) -> list[tuple] | FileBatch:
         """The rows of the interval (reaching back ``lag``), as tuples in ``columns``
         order (``[row, weight]`` pairs with ``weight_column``). An interval without rows
-        gives an empty list."""
+        gives an empty list. Past ``spill_rows`` rows, with ``scratch`` and ``schema``,
+        a ``FileBatch`` of Parquet files written there instead (see the class text)."""
         if not columns:
             raise ValueError(f"source {source!r}: SqlTable needs the source's columns")
         unknown = sorted(set(self.columns) - set(columns))
@@ -169,6 +218,7 @@ class SqlTable(SourceConnector):
             )
         engine = sa.create_engine(self._url())
         rows: list[tuple] = []
+        spill = None if scratch is None or schema is None else _Spill(self, source, scratch, schema)
         try:
             with engine.connect() as conn:
                 table = self._reflect(source, conn)
@@ -184,8 +234,15 @@ class SqlTable(SourceConnector):
                         rows.extend(tuple(r) for r in chunk)
                     else:
                         rows.extend((tuple(r[:-1]), r[-1]) for r in chunk)
+                    if spill is not None and len(rows) >= self.spill_rows:
+                        spill.write(rows)
+                        rows = []
         finally:
             engine.dispose()
+        if spill is not None and spill.files:
+            if rows:
+                spill.write(rows)
+            return FileBatch(spill.files, "parquet")
         return rows
 
     def _naive_positions(self, table: sa.Table, columns: Sequence[str]) -> list[int]:
