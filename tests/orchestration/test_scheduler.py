@@ -9,12 +9,17 @@ One scenario, in order, because each step continues the epochs of the one before
    update and tombstones), with the join stage of epoch 1 killed (SIGKILL) after it
    wrote its files and before it committed; the retry completes it;
 2. a run triggered through the REST API as the UI does, for the fourth interval;
-3. after each epoch the published views (table and change) equal the reference
+3. a unit worker started (``orchestration/worker.py``; ``[dbspark] worker_socket`` was
+   set from the start, so until now each task ran its unit itself), and a run for the
+   fifth interval whose every unit runs there;
+4. after each epoch the published views (table and change) equal the reference
    engine's full refresh; at the end ``SparkEngine.verify`` agrees as well.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 import time
 from datetime import UTC, datetime, timedelta
@@ -62,6 +67,10 @@ BATCHES = [
         "customers": [(4, "APAC", 4, False)],
         "orders": [(14, 2, 1, 4, None), (15, 4, 3, 4, None)],
     },
+    {  # by a run whose units the unit worker runs
+        "customers": [(4, "EU", 5, False)],
+        "orders": [(16, 4, 8, 5, None), (14, 2, 1, 5, 5)],
+    },
 ]
 KILLED_STAGE = "join_6"  # the plan's join stage of the orders circuit
 KILLED_EPOCH = 1
@@ -108,6 +117,8 @@ def deployment(tmp_path_factory, airflow_database):
         "PYSPARK_DRIVER_PYTHON": sys.executable,
         "SPARK_LOCAL_IP": "127.0.0.1",
         "DBSPARK_TEST_KILL_DIR": str(place.kill_dir),
+        # No worker listens here until step 3: the tasks before it run their units.
+        "AIRFLOW__DBSPARK__WORKER_SOCKET": str(root / "worker" / "units.sock"),
         # The test waits on runs: let the scheduler loop and the retry come round fast.
         "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": "0.2",
         # The DAG file does not change during the test: parse it once, not every 30 s.
@@ -131,6 +142,26 @@ def deployment(tmp_path_factory, airflow_database):
     finally:
         airflow.stop()
         spark.stop()
+
+
+def start_worker(place, root: Path) -> subprocess.Popen:
+    """``python -m dbspark.orchestration.worker`` at the socket the tasks look for, its
+    Spark the deployment's Connect server (should a unit need Spark), once it listens."""
+    socket_path = root / "worker" / "units.sock"
+    log = (root / "worker.log").open("ab")
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "dbspark.orchestration.worker", "--socket", str(socket_path)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "SPARK_REMOTE": place.spark.url(), "PYTHONUNBUFFERED": "1"},
+    )
+    deadline = time.monotonic() + 60
+    while not socket_path.exists():
+        assert worker.poll() is None and time.monotonic() < deadline, (
+            root / "worker.log"
+        ).read_text()
+        time.sleep(0.05)
+    return worker
 
 
 def moment(text: str | None) -> datetime | None:
@@ -272,7 +303,26 @@ def test_backfill_kill_and_retry_and_a_triggered_run_equal_full_refresh(deployme
     totals = published(place, circuit, "region_totals", 3)
     assert totals == ZSet({("US", 3, 60, 50): 1, ("APAC", 1, 3, 3): 1})
 
-    # --- 3. Spark recomputes every view from the warehouse's input log: it agrees.
+    # --- 3. a unit worker, and a run whose every unit it runs
+    worker = start_worker(place, root=place.root)
+    try:
+        land(place, 4)
+        run = api.trigger(DAG_ID, logical_date=day(4).end)
+        (run,) = api.wait_for_runs(DAG_ID, run_ids=[run.run_id], timeout=120)
+        assert run.state == "success", api.explain(DAG_ID, [run])
+    finally:
+        worker.terminate()
+        worker.wait(timeout=60)
+    logs = "\n".join(
+        p.read_text(errors="replace")
+        for p in (airflow.logs / f"dag_id={DAG_ID}" / f"run_id={run.run_id}").rglob("*.log")
+    )
+    for kind in ("ingest", "stage", "publish", "close"):
+        assert f"the {kind} unit ran in the dbspark worker" in logs, kind
+    assert "in this task instead" not in logs
+    check_views(place, circuit, 4)
+
+    # --- 4. Spark recomputes every view from the warehouse's input log: it agrees.
     from dbspark.engine.spark.executor import SparkEngine
     from dbspark.engine.spark.session import connect_session
 

@@ -30,8 +30,8 @@ from dbspark.storage.catalog import Catalog
 
 DAG_ID = "scheduled_orders"
 START = datetime(2026, 1, 1, tzinfo=UTC)
-#: Intervals the test runs: three by backfill, the fourth triggered by hand.
-INTERVALS = 4
+#: Intervals the test runs: three by backfill, the fourth and fifth triggered by hand.
+INTERVALS = 5
 KILL_DIR = "DBSPARK_TEST_KILL_DIR"
 
 
