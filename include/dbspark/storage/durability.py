@@ -88,7 +88,7 @@ def _libc_syncfs() -> Any:
 
 #: ``auto`` calls ``syncfs`` only while the system holds at most this much dirty or
 #: in-flight page cache: a ``syncfs`` writes out all of it, other processes' writes
-#: included (2 GB of them made a 0.1 s epoch's commit take 0.7 s here), while an
+#: included (2 GB of them made a 0.13 s epoch take 0.78 s here), while an
 #: epoch's own fsyncs cost a few milliseconds more than a ``syncfs`` of its files alone.
 SYNCFS_DIRTY_LIMIT = 32 << 20
 
