@@ -287,3 +287,18 @@ def test_a_large_sql_pull_goes_through_files_and_leaves_none(
     check_against_full_refresh(place, circuit, history, 0)
     units = place.warehouse / "_units" / circuit.name
     assert not any(p.name.startswith("pull-") for p in units.iterdir())
+
+
+def test_a_run_of_a_committed_epoch_is_linked_to_it(test_dags, place):
+    """A second run of a committed interval skips (nothing to do), and the dbspark page
+    still lists it under the epoch, beside the run that committed it."""
+    dag = test_dags["test_word_count"]
+    place.landing.land("words", day(0), [("a", 1)], ["word", "__w"], "parquet")
+    first, tasks = run(dag, 0)
+    assert first == "success", tasks
+    again, tasks = run(dag, 0)
+    assert again == "success" and tasks[("open_epoch", -1)] == "skipped", tasks
+    catalog = Catalog.for_warehouse(place.warehouse)
+    runs = catalog.epoch_runs("word_count")
+    catalog.close()
+    assert [r.epoch for r in runs] == [0, 0] and len({r.run_id for r in runs}) == 2

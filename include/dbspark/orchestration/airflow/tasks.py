@@ -369,11 +369,13 @@ class EpochTasks:
         try:
             register(catalog, deployment.warehouse, self.circuit)  # says what changed
             run = next_epoch(catalog, self.name, interval, self.start_date)
+            # The dbspark page of the Airflow UI links each epoch to the runs of its
+            # interval: one that found it committed too (a re-run, a rebuild or verify).
+            ti = context["ti"]
             if run.committed:
+                catalog.record_epoch_run(self.name, run.epoch, ti.dag_id, ti.run_id)
                 raise _skip(f"epoch {run.epoch} {interval} is already committed: nothing to do")
             catalog.open_epoch(self.name, run.epoch, interval.label)
-            # The dbspark page of the Airflow UI links each epoch to the runs that worked on it.
-            ti = context["ti"]
             catalog.record_epoch_run(self.name, run.epoch, ti.dag_id, ti.run_id)
         finally:
             catalog.close()
