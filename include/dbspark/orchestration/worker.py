@@ -34,7 +34,7 @@ import socket
 import stat
 import struct
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -75,12 +75,9 @@ class ResidentEngines:
     traces they keep decoded, all engines together: past it, the engines used least
     recently are dropped (the one that just ran is kept, within its own budget)."""
 
-    def __init__(
-        self, spark: Callable[[], Any] | None = None, resident_bytes: int | None = None
-    ) -> None:
+    def __init__(self, resident_bytes: int | None = None) -> None:
         from dbspark.engine.local.resident import default_resident_bytes
 
-        self._open_spark = spark
         self._spark: Any = None
         self.resident_bytes = default_resident_bytes() if resident_bytes is None else resident_bytes
         self._engines: dict[tuple[str, str, str | None], Any] = {}
@@ -90,8 +87,7 @@ class ResidentEngines:
         if self._spark is None:
             from dbspark.engine.spark.session import spark_session
 
-            opener = self._open_spark or (lambda: spark_session(app_name="dbspark-worker"))
-            self._spark = opener()
+            self._spark = spark_session(app_name="dbspark-worker")
         return self._spark
 
     @contextlib.contextmanager
@@ -148,30 +144,18 @@ class ResidentEngines:
         self._engines.clear()
 
 
-def serve(
-    socket_path: str | os.PathLike[str],
-    *,
-    engines: ResidentEngines | None = None,
-    units: int | None = None,
-    ready: Callable[[], None] | None = None,
-) -> None:
-    """Serve units at ``socket_path`` until killed (or, given ``units``, until that
-    many were answered); ``ready`` is called once the socket listens."""
-    engines = engines or ResidentEngines()
+def serve(socket_path: str | os.PathLike[str], engines: ResidentEngines) -> None:
+    """Serve units at ``socket_path`` until stopped (SIGTERM, between units)."""
     path = Path(socket_path)
     listener = _listen(path)
     try:
-        if ready is not None:
-            ready()
         log.info("dbspark worker serving units at %s", path)
-        answered = 0
-        while (units is None or answered < units) and not _stopping.requested:
+        while not _stopping.requested:
             _stopping.idle = True
             connection, _ = listener.accept()
             _stopping.idle = False
             with connection:
                 _answer(connection, engines)
-            answered += 1
     finally:
         listener.close()
         with contextlib.suppress(FileNotFoundError):
@@ -389,7 +373,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     signal.signal(signal.SIGTERM, _stopping)
     try:
-        serve(args.socket, engines=ResidentEngines(resident_bytes=args.resident_bytes))
+        serve(args.socket, ResidentEngines(resident_bytes=args.resident_bytes))
     except KeyboardInterrupt:
         return 0
     except (FileExistsError, WorkerFailed) as err:
