@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import textwrap
 import time
 from datetime import datetime
@@ -79,6 +78,7 @@ def run(bench: Bench, series: Series, loaded: Path, epochs: list[int]) -> None:
     right after the series ran them, so that its views are the ones to match."""
     from dbspark.devtools.airflow import LocalAirflow
     from dbspark.devtools.demo import interval
+    from dbspark.devtools.unit_worker import LocalUnitWorker
     from dbspark.orchestration import LandingDirectory
     from dbspark.storage.catalog import Catalog
 
@@ -134,12 +134,11 @@ def run(bench: Bench, series: Series, loaded: Path, epochs: list[int]) -> None:
             airflow.api.unpause(DAG_ID)
             for n, (label, epoch, in_worker) in enumerate(runs, start=1):
                 if in_worker and worker is None:
-                    worker = _start_worker(socket_path, root / "worker.log", env)
+                    worker = LocalUnitWorker(socket_path, root / "worker.log", env).start()
                 _trigger(bench, airflow, series, n, label, epoch, engine_side, in_worker)
     finally:
         if worker is not None:
-            worker.terminate()
-            worker.wait(timeout=60)
+            worker.stop()
     worker_log = (root / "worker.log").read_text(errors="replace")
     engines = worker_log.count("an engine for circuit")
     spark_in_worker = [s for s in SPARK_SIGNS if s in worker_log]
@@ -155,26 +154,6 @@ def run(bench: Bench, series: Series, loaded: Path, epochs: list[int]) -> None:
     if bench.results.failures:
         return
     _check_views(bench, warehouse, series, epochs[-1], len(runs))
-
-
-def _start_worker(socket_path: Path, log_path: Path, env: dict[str, str]) -> subprocess.Popen:
-    """The unit worker, as its own process, once its socket listens."""
-    import sys
-
-    with log_path.open("ab") as log:
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "dbspark.orchestration.worker", "--socket", str(socket_path)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
-        )
-    deadline = time.monotonic() + 120
-    while not socket_path.exists():
-        if worker.poll() is not None or time.monotonic() > deadline:
-            worker.kill()
-            raise RuntimeError(f"the unit worker did not start:\n{log_path.read_text()}")
-        time.sleep(0.05)
-    return worker
 
 
 def _trigger(

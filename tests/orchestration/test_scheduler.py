@@ -18,8 +18,6 @@ One scenario, in order, because each step continues the epochs of the one before
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 import time
 from datetime import UTC, datetime, timedelta
@@ -34,6 +32,7 @@ from dbspark.core.zset import ZSet
 from dbspark.devtools.airflow import LocalAirflow
 from dbspark.devtools.processes import free_port
 from dbspark.devtools.spark_connect import LocalConnectServer
+from dbspark.devtools.unit_worker import LocalUnitWorker
 from dbspark.engine.reference.full_refresh import full_refresh
 from dbspark.examples.circuits import orders
 from dbspark.orchestration.intervals import Interval
@@ -101,6 +100,7 @@ def deployment(tmp_path_factory, airflow_database):
         landing=LandingDirectory(root / "landing"),
         outputs=root / "published",
         kill_dir=root / "kill",
+        worker_socket=root / "worker" / "units.sock",
         timings={},
     )
     place.kill_dir.mkdir()
@@ -118,7 +118,7 @@ def deployment(tmp_path_factory, airflow_database):
         "SPARK_LOCAL_IP": "127.0.0.1",
         "DBSPARK_TEST_KILL_DIR": str(place.kill_dir),
         # No worker listens here until step 3: the tasks before it run their units.
-        "AIRFLOW__DBSPARK__WORKER_SOCKET": str(root / "worker" / "units.sock"),
+        "AIRFLOW__DBSPARK__WORKER_SOCKET": str(place.worker_socket),
         # The test waits on runs: let the scheduler loop and the retry come round fast.
         "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": "0.2",
         # The DAG file does not change during the test: parse it once, not every 30 s.
@@ -142,26 +142,6 @@ def deployment(tmp_path_factory, airflow_database):
     finally:
         airflow.stop()
         spark.stop()
-
-
-def start_worker(place, root: Path) -> subprocess.Popen:
-    """``python -m dbspark.orchestration.worker`` at the socket the tasks look for, its
-    Spark the deployment's Connect server (should a unit need Spark), once it listens."""
-    socket_path = root / "worker" / "units.sock"
-    log = (root / "worker.log").open("ab")
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "dbspark.orchestration.worker", "--socket", str(socket_path)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env={**os.environ, "SPARK_REMOTE": place.spark.url(), "PYTHONUNBUFFERED": "1"},
-    )
-    deadline = time.monotonic() + 60
-    while not socket_path.exists():
-        assert worker.poll() is None and time.monotonic() < deadline, (
-            root / "worker.log"
-        ).read_text()
-        time.sleep(0.05)
-    return worker
 
 
 def moment(text: str | None) -> datetime | None:
@@ -304,15 +284,13 @@ def test_backfill_kill_and_retry_and_a_triggered_run_equal_full_refresh(deployme
     assert totals == ZSet({("US", 3, 60, 50): 1, ("APAC", 1, 3, 3): 1})
 
     # --- 3. a unit worker, and a run whose every unit it runs
-    worker = start_worker(place, root=place.root)
-    try:
+    # Its Spark, should a unit need it, is the deployment's Connect server.
+    spark_remote = {"SPARK_REMOTE": place.spark.url()}
+    with LocalUnitWorker(place.worker_socket, place.root / "worker.log", spark_remote):
         land(place, 4)
         run = api.trigger(DAG_ID, logical_date=day(4).end)
         (run,) = api.wait_for_runs(DAG_ID, run_ids=[run.run_id], timeout=120)
         assert run.state == "success", api.explain(DAG_ID, [run])
-    finally:
-        worker.terminate()
-        worker.wait(timeout=60)
     logs = "\n".join(
         p.read_text(errors="replace")
         for p in (airflow.logs / f"dag_id={DAG_ID}" / f"run_id={run.run_id}").rglob("*.log")

@@ -6,16 +6,13 @@ and only this user's private socket is trusted."""
 from __future__ import annotations
 
 import logging
-import os
 import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 from test_dag_runs import check_against_full_refresh, day, run
 
+from dbspark.devtools.unit_worker import LocalUnitWorker
 from dbspark.orchestration.airflow.dag import circuit_of
 from dbspark.orchestration.worker import WorkerFailed, WorkerUnavailable, _connect
 
@@ -28,23 +25,6 @@ def place(place, spark):
     return place
 
 
-def start_worker(socket_path: Path, log_path: Path) -> subprocess.Popen:
-    """``python -m dbspark.orchestration.worker`` as its own process, once it listens."""
-    log = log_path.open("ab")
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "dbspark.orchestration.worker", "--socket", str(socket_path)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    deadline = time.monotonic() + 60
-    while not socket_path.exists():
-        if worker.poll() is not None or time.monotonic() > deadline:
-            raise AssertionError(f"the worker did not start:\n{log_path.read_text()}")
-        time.sleep(0.05)
-    return worker
-
-
 def test_dag_runs_hand_their_units_to_one_worker_that_keeps_its_engine(
     test_dags, place, tmp_path, monkeypatch, caplog
 ):
@@ -53,7 +33,7 @@ def test_dag_runs_hand_their_units_to_one_worker_that_keeps_its_engine(
     socket_path = tmp_path / "worker" / "units.sock"
     worker_log = tmp_path / "worker.log"
     monkeypatch.setenv("AIRFLOW__DBSPARK__WORKER_SOCKET", str(socket_path))
-    worker = start_worker(socket_path, worker_log)
+    worker = LocalUnitWorker(socket_path, worker_log).start()
     columns = ["word", "__w"]
     batches = [
         [("a", 1), ("b", 2)],
@@ -79,8 +59,7 @@ def test_dag_runs_hand_their_units_to_one_worker_that_keeps_its_engine(
         # One engine served every unit of the three epochs.
         assert worker_log.read_text().count("an engine for circuit word_count") == 1
     finally:
-        worker.terminate()
-        worker.wait(timeout=30)
+        worker.stop()
 
     # With the worker gone, the tasks run their units themselves, and say so.
     assert not socket_path.exists()
@@ -101,7 +80,7 @@ def test_bad_input_fails_at_once_through_the_worker(test_dags, place, tmp_path, 
     dag = test_dags["test_word_count"]
     socket_path = tmp_path / "worker" / "units.sock"
     monkeypatch.setenv("AIRFLOW__DBSPARK__WORKER_SOCKET", str(socket_path))
-    worker = start_worker(socket_path, tmp_path / "worker.log")
+    worker = LocalUnitWorker(socket_path, tmp_path / "worker.log").start()
     try:
         partition = place.landing.partition("words", day(0))
         partition.mkdir(parents=True)
@@ -111,10 +90,9 @@ def test_bad_input_fails_at_once_through_the_worker(test_dags, place, tmp_path, 
         assert state == "failed" and tasks[("ingest.words", -1)] == "failed", tasks
         logs = capfd.readouterr().out
         assert "line 2: byte 11 of the line is not UTF-8" in logs
-        assert worker.poll() is None  # the worker goes on serving
+        assert worker.running  # the worker goes on serving
     finally:
-        worker.terminate()
-        worker.wait(timeout=30)
+        worker.stop()
 
 
 def test_only_a_private_socket_of_this_user_is_trusted(tmp_path: Path) -> None:
