@@ -505,3 +505,185 @@ def test_export_a_sql_view_over_typed_columns(spark: Any, tmp_path: Path) -> Non
         ]
     )
     serving.engine.dispose()
+
+
+# ==================================================================================== rebuilds
+def feed_zset(root: Path, circuit: str, view: str, schema: Schema, epoch: int) -> ZSet:
+    """The change feed summed up to ``epoch`` as a reader adds it up: the changes of
+    epochs ``0..epoch`` and the corrections of epochs up to it."""
+    from dbspark.orchestration.sinks.files import exported_corrections, read_correction
+
+    total = ZSet()
+    for e in range(epoch + 1):
+        feed = output_dir(root, circuit, view, "changes", e)
+        total = total + ZSet(read_change_rows(feed, schema))
+    for correction in exported_corrections(root, circuit, view):
+        if correction.epoch <= epoch:
+            rows = read_correction(correction, schema).to_pylist()
+            total = total + ZSet((tuple(r[n] for n in schema.names), r["__w"]) for r in rows)
+    return total
+
+
+def damage(engine: Any, spark: Any, epoch: int, tag: str, weight: int) -> None:
+    """A bogus row in the engine's view at ``epoch``, as a bug in an operator would leave."""
+    rows = spark.createDataFrame([(tag, weight, epoch)], "tag string, __w bigint, __epoch bigint")
+    record = engine.traces.write("view.tags", rows, (epoch,))
+    engine.catalog.commit("tags", f"damage-{uuid.uuid4().hex[:6]}", (epoch,), [record])
+
+
+def test_a_rebuild_corrects_each_output_against_what_it_holds(spark: Any, tmp_path: Path) -> None:
+    from deltalake import DeltaTable
+
+    from dbspark.engine.spark.executor import SparkEngine
+    from dbspark.orchestration.sinks.export import correct_views
+    from dbspark.orchestration.sinks.files import exported_corrections
+    from dbspark.orchestration.sinks.serving import catch_up, reconcile_with_tables
+
+    engine = SparkEngine(tags(), tmp_path / "wh", spark=spark)
+    root = tmp_path / "out"
+    serving = ServingTarget(f"sqlite:///{tmp_path / 'serving.db'}")
+    behind = ServingTarget(f"sqlite:///{tmp_path / 'behind.db'}")
+    schema = engine.circuit.node(engine.circuit.views["tags"]).schema
+    table = table_path(root, "tags", "tags")
+    run_and_export(engine, 0, {"items": [[("a", 1), 1], [("b", 1), 1]]}, main={"root": root})
+    catch_up(behind, "tags", {"tags": schema}, root, 0)
+
+    # Epoch 1 publishes a wrong change: a bogus row reaches the engine's view between
+    # publish and export, so the feed and the table get it too.
+    checked = engine.check_batch("items", [[("c", 1), 1]])
+    assert engine.open_epoch(1)
+    engine.ingest("items", 1, checked)
+    for stage in engine.plan.stages_in_scope(0):
+        if engine.circuit.node(stage.anchor).op != "zset_source":
+            engine.run_stage(stage.id, (1,))
+    engine.publish(1)
+    damage(engine, spark, 1, "zebra", 2)
+    export_epoch(engine, 1, root=root)
+    engine.close_epoch(1)
+    catch_up(serving, "tags", {"tags": schema}, root, 1)
+    right = ZSet([(("a",), 1), (("b",), 1), (("c",), 1)])
+    wrong = right + ZSet([(("zebra",), 2)])
+    assert table_zset(read_table(table), schema) == wrong
+    assert ZSet(serving.contents("tags", "tags", schema)) == wrong
+
+    engine.rebuild("tags")
+    assert engine.view("tags") == right
+    [item] = correct_views(engine, ["tags"], root=root, serving=serving).values()
+    assert item.changed and item.correction is not None and item.table is not None
+    assert (item.correction.name, item.correction.epoch, item.correction.rows) == (
+        "rebuild=1",
+        1,
+        1,
+    )
+    assert (item.correction.inserted, item.correction.deleted) == (0, 2)
+    assert (item.table.deleted, item.serving.deleted) == (1, 1)
+    assert "correction of epoch 1: +0/-2 in 1 rows" in item.describe()
+    # The table holds the rebuilt view, as of epoch 1 too; its epochs keep their versions.
+    assert table_zset(read_table(table), schema) == right
+    assert table_zset(read_table(table, 1), schema) == right
+    assert table_zset(read_table(table, 0), schema) == ZSet([(("a",), 1), (("b",), 1)])
+    assert table_versions(table) == {0: 0, 1: 1}
+    assert DeltaTable(str(table)).history(1)[0]["dbspark.corrected_epoch"] == 1
+    assert spark_zset(spark, table, schema) == right
+    # A reader of the feed adds the correction to the changes.
+    assert feed_zset(root, "tags", "tags", schema, 1) == right
+    # The serving table at the epoch holds the rebuilt view, and its catch-up does not
+    # apply the feed's correction again; one behind applies it after the changes.
+    assert ZSet(serving.contents("tags", "tags", schema)) == right
+    assert serving.corrections_applied("tags") == {"rebuild=1"}
+    catch_up(serving, "tags", {"tags": schema}, root, 1)
+    assert ZSet(serving.contents("tags", "tags", schema)) == right
+    catch_up(behind, "tags", {"tags": schema}, root, 1)
+    assert ZSet(behind.contents("tags", "tags", schema)) == right
+    assert behind.corrections_applied("tags") == {"rebuild=1"}
+
+    # Done again, nothing more is written: every output holds the rebuilt view.
+    [again] = correct_views(engine, ["tags"], root=root, serving=serving).values()
+    assert not again.changed and (again.serving.inserted, again.serving.deleted) == (0, 0)
+    assert len(exported_corrections(root, "tags", "tags")) == 1
+
+    # The engine wrong this time, the outputs right: the rebuild repairs the engine only.
+    damage(engine, spark, 1, "b", 1)
+    engine.rebuild("tags")
+    assert not correct_views(engine, ["tags"], root=root)["tags"].changed
+
+    # A row lost from the table and from the serving table behind dbspark's back: each
+    # is repaired, the feed (which was right) takes no correction.
+    DeltaTable(str(table)).delete("tag = 'c'")
+    with serving.engine.begin() as conn:
+        conn.exec_driver_sql("DELETE FROM dbspark_tags WHERE tag = 'a'")
+    engine.rebuild("tags")
+    [item] = correct_views(engine, ["tags"], root=root, serving=serving).values()
+    assert item.correction is None and item.table is not None and item.table.inserted == 1
+    assert item.serving is not None and item.serving.inserted == 1
+    assert table_zset(read_table(table), schema) == right
+    assert ZSet(serving.contents("tags", "tags", schema)) == right
+    assert len(exported_corrections(root, "tags", "tags")) == 1
+    # The serve task's way, after a DAG run's rebuild: from the corrected table.
+    with serving.engine.begin() as conn:
+        conn.exec_driver_sql("UPDATE dbspark_tags SET __w = 5 WHERE tag = 'b'")
+    [repaired] = reconcile_with_tables(serving, "tags", {"tags": schema}, root, 1).values()
+    assert (repaired.inserted, repaired.updated, repaired.deleted) == (0, 1, 0)
+    assert ZSet(serving.contents("tags", "tags", schema)) == right
+    assert reconcile_with_tables(behind, "tags", {"tags": schema}, root, 0) == {"tags": None}
+
+    # Later epochs go on from the corrected outputs.
+    run_and_export(engine, 2, {"items": [[("a", 1), -1]]}, main={"root": root})
+    catch_up(serving, "tags", {"tags": schema}, root, 2)
+    after = ZSet([(("b",), 1), (("c",), 1)])
+    assert engine.view("tags") == after
+    assert table_zset(read_table(table), schema) == after
+    assert table_zset(read_table(table, 1), schema) == right
+    assert feed_zset(root, "tags", "tags", schema, 2) == after
+    assert ZSet(serving.contents("tags", "tags", schema)) == after
+    # A serving table loaded from the table holds the feed's corrections already.
+    fresh = ServingTarget(f"sqlite:///{tmp_path / 'fresh.db'}")
+    [loaded] = catch_up(fresh, "tags", {"tags": schema}, root, 2).values()
+    assert loaded.initialized and fresh.corrections_applied("tags") == {"rebuild=1"}
+    assert ZSet(fresh.contents("tags", "tags", schema)) == after
+    for target in (serving, behind, fresh):
+        target.engine.dispose()
+
+
+def test_a_rebuild_while_an_epoch_is_open_corrects_outputs_that_already_hold_it(
+    spark: Any, tmp_path: Path
+) -> None:
+    from dbspark.engine.spark.executor import SparkEngine
+    from dbspark.orchestration.sinks.export import rebuild_views
+
+    engine = SparkEngine(tags(), tmp_path / "wh", spark=spark)
+    root = tmp_path / "out"
+    schema = engine.circuit.node(engine.circuit.views["tags"]).schema
+    table = table_path(root, "tags", "tags")
+    # Epoch 0 publishes a bogus row; epoch 1 is published and exported, not yet closed.
+    checked = engine.check_batch("items", [[("a", 1), 1]])
+    assert engine.open_epoch(0)
+    engine.ingest("items", 0, checked)
+    for stage in engine.plan.stages_in_scope(0):
+        if engine.circuit.node(stage.anchor).op != "zset_source":
+            engine.run_stage(stage.id, (0,))
+    engine.publish(0)
+    damage(engine, spark, 0, "zebra", 1)
+    export_epoch(engine, 0, root=root)
+    engine.close_epoch(0)
+    checked = engine.check_batch("items", [[("b", 1), 1]])
+    assert engine.open_epoch(1)
+    engine.ingest("items", 1, checked)
+    for stage in engine.plan.stages_in_scope(0):
+        if engine.circuit.node(stage.anchor).op != "zset_source":
+            engine.run_stage(stage.id, (1,))
+    engine.publish(1)
+    export_epoch(engine, 1, root=root)
+    assert table_versions(table) == {0: 0, 1: 1}
+
+    rows, first = rebuild_views(engine, ["tags"], root=root)
+    assert first["tags"].correction.epoch == 0 and first["tags"].table is not None
+    rows, corrected = rebuild_views(engine, ["tags"], root=root)
+    assert rows == {"tags": 1} and not corrected["tags"].changed  # done once
+    engine.close_epoch(1)
+    view = ZSet([(("a",), 1), (("b",), 1)])
+    assert engine.view("tags") == view
+    assert table_zset(read_table(table), schema) == view
+    assert table_zset(read_table(table, 1), schema) == view
+    assert feed_zset(root, "tags", "tags", schema, 1) == view
+    assert feed_zset(root, "tags", "tags", schema, 0) == ZSet([(("a",), 1)])

@@ -87,3 +87,22 @@ def view_name(collection: str) -> str | None:
 def is_input_log(collection: str) -> bool:
     parsed = parse(collection)
     return parsed is not None and parsed.kind == "input"
+
+
+# --- the catalog's names of rebuild commits ---------------------------------------------
+REBUILD_PREFIX = "rebuild:"
+_REBUILD_BY = ";by="
+
+
+def rebuild_stage(view_name: str, token: str, by: str | None = None) -> str:
+    """The stage a rebuild of ``view_name`` commits as: ``rebuild:view.<name>@<token>``,
+    and ``;by=<who>`` when something named asked (a DAG run: ``dag_id/run_id``)."""
+    stage = f"{REBUILD_PREFIX}{view(view_name)}@{token}"
+    return stage if by is None else f"{stage}{_REBUILD_BY}{by}"
+
+
+def rebuild_by(stage: str) -> str | None:
+    """Who asked for the rebuild committed as ``stage`` (None: not a rebuild, or unnamed)."""
+    if not stage.startswith(REBUILD_PREFIX) or _REBUILD_BY not in stage:
+        return None
+    return stage.split(_REBUILD_BY, 1)[1]

@@ -238,8 +238,10 @@ class Views:
                 history[at][name].append(row)
         return history
 
-    def rebuild(self, name: str) -> int:
+    def rebuild(self, name: str, *, by: str | None = None) -> int:
         """Replace a view's published contents with its full refresh; returns its rows.
+        ``by`` names who asked (``coll.rebuild_stage``: a DAG run's rebuild task), for the
+        catalog's record of the commit.
 
         The refresh is as of the last committed epoch, so it replaces the batches of that
         epoch and before only: an open epoch's published change (its publish ran, its
@@ -251,7 +253,7 @@ class Views:
         record = self.traces.write(coll.view(name), fresh, (epoch,))
         replaced = self.catalog.batches(self.circuit.name, coll.view(name), max_epoch=epoch)
         old = [r.id for r in replaced if r.id]
-        stage = f"rebuild:view.{name}@{uuid.uuid4().hex[:8]}"
+        stage = coll.rebuild_stage(name, uuid.uuid4().hex[:8], by)
         self.catalog.commit(
             self.circuit.name, stage, (epoch,), [record] if record else [], supersede=old
         )

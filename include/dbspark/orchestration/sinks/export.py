@@ -13,28 +13,42 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dbspark.core.columns import WEIGHT
+from dbspark.core.columns import COPIES, WEIGHT
+from dbspark.core.types import Schema
 from dbspark.orchestration.sinks.files import (
     CHANGES,
+    CorrectionExport,
     DirectoryExport,
     ExportError,
+    arrow_rows,
     change_rows,
     export_changes,
+    export_correction,
     export_snapshot,
+    exported_corrections,
+    feed_complete,
+    feed_view,
+    output_dir,
     read_change_rows,
+    read_marker,
+    weighted_difference,
 )
 from dbspark.orchestration.sinks.serving import ServingResult, ServingTarget
 from dbspark.orchestration.sinks.tables import (
     TableCommit,
     TableSettings,
+    correct_table,
     publish_table,
+    read_table,
+    table_epoch,
+    table_exists,
     table_path,
 )
 
@@ -169,3 +183,181 @@ def _publish_table(
         interval=engine.catalog.epoch_labels(circuit).get(epoch),
         settings=settings,
     )
+
+
+# ==================================================================================== rebuilds
+@dataclass
+class ViewCorrection:
+    """What a rebuild at ``epoch`` changed in a view's outputs: the change feed's
+    correction, the table's correction commit and the serving table's (each None where
+    that output already held the rebuilt view, or is not there)."""
+
+    view: str
+    epoch: int
+    correction: CorrectionExport | None = None
+    table: TableCommit | None = None
+    serving: ServingResult | None = None
+
+    @property
+    def changed(self) -> bool:
+        return self.correction is not None or self.table is not None
+
+    def summary(self) -> dict[str, Any]:
+        """Flat JSON values for a task's result and an asset event's ``extra``."""
+        feed, table = self.correction, self.table
+        return {
+            "correction": str(feed.path) if feed else None,
+            "rows_inserted": feed.inserted if feed else 0,
+            "rows_deleted": feed.deleted if feed else 0,
+            "table": str(table.path) if table else None,
+            "table_version": table.version if table else None,
+            "table_rows_inserted": table.inserted if table else 0,
+            "table_rows_updated": table.updated if table else 0,
+            "table_rows_deleted": table.deleted if table else 0,
+        }
+
+    def describe(self) -> str:
+        parts = [
+            part.describe()
+            for part in (self.correction, self.table, self.serving)
+            if part is not None
+        ]
+        if not parts:
+            return f"{self.view}: its outputs held the rebuilt view of epoch {self.epoch}"
+        return f"{self.view}: " + "; ".join(parts)
+
+
+def rebuild_views(
+    engine: SparkEngine,
+    views: Collection[str],
+    *,
+    root: str | os.PathLike[str],
+    tables: TableSettings | None = DEFAULT_TABLES,
+    serving: ServingTarget | None = None,
+    by: str | None = None,
+) -> tuple[dict[str, int], dict[str, ViewCorrection]]:
+    """``engine.rebuild`` each of ``views`` (``by``: who asked), then correct their outputs
+    under ``root`` (:func:`correct_views`). Returns the rebuilt views' rows and what
+    changed in their outputs. A view whose change feed lacks early changes is read first:
+    what the engine held before the rebuild is what that feed sums to."""
+    circuit = engine.circuit.name
+    epoch = engine.last_committed_epoch()
+    before = {}
+    for view in views:
+        if not feed_complete(root, circuit, view, epoch):
+            small = engine.view_table(view, epoch)
+            before[view] = small if small is not None else engine.view_frame(view, epoch).toArrow()
+    rows = {view: engine.rebuild(view, by=by) for view in views}  # the engine logs each
+    corrected = correct_views(
+        engine, views, root=root, tables=tables, serving=serving, before=before
+    )
+    return rows, corrected
+
+
+def correct_views(
+    engine: SparkEngine,
+    views: Collection[str],
+    *,
+    root: str | os.PathLike[str],
+    tables: TableSettings | None = DEFAULT_TABLES,
+    serving: ServingTarget | None = None,
+    before: Mapping[str, pa.Table] | None = None,
+) -> dict[str, ViewCorrection]:
+    """After ``engine.rebuild`` of ``views``: make each output of each view hold the
+    rebuilt view as of the last committed epoch, each compared with itself, so a rebuild
+    repairs whichever side was wrong (the engine's state, or an output changed behind
+    its back) and changes nothing where they agree:
+
+    - the table takes one commit of the rebuilt view minus the table
+      (``tables.correct_table``);
+    - the change feed takes a correction directory of the rebuilt view minus what the
+      feed sums to (``files.export_correction``). When retention has removed early
+      changes, the feed's sum is taken to be the view the engine held before the
+      rebuild (``before``, which published every change the feed holds), or else the
+      table as it was;
+    - a serving table at that epoch is made equal to the rebuilt view in one
+      transaction (``ServingTarget.reconcile``); one behind takes the feed's
+      corrections after the changes, at its catch-up.
+
+    A retry computes each difference again, so an output done before a failure is
+    not corrected twice."""
+    circuit = engine.circuit.name
+    epoch = engine.last_committed_epoch()
+    corrected = {}
+    for view in views:
+        schema = engine.circuit.node(engine.circuit.views[view]).schema
+        small = engine.view_table(view, epoch)
+        rebuilt = small if small is not None else engine.view_frame(view, epoch).toArrow()
+        item = ViewCorrection(view, epoch)
+        corrected[view] = item
+        held_by_table = None
+        if tables is not None:
+            path = table_path(tables.location or root, circuit, view)
+            if table_exists(path, storage_options=tables.options):
+                held_by_table = _table_as_of(root, path, tables, circuit, view, schema, epoch)
+                difference = weighted_difference(rebuilt, held_by_table, schema)
+                if len(difference):
+                    item.table = correct_table(
+                        path,
+                        circuit=circuit,
+                        view=view,
+                        schema=schema,
+                        epoch=epoch,
+                        rows=difference,
+                        settings=tables,
+                    )
+        held_by_feed = feed_view(root, circuit, view, schema, epoch)
+        if held_by_feed is None:
+            held_by_feed = (before or {}).get(view, held_by_table)
+        if held_by_feed is None:
+            raise ExportError(
+                f"view {view!r} of circuit {circuit!r} has no table, and its change feed "
+                f"lacks early epochs (pruned, or never exported): what the feed holds as "
+                f"of epoch {epoch} is unknown, so its correction cannot be computed"
+            )
+        difference = weighted_difference(rebuilt, held_by_feed, schema)
+        if len(difference):
+            item.correction = export_correction(root, circuit, view, schema, epoch, difference)
+        if serving is not None and serving.serves(view):
+            known = [(c.name, c.epoch) for c in exported_corrections(root, circuit, view)]
+            item.serving = serving.reconcile(
+                circuit, view, schema, epoch, arrow_rows(rebuilt, schema), corrections=known
+            )
+        log.info("%s", item.describe())
+    return corrected
+
+
+def _table_as_of(
+    root: str | os.PathLike[str],
+    path: str | os.PathLike[str],
+    tables: TableSettings,
+    circuit: str,
+    view: str,
+    schema: Schema,
+    epoch: int,
+) -> pa.Table:
+    """What the table at ``path`` holds of the view as of ``epoch``, corrections included
+    (the view's columns and ``__w``): its latest version minus the changes of the later
+    epochs it holds (an open epoch already published), which it applied from their change
+    directories. Not the version of the epoch: a correction committed after a later
+    epoch's version belongs to it too."""
+    options = tables.options
+    latest = read_table(path, storage_options=options)
+    names = [*schema.names, WEIGHT]
+    held = latest.select([*schema.names, COPIES]).rename_columns(names)
+    later = range(epoch + 1, (table_epoch(path, circuit, view, storage_options=options) or 0) + 1)
+    changes = []
+    for e in later:
+        directory = output_dir(root, circuit, view, CHANGES, e)
+        if read_marker(directory) is None:
+            raise ExportError(
+                f"the table of view {view!r} at {path} holds epoch {e}, whose change "
+                f"directory {directory} is not complete: the table's view as of epoch "
+                f"{epoch} cannot be told, so no correction can be computed"
+            )
+        changes.append(pq.read_table(directory, columns=names))
+    if not changes:
+        return held
+    # Subtract: the later changes negated, summed with the latest rows.
+    later_total = pa.concat_tables([c.cast(changes[0].schema) for c in changes])
+    return weighted_difference(held, later_total, schema)

@@ -12,7 +12,15 @@
     differs from "not exported yet". Summing ``__w`` per row over epochs
     ``0..n`` gives the snapshot of epoch ``n``.
 
-Both directories are published atomically: Spark writes into a hidden sibling
+``<root>/<circuit>/<view>/corrections/rebuild=<n>/``
+    a rebuild's correction (``correct_views`` in ``export.py``): the rows by which the
+    rebuilt view differs from what the feed summed to, signed as a change is, with the
+    epoch it corrects in its marker; the view's ``n``-th. A correction of epoch ``e``
+    belongs to the view as of ``e`` and every later epoch, so the changes of epochs
+    ``0..n`` and the corrections of epochs up to ``n`` sum to the view as of ``n``
+    (:func:`feed_view`).
+
+All of them are published atomically: Spark writes into a hidden sibling
 (``.epoch=<n>.tmp-<id>``, which Spark and Arrow readers skip), a ``_dbspark.json``
 marker (epoch, rows, columns) is added, and one ``rename`` makes data and marker
 visible together. A directory with its marker is complete, so a retried task skips
@@ -34,6 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from dbspark.core.columns import WEIGHT
@@ -49,6 +58,7 @@ MARKER = "_dbspark.json"
 SNAPSHOT = "snapshot"
 CHANGES = "changes"
 KINDS = (SNAPSHOT, CHANGES)
+CORRECTIONS = "corrections"
 
 #: One row of a view in schema order, and its weight (a multiplicity or a change).
 WeightedRow = tuple[tuple[Any, ...], int]
@@ -185,6 +195,139 @@ def _publish_dir(
         return False, content
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+# ==================================================================================== corrections
+@dataclass(frozen=True)
+class CorrectionExport:
+    """One complete correction directory and what its marker says."""
+
+    path: Path
+    number: int
+    epoch: int
+    rows: int
+    inserted: int
+    deleted: int
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    def describe(self) -> str:
+        return (
+            f"correction of epoch {self.epoch}: +{self.inserted}/-{self.deleted} in "
+            f"{self.rows} rows -> {self.path}"
+        )
+
+
+def corrections_dir(root: str | os.PathLike[str], circuit: str, view: str) -> Path:
+    return Path(root) / circuit / view / CORRECTIONS
+
+
+def exported_corrections(
+    root: str | os.PathLike[str], circuit: str, view: str
+) -> list[CorrectionExport]:
+    """The complete corrections of ``view``, oldest first."""
+    base = corrections_dir(root, circuit, view)
+    if not base.is_dir():
+        return []
+    found = []
+    for child in base.iterdir():
+        marker = read_marker(child) if child.name.startswith("rebuild=") else None
+        if marker is None:
+            continue
+        found.append(
+            CorrectionExport(
+                child,
+                int(child.name.removeprefix("rebuild=")),
+                int(marker["epoch"]),
+                int(marker["rows"]),
+                int(marker.get("inserted", 0)),
+                int(marker.get("deleted", 0)),
+            )
+        )
+    return sorted(found, key=lambda c: c.number)
+
+
+def export_correction(
+    root: str | os.PathLike[str],
+    circuit: str,
+    view: str,
+    schema: Schema,
+    epoch: int,
+    rows: pa.Table,
+) -> CorrectionExport:
+    """Write ``rows`` (the view's columns and ``__w``) as the view's next correction, of
+    ``epoch``, atomically."""
+    columns = [*schema.names, WEIGHT]
+    number = 1 + max((c.number for c in exported_corrections(root, circuit, view)), default=0)
+    path = corrections_dir(root, circuit, view) / f"rebuild={number}"
+    weights = rows.column(WEIGHT).to_pylist()
+    marker = {
+        **_marker(circuit, view, CHANGES, epoch, schema),
+        "kind": CORRECTIONS,
+        "rebuild": number,
+        "inserted": sum(w for w in weights if w > 0),
+        "deleted": -sum(w for w in weights if w < 0),
+    }
+    _publish_dir(path, lambda tmp: _write_frame(rows, columns, tmp), marker)
+    (done,) = [c for c in exported_corrections(root, circuit, view) if c.path == path]
+    return done
+
+
+def read_correction(correction: CorrectionExport, schema: Schema) -> pa.Table:
+    """The correction's rows: the view's columns and ``__w``."""
+    return pq.read_table(correction.path, columns=[*schema.names, WEIGHT])
+
+
+def feed_complete(root: str | os.PathLike[str], circuit: str, view: str, epoch: int) -> bool:
+    """Whether the change directories of epochs ``0..epoch`` of ``view`` are all there."""
+    exported = set(exported_epochs(root, circuit, view, CHANGES))
+    return all(e in exported for e in range(epoch + 1))
+
+
+def feed_view(
+    root: str | os.PathLike[str], circuit: str, view: str, schema: Schema, epoch: int
+) -> pa.Table | None:
+    """The view as of ``epoch`` as the feed gives it, summed: the changes of epochs
+    ``0..epoch`` and the corrections of epochs up to it (the view's columns and ``__w``,
+    not consolidated); None when a change directory is missing (pruned by retention)."""
+    if not feed_complete(root, circuit, view, epoch):
+        return None
+    columns = [*schema.names, WEIGHT]
+    parts = [
+        pq.read_table(output_dir(root, circuit, view, CHANGES, e), columns=columns)
+        for e in range(epoch + 1)
+    ]
+    parts += [
+        read_correction(c, schema)
+        for c in exported_corrections(root, circuit, view)
+        if c.epoch <= epoch
+    ]
+    # Spark and Arrow wrote the directories: the same columns, perhaps not the same types.
+    return pa.concat_tables([part.cast(parts[0].schema) for part in parts])
+
+
+def weighted_difference(new: pa.Table, old: pa.Table, schema: Schema) -> pa.Table:
+    """``new - old``, both the view's columns and ``__w``: per distinct row the weight
+    it gains (positive) or loses (negative), rows of no change left out."""
+    columns = [*schema.names, WEIGHT]
+    new, old = new.select(columns), old.select(columns).cast(new.select(columns).schema)
+    negated = old.set_column(len(columns) - 1, WEIGHT, pc.negate(old.column(WEIGHT)))
+    both = pa.concat_tables([new, negated])
+    try:
+        summed = both.group_by(list(schema.names), use_threads=False).aggregate([(WEIGHT, "sum")])
+        summed = summed.rename_columns([*schema.names, WEIGHT]).select(columns)
+        return summed.filter(pc.not_equal(summed.column(WEIGHT), 0)).cast(new.schema)
+    except (pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        # Arrays among the columns: Arrow does not group by them.
+        totals: dict[tuple[Any, ...], int] = {}
+        for row, weight in arrow_rows(both, schema):
+            totals[row] = totals.get(row, 0) + weight
+        kept = [(row, w) for row, w in totals.items() if w != 0]
+        data = {name: [row[i] for row, _ in kept] for i, name in enumerate(schema.names)}
+        data[WEIGHT] = [w for _, w in kept]
+        return pa.table(data, schema=new.schema)
 
 
 def prune_exports(

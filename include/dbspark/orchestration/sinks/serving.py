@@ -43,8 +43,11 @@ from dbspark.core.types import (
 from dbspark.orchestration.sinks.files import (
     CHANGES,
     WeightedRow,
+    arrow_rows,
+    exported_corrections,
     output_dir,
     read_change_rows,
+    read_correction,
     read_marker,
 )
 from dbspark.orchestration.sinks.tables import TableSettings, table_path, table_rows
@@ -57,6 +60,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("dbspark.outputs")
 
 SERVING_EPOCHS_TABLE = "dbspark_serving_epochs"
+#: The rebuilds' corrections each serving table holds (``corrections/`` in ``files.py``).
+SERVING_CORRECTIONS_TABLE = "dbspark_serving_corrections"
 
 
 class ServingError(RuntimeError):
@@ -89,9 +94,18 @@ class ServingResult:
     inserted: int = 0
     updated: int = 0
     deleted: int = 0
+    correction: str | None = None  # a rebuild's correction (``rebuild=<n>``) of ``epoch``
 
     def describe(self) -> str:
         table = f"serving table {self.table}" + (f" in {self.database}" if self.database else "")
+        if self.correction is not None:
+            what = f"correction {self.correction} of epoch {self.epoch}"
+            if self.skipped:
+                return f"{table} already holds {what}"
+            return (
+                f"{table} took {what}: {self.inserted} inserted, {self.updated} updated, "
+                f"{self.deleted} deleted"
+            )
         if self.skipped:
             return f"{table} already at epoch {self.epoch}"
         if self.initialized:
@@ -224,6 +238,7 @@ class ServingTarget:
     prefix: str = "dbspark_"
     views: Collection[str] | None = None
     epochs_table: str = SERVING_EPOCHS_TABLE
+    corrections_table: str = SERVING_CORRECTIONS_TABLE
     index: bool = True
     _engine: Engine | None = field(default=None, init=False, repr=False)
     _tables: dict[str, sa.Table] = field(default_factory=dict, init=False, repr=False)
@@ -238,6 +253,14 @@ class ServingTarget:
             sa.Column("view", sa.String(200), nullable=False),
             sa.Column("epoch", sa.BigInteger, nullable=False),
             sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+        )
+        self._corrections = sa.Table(
+            self.corrections_table,
+            self._metadata,
+            sa.Column("table_name", sa.String(200), primary_key=True),
+            sa.Column("correction", sa.String(200), primary_key=True),
+            sa.Column("epoch", sa.BigInteger, nullable=False),
+            sa.Column("applied_at", sa.DateTime(timezone=True), nullable=False),
         )
 
     # --- naming -------------------------------------------------------------------------
@@ -271,7 +294,9 @@ class ServingTarget:
         )
         if self.index:
             sa.Index(f"ix_{name}"[:63], *(table.c[n] for n in schema.names))
-        self._metadata.create_all(self.engine, tables=[self._epochs, table], checkfirst=True)
+        self._metadata.create_all(
+            self.engine, tables=[self._epochs, self._corrections, table], checkfirst=True
+        )
         found = {c["name"] for c in sa.inspect(self.engine).get_columns(name)}
         wanted = {*schema.names, WEIGHT}
         if found != wanted:
@@ -352,12 +377,6 @@ class ServingTarget:
         table = self.table(circuit, view, schema)
         name = table.name
         result = ServingResult(name, epoch, self.database)
-        deltas: dict[tuple[Any, ...], tuple[list[Any], int]] = {}
-        for row, weight in change:
-            values = [_to_sql(v, t) for v, t in zip(row, schema.types, strict=True)]
-            key = _key(values)
-            old = deltas.get(key, (values, 0))[1]
-            deltas[key] = (values, old + int(weight))
         with self.engine.begin() as conn:
             # Compare-and-set on the bookkeeping row first: it takes the row's lock, so a
             # concurrent attempt at the same epoch waits and then finds it applied.
@@ -374,34 +393,117 @@ class ServingTarget:
                     result.skipped = True
                     return result
                 raise ServingEpochError(name, int(at), epoch)
-            changes = [(values, d) for values, d in deltas.values() if d != 0]
-            old = _lookup(conn, table, schema.names, [values for values, _ in changes])
-            inserts, updates, deletes = [], [], []
-            for values, delta in changes:
-                before = old.get(_key(values), 0)
-                after = before + delta
-                if after < 0:
-                    raise ServingError(
-                        f"serving table {name!r} at epoch {epoch - 1} holds row {values} "
-                        f"{before} times; epoch {epoch} deletes {-delta}: the table is out "
-                        f"of sync, reload it with initialize_serving"
-                    )
-                if before == 0:
-                    inserts.append((values, after))
-                elif after == 0:
-                    deletes.append(values)
-                else:
-                    updates.append((values, after))
-            names = list(schema.names)
-            if inserts:
-                conn.execute(
-                    sa.insert(table),
-                    [{**dict(zip(names, v, strict=True)), WEIGHT: w} for v, w in inserts],
-                )
-            _by_pattern(conn, table, names, updates, update=True)
-            _by_pattern(conn, table, names, [(v, 0) for v in deletes], update=False)
-        result.inserted, result.updated, result.deleted = len(inserts), len(updates), len(deletes)
+            counts = _apply_rows(conn, table, schema, change, f"epoch {epoch}", epoch - 1)
+        result.inserted, result.updated, result.deleted = counts
         return result
+
+    def apply_correction(
+        self,
+        circuit: str,
+        view: str,
+        schema: Schema,
+        correction: str,
+        epoch: int,
+        change: Iterable[WeightedRow],
+    ) -> ServingResult:
+        """Apply a rebuild's correction of ``epoch`` (the change feed's ``correction``
+        directory) once, in one transaction with its row in the corrections table. The
+        table must be at ``epoch`` or later: a correction follows its epoch's change."""
+        table = self.table(circuit, view, schema)
+        name = table.name
+        result = ServingResult(name, epoch, self.database, correction=correction)
+        with self.engine.begin() as conn:
+            # The bookkeeping row's lock, as in apply: one applier at a time per table.
+            moved = conn.execute(
+                sa.update(self._epochs)
+                .where(self._epochs.c.table_name == name, self._epochs.c.epoch >= epoch)
+                .values(updated_at=datetime.now(UTC))
+            ).rowcount
+            if moved != 1:
+                raise ServingError(
+                    f"serving table {name!r} is behind epoch {epoch}: apply the epochs up to "
+                    f"it before its correction {correction}"
+                )
+            if self._applied_corrections(conn, name) & {correction}:
+                result.skipped = True
+                return result
+            self._record_corrections(conn, name, [(correction, epoch)])
+            at = f"correction {correction} of epoch {epoch}"
+            result.inserted, result.updated, result.deleted = _apply_rows(
+                conn, table, schema, change, at, None
+            )
+        return result
+
+    def reconcile(
+        self,
+        circuit: str,
+        view: str,
+        schema: Schema,
+        epoch: int,
+        rows: Iterable[WeightedRow],
+        *,
+        corrections: Iterable[tuple[str, int]] = (),
+    ) -> ServingResult | None:
+        """Make the serving table of ``view``, at ``epoch``, hold ``rows`` (a rebuilt view
+        as of ``epoch``), changing only the rows that differ, in one transaction that also
+        records ``corrections`` (name, epoch: the feed's, which the rows include) as
+        applied. None when the table is not at ``epoch``: its catch-up applies the feed's
+        corrections after its changes instead."""
+        table = self.table(circuit, view, schema)
+        name = table.name
+        result = ServingResult(name, epoch, self.database, correction="the rebuilt view")
+        with self.engine.begin() as conn:
+            moved = conn.execute(
+                sa.update(self._epochs)
+                .where(self._epochs.c.table_name == name, self._epochs.c.epoch == epoch)
+                .values(updated_at=datetime.now(UTC))
+            ).rowcount
+            if moved != 1:
+                return None
+            wanted: dict[tuple[Any, ...], tuple[list[Any], int]] = {}
+            for row, weight in rows:
+                values = [_to_sql(v, t) for v, t in zip(row, schema.types, strict=True)]
+                key = _key(values)
+                wanted[key] = (values, wanted.get(key, (values, 0))[1] + int(weight))
+            held = conn.execute(sa.select(*(table.c[n] for n in schema.names), table.c[WEIGHT]))
+            for record in held:
+                values = list(record[:-1])
+                key = _key(values)
+                wanted[key] = (values, wanted.get(key, (values, 0))[1] - int(record[-1]))
+            change = [
+                (tuple(_from_sql(v, t) for v, t in zip(values, schema.types, strict=True)), w)
+                for values, w in wanted.values()
+                if w != 0
+            ]
+            result.inserted, result.updated, result.deleted = _apply_rows(
+                conn, table, schema, change, "the rebuilt view", epoch
+            )
+            applied = self._applied_corrections(conn, name)
+            self._record_corrections(conn, name, [c for c in corrections if c[0] not in applied])
+        return result
+
+    def corrections_applied(self, view: str) -> set[str]:
+        """The corrections (``rebuild=<n>``) the serving table of ``view`` holds."""
+        if not sa.inspect(self.engine).has_table(self.corrections_table):
+            return set()
+        with self.engine.connect() as conn:
+            return self._applied_corrections(conn, self.table_name(view))
+
+    def _applied_corrections(self, conn: Connection, name: str) -> set[str]:
+        query = sa.select(self._corrections.c.correction).where(
+            self._corrections.c.table_name == name
+        )
+        return set(conn.execute(query).scalars())
+
+    def _record_corrections(
+        self, conn: Connection, name: str, corrections: Iterable[tuple[str, int]]
+    ) -> None:
+        rows = [
+            {"table_name": name, "correction": c, "epoch": e, "applied_at": datetime.now(UTC)}
+            for c, e in corrections
+        ]
+        if rows:
+            conn.execute(sa.insert(self._corrections), rows)
 
     def initialize(
         self,
@@ -412,9 +514,11 @@ class ServingTarget:
         rows: Iterable[WeightedRow],
         *,
         batch_size: int = 5000,
+        corrections: Iterable[tuple[str, int]] = (),
     ) -> ServingResult:
         """Replace the table's contents with a full snapshot at ``epoch`` (first use, or
-        recovery), in one transaction. ``rows`` is consumed as a stream, in batches."""
+        recovery), in one transaction. ``rows`` is consumed as a stream, in batches.
+        ``corrections`` (name, epoch) are the rebuilds' corrections the snapshot holds."""
         table = self.table(circuit, view, schema)
         name = table.name
         names = list(schema.names)
@@ -429,6 +533,8 @@ class ServingTarget:
             if moved != 1:
                 self._insert_bookkeeping(conn, name, circuit, view, epoch)
             conn.execute(sa.delete(table))
+            conn.execute(sa.delete(self._corrections).where(self._corrections.c.table_name == name))
+            self._record_corrections(conn, name, corrections)
             batch: list[dict[str, Any]] = []
             for row, weight in rows:
                 if weight == 0:
@@ -448,6 +554,52 @@ class ServingTarget:
                 conn.execute(sa.insert(table), batch)
                 total += len(batch)
         return ServingResult(name, epoch, self.database, initialized=True, inserted=total)
+
+
+def _apply_rows(
+    conn: Connection,
+    table: sa.Table,
+    schema: Schema,
+    change: Iterable[WeightedRow],
+    what: str,
+    before_epoch: int | None,
+) -> tuple[int, int, int]:
+    """Apply ``change`` (``what``: the epoch or correction it is) to the rows it touches:
+    a row's multiplicity becomes old + delta, a new row is inserted, a row reaching 0 is
+    deleted. Returns the rows inserted, updated and deleted."""
+    deltas: dict[tuple[Any, ...], tuple[list[Any], int]] = {}
+    for row, weight in change:
+        values = [_to_sql(v, t) for v, t in zip(row, schema.types, strict=True)]
+        key = _key(values)
+        deltas[key] = (values, deltas.get(key, (values, 0))[1] + int(weight))
+    changes = [(values, d) for values, d in deltas.values() if d != 0]
+    old = _lookup(conn, table, schema.names, [values for values, _ in changes])
+    inserts, updates, deletes = [], [], []
+    for values, delta in changes:
+        before = old.get(_key(values), 0)
+        after = before + delta
+        if after < 0:
+            at = "" if before_epoch is None else f" at epoch {before_epoch}"
+            raise ServingError(
+                f"serving table {table.name!r}{at} holds row {values} {before} times; "
+                f"{what} deletes {-delta}: the table is out of sync, reload it with "
+                f"initialize_serving"
+            )
+        if before == 0:
+            inserts.append((values, after))
+        elif after == 0:
+            deletes.append(values)
+        else:
+            updates.append((values, after))
+    names = list(schema.names)
+    if inserts:
+        conn.execute(
+            sa.insert(table),
+            [{**dict(zip(names, v, strict=True)), WEIGHT: w} for v, w in inserts],
+        )
+    _by_pattern(conn, table, names, updates, update=True)
+    _by_pattern(conn, table, names, [(v, 0) for v in deletes], update=False)
+    return len(inserts), len(updates), len(deletes)
 
 
 def _pattern(values: Sequence[Any]) -> tuple[bool, ...]:
@@ -538,21 +690,80 @@ def initialize_serving(
 ) -> dict[str, ServingResult]:
     """(Re)load serving tables from the whole view at ``epoch`` (default: the last
     committed one): the view's published Delta table under ``root`` (or
-    ``tables.location``) when ``root`` is given (one Arrow batch at a time), else the
-    engine's view (one Spark partition at a time)."""
+    ``tables.location``) when ``root`` is given (one Arrow batch at a time), with the
+    rebuilds' corrections that table holds; else the engine's view (one Spark partition
+    at a time), which a later ``catch_up`` from a change feed with corrections would
+    correct twice: load from the table where there is one."""
     circuit = engine.circuit.name
     epoch = engine.last_committed_epoch() if epoch is None else int(epoch)
     names = [n for n in (views or engine.circuit.views) if serving.serves(n)]
     results = {}
     for name in names:
         schema = engine.circuit.node(engine.circuit.views[name]).schema
+        held: list[tuple[str, int]] = []
         if root is not None:
             rows = _table_rows(root, tables, circuit, name, schema, epoch)
+            held = _corrections_in_table(root, circuit, name, epoch)
         else:
             rows = _stream(engine.view_frame(name, epoch), schema)
-        results[name] = serving.initialize(circuit, name, schema, epoch, rows)
+        results[name] = serving.initialize(circuit, name, schema, epoch, rows, corrections=held)
         log.info("%s", results[name].describe())
     return results
+
+
+def reconcile_with_tables(
+    serving: ServingTarget,
+    circuit: str,
+    schemas: dict[str, Schema],
+    root: str | os.PathLike[str],
+    epoch: int,
+    *,
+    tables: TableSettings | None = None,
+) -> dict[str, ServingResult | None]:
+    """After a rebuild of the views in ``schemas`` at ``epoch``: make each serving table
+    at ``epoch`` hold its view's table as of ``epoch`` (which the rebuild corrected),
+    changing only the rows that differ (``ServingTarget.reconcile``). None for a table
+    not at ``epoch``."""
+    results: dict[str, ServingResult | None] = {}
+    for view, schema in schemas.items():
+        if not serving.serves(view):
+            continue
+        rows = _table_rows(root, tables, circuit, view, schema, epoch)
+        held = _corrections_in_table(root, circuit, view, epoch)
+        results[view] = serving.reconcile(circuit, view, schema, epoch, rows, corrections=held)
+        if results[view] is not None:
+            log.info("%s", results[view].describe())
+    return results
+
+
+def _take_corrections(
+    serving: ServingTarget,
+    circuit: str,
+    view: str,
+    schema: Schema,
+    root: str | os.PathLike[str],
+    epoch: int,
+) -> None:
+    """Apply the rebuilds' corrections of epochs up to ``epoch`` (where the serving table
+    is) that the table does not hold yet, oldest first."""
+    applied = serving.corrections_applied(view)
+    for correction in exported_corrections(root, circuit, view):
+        if correction.name in applied or correction.epoch > epoch:
+            continue
+        rows = arrow_rows(read_correction(correction, schema), schema)
+        result = serving.apply_correction(
+            circuit, view, schema, correction.name, correction.epoch, rows
+        )
+        log.info("%s", result.describe())
+
+
+def _corrections_in_table(
+    root: str | os.PathLike[str], circuit: str, view: str, epoch: int
+) -> list[tuple[str, int]]:
+    """The feed's corrections of epochs up to ``epoch``: the view's table as of ``epoch``
+    holds what they correct (a rebuild corrects the table as it corrects the feed)."""
+    corrections = exported_corrections(root, circuit, view)
+    return [(c.name, c.epoch) for c in corrections if c.epoch <= epoch]
 
 
 def _table_rows(
@@ -627,6 +838,7 @@ def catch_up(
             at = serving.epoch_of(view)
             if at >= epoch:
                 results[view] = ServingResult(name, at, serving.database, skipped=True)
+                _take_corrections(serving, circuit, view, schema, root, at)
                 continue
             missing = range(at + 1, epoch + 1)
             feeds = [output_dir(root, circuit, view, CHANGES, e) for e in missing]
@@ -637,14 +849,20 @@ def catch_up(
             )
             if not replay:
                 rows = _table_rows(root, tables, circuit, view, schema, epoch)
-                results[view] = serving.initialize(circuit, view, schema, epoch, rows)
+                held = _corrections_in_table(root, circuit, view, epoch)
+                results[view] = serving.initialize(
+                    circuit, view, schema, epoch, rows, corrections=held
+                )
                 log.info("%s", results[view].describe())
-                continue
-            for e, feed in zip(missing, feeds, strict=True):
-                at = e - 1
-                result = serving.apply(circuit, view, schema, e, read_change_rows(feed, schema))
-                log.info("%s", result.describe())
-            results[view] = result
+            else:
+                for e, feed in zip(missing, feeds, strict=True):
+                    at = e - 1
+                    rows = read_change_rows(feed, schema)
+                    result = serving.apply(circuit, view, schema, e, rows)
+                    log.info("%s", result.describe())
+                results[view] = result
+            at = epoch
+            _take_corrections(serving, circuit, view, schema, root, epoch)
         except Exception as err:  # each view on its own; all reported together
             failures[view] = (
                 f"serving table {name!r} of view {view!r} in {serving.database}, at epoch "

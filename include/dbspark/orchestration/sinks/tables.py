@@ -20,6 +20,11 @@ protocol's idempotent-write action (``txn``: app id ``dbspark/<circuit>/<view>``
 = the epoch), in the same atomic commit as the data, and a publish whose epoch the table
 already holds skips. An epoch beyond the next is refused, naming what is missing.
 
+**A rebuild's correction is one more commit** (:func:`correct_table`): a merge of the
+rows by which the rebuilt view differs from the table, carrying
+``dbspark.corrected_epoch`` instead of an epoch. The view as of an epoch, the last
+version before the next epoch's commit, includes it.
+
 **The change feed** is the format's own (``delta.enableChangeDataFeed``): the merge
 writes each epoch's inserted, deleted and updated rows (pre- and post-image of
 ``__copies``) beside the data, read with ``DeltaTable.load_cdf``.
@@ -78,6 +83,8 @@ EPOCH_KEY = "dbspark.epoch"
 INTERVAL_KEY = "dbspark.interval"
 CIRCUIT_KEY = "dbspark.circuit"
 VIEW_KEY = "dbspark.view"
+#: On a rebuild's correction commit: the epoch it corrects (it carries no ``EPOCH_KEY``).
+CORRECTED_EPOCH_KEY = "dbspark.corrected_epoch"
 
 
 class TableError(RuntimeError):
@@ -371,6 +378,38 @@ def publish_table(
     if settings.maintain_every and epoch % settings.maintain_every == 0:
         result.maintenance = maintain_table(path, settings)
     log.info("view %s, epoch %s: %s", view, epoch, result.describe())
+    return result
+
+
+def correct_table(
+    path: TablePath,
+    *,
+    circuit: str,
+    view: str,
+    schema: Schema,
+    epoch: int,
+    rows: pa.Table,
+    settings: TableSettings | None = None,
+) -> TableCommit:
+    """Merge a rebuild's correction of ``epoch`` into the table: ``rows`` (the view's
+    columns and ``__w``) is the rebuilt view minus the table, so a retry that computes it
+    again after this commit finds nothing to merge."""
+    path = path if is_uri(path) else Path(path)
+    settings = settings or TableSettings()
+    metadata = CommitProperties(
+        custom_metadata={CIRCUIT_KEY: circuit, VIEW_KEY: view, CORRECTED_EPOCH_KEY: int(epoch)}
+    )
+    what = f"the rebuild's correction of view {view!r} at epoch {epoch}"
+    try:
+        table = _reopened(path, settings.options)
+        weighted = _weighted(rows, schema, what)
+        result = _merge(path, table, weighted, schema, metadata, view=view, epoch=epoch)
+    except (CommitFailedError, DeltaError, OSError) as err:
+        raise TableError(
+            f"could not commit {what} to its table at {path} (a retry computes it again "
+            f"and commits it once): {_said(err)}"
+        ) from err
+    log.info("view %s, rebuild of epoch %s: %s", view, epoch, result.describe())
     return result
 
 
