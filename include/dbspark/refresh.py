@@ -4,6 +4,7 @@ This is the second way to every answer (ARCHITECTURE.md, "Two ways to every answ
 
     python -m dbspark.refresh verify CIRCUIT --warehouse DIR [--tier local|spark]
     python -m dbspark.refresh rebuild CIRCUIT --warehouse DIR [--view NAME ...]
+                                  [--outputs DIR]
 
 ``CIRCUIT`` is a named example circuit (``orders``, ``reachability``, ...) or
 ``package.module:function`` returning a ``Circuit``. ``verify`` recomputes every
@@ -11,7 +12,11 @@ view over the warehouse's raw input log and compares it with the incrementally
 maintained view: exit 0 when they agree, 1 with the differing rows otherwise. A log
 of at most ``REFERENCE_VERIFY_ROWS`` rows is recomputed by the reference engine in this
 process, a larger one by Spark; ``--tier`` chooses instead.
-``rebuild`` replaces the views' contents with the full refresh.
+``rebuild`` replaces the views' contents with the full refresh; with ``--outputs``
+(the deployment's ``[dbspark] outputs``), it also corrects the views' change feeds and
+Delta tables there (the ``DBSPARK_TABLE_*`` variables locate and keep the tables),
+as a DAG run's ``rebuild`` task does. The serving tables take the correction at the
+DAG's next ``serve``.
 """
 
 from __future__ import annotations
@@ -50,6 +55,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--warehouse", type=Path, required=True)
     parser.add_argument("--view", action="append", help="rebuild only these views")
     parser.add_argument(
+        "--outputs", help="rebuild: also correct the views' change feeds and tables here"
+    )
+    parser.add_argument(
         "--tier",
         choices=VERIFY_TIERS,
         help="verify: recompute in this process (local) or with Spark (default: by log size)",
@@ -57,6 +65,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.tier is not None and args.action != "verify":
         parser.error("--tier applies to verify only")
+    if args.outputs is not None and args.action != "rebuild":
+        parser.error("--outputs applies to rebuild only")
     if not (args.warehouse / "catalog.db").exists():
         print(f"no warehouse at {args.warehouse} (no catalog.db)", file=sys.stderr)
         return 2
@@ -76,12 +86,30 @@ def main(argv: Sequence[str] | None = None) -> int:
             for row in rows[:20]:
                 print(f"  {row[:-1]} weight(full refresh - maintained) = {row[-1]}")
         return 1 if any(differences.values()) else 0
-    for name in args.view or list(engine.circuit.views):
+    views = args.view or list(engine.circuit.views)
+    for name in views:
         if name not in engine.circuit.views:
             print(f"circuit {engine.circuit.name!r} has no view {name!r}", file=sys.stderr)
             return 2
-        rows = engine.rebuild(name)
+    if args.outputs is None:
+        for name in views:
+            rows = engine.rebuild(name)
+            print(f"view {name} rebuilt from scratch at epoch {epoch}: {rows} rows")
+        return 0
+    from dbspark.orchestration.sinks.export import rebuild_views
+    from dbspark.orchestration.sinks.files import ExportError
+    from dbspark.orchestration.sinks.tables import TableError, TableSettings
+
+    try:
+        tables = TableSettings.from_environment()
+        rebuilt, corrected = rebuild_views(engine, views, root=args.outputs, tables=tables)
+    except (ExportError, TableError, ValueError) as err:
+        print(f"rebuilding {', '.join(views)} with their outputs failed: {err}", file=sys.stderr)
+        return 2
+    for name, rows in rebuilt.items():
         print(f"view {name} rebuilt from scratch at epoch {epoch}: {rows} rows")
+    for item in corrected.values():
+        print(f"outputs of view {item.describe()}")
     return 0
 
 

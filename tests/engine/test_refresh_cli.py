@@ -54,3 +54,63 @@ def test_bad_arguments_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture
     assert "--tier applies to verify only" in capsys.readouterr().err
     assert refresh.main(["verify", "orders", "--warehouse", str(tmp_path)]) == 2
     assert "no warehouse at" in capsys.readouterr().err
+
+
+def test_rebuild_with_outputs_corrects_them(
+    spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dbspark.orchestration.sinks.export import export_epoch
+    from dbspark.orchestration.sinks.tables import read_table, table_path
+
+    root, outputs = tmp_path / "wh", tmp_path / "out"
+    engine = SparkEngine(NAMED_CIRCUITS["orders"](), root, spark=lambda: spark)
+    batches = [
+        {"customers": [(7, "EU", 1, False)], "orders": [(1, 7, 50, 1, None)]},
+        {"orders": [(1, 7, 70, 2, None), (2, 7, 20, 1, None)]},
+    ]
+    for epoch, batch in enumerate(batches):  # as the DAG's publish task exports
+        checked = {name: engine.check_batch(name, rows) for name, rows in batch.items()}
+        engine.open_epoch(epoch)
+        for name in engine.circuit.sources:
+            engine.ingest(name, epoch, checked.get(name))
+        for stage in engine.plan.stages_in_scope(0):
+            if engine.circuit.node(stage.anchor).op != "upsert_source":
+                engine.run_stage(stage.id, (epoch,))
+        engine.publish(epoch)
+        export_epoch(engine, epoch, root=outputs)
+        engine.close_epoch(epoch)
+    table = table_path(outputs, "orders", "region_totals")
+    # A row of the published table lost behind dbspark's back.
+    from deltalake import DeltaTable
+
+    DeltaTable(str(table)).delete("region = 'EU'")
+    args = ["rebuild", "orders", "--warehouse", str(root), "--view", "region_totals"]
+    assert refresh.main([*args, "--outputs", str(outputs)]) == 0
+    out = capsys.readouterr().out
+    assert "view region_totals rebuilt from scratch at epoch 1" in out
+    assert "outputs of view region_totals: table" in out and "merged +1" in out
+    assert read_table(table).to_pylist() == [
+        {"region": "EU", "order_count": 2, "total_amount": 90, "max_amount": 70, "__copies": 1}
+    ]
+    # Again: every output holds the rebuilt view.
+    assert refresh.main([*args, "--outputs", str(outputs)]) == 0
+    assert "its outputs held the rebuilt view of epoch 1" in capsys.readouterr().out
+    for epoch in (0, 1):
+        marker = outputs / "orders" / "region_totals" / "changes" / f"epoch={epoch}"
+        (marker / "_dbspark.json").unlink()
+    # The feed's early changes gone: the view the engine held before the rebuild stands
+    # for what the feed sums to, so the feed (which was right) takes no correction.
+    DeltaTable(str(table)).delete("region = 'EU'")
+    assert refresh.main([*args, "--outputs", str(outputs)]) == 0
+    assert "merged +1" in capsys.readouterr().out
+    assert not (outputs / "orders" / "region_totals" / "corrections").exists()
+    # Without that view, no table and a feed that cannot be summed: refused, saying why.
+    from dbspark.orchestration.sinks.export import correct_views
+    from dbspark.orchestration.sinks.files import ExportError
+
+    table.rename(tmp_path / "moved")
+    with pytest.raises(ExportError, match="has no table, and its change feed lacks early"):
+        correct_views(engine, ["region_totals"], root=outputs)
+    with pytest.raises(SystemExit):
+        refresh.main(["verify", "orders", "--warehouse", str(root), "--outputs", str(outputs)])
+    assert "--outputs applies to rebuild only" in capsys.readouterr().err

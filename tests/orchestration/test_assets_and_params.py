@@ -20,6 +20,7 @@ from dbspark.examples.circuits import orders, word_count
 from dbspark.orchestration import LandingDirectory, build_dag, view_asset
 from dbspark.orchestration.airflow.dag import circuit_of
 from dbspark.orchestration.airflow.tasks import maintenance_of
+from dbspark.orchestration.airflow.ui.status import rebuild_run, task_of_stage
 from dbspark.orchestration.intervals import Interval
 from dbspark.orchestration.sinks.files import CHANGES, output_dir, read_change_rows
 from dbspark.orchestration.sinks.tables import (
@@ -65,6 +66,16 @@ def asset_events(dag_id: str, after: int = 0) -> list[tuple[int, str, dict]]:
     )
     with settings.Session() as session:
         return [(id_, uri, dict(extra)) for id_, uri, extra in session.execute(query)]
+
+
+def last_run_id(dag_id: str) -> str:
+    from airflow import settings
+    from airflow.models.dagrun import DagRun
+    from sqlalchemy import select
+
+    query = select(DagRun.run_id).where(DagRun.dag_id == dag_id).order_by(DagRun.id.desc())
+    with settings.Session() as session:
+        return session.execute(query.limit(1)).scalar_one()
 
 
 def last_event(dag_id: str) -> int:
@@ -309,4 +320,38 @@ def test_verify_passes_on_correct_views_fails_naming_a_damaged_one_and_rebuild_r
     catalog.close()
     engine = SparkEngine(circuit_of("test_word_count"), place.warehouse, spark=spark)
     assert engine.view("counts") == ZSet({("a", 2): 1})
+    # The rebuild's commit names the run and its task, for the dbspark page.
+    [stage] = [s for s, _ in engine.catalog.stage_runs("word_count", epoch=1) if "rebuild" in s]
+    assert task_of_stage(stage) == "rebuild"
+    assert rebuild_run(stage) == (dag.dag_id, last_run_id(dag.dag_id))
     engine.catalog.close()
+
+    # The engine's view was wrong, its outputs right: the rebuild changed none of them.
+    table = table_path(place.outputs, "word_count", "counts")
+    assert rows_of(read_table(table)) == ["{'word': 'a', 'n': 2, '__copies': 1}"]
+    assert not (place.outputs / "word_count" / "counts" / "corrections").exists()
+
+    # Now the table loses its row behind dbspark's back: a rebuild repairs the table,
+    # and only the table, and says so in an event of the view's asset.
+    DeltaTable(str(table)).delete("word = 'a'")
+    mark = last_event(dag.dag_id)
+    state, tasks = run(dag, 1, rebuild=["counts"])
+    assert state == "success", tasks
+    assert rows_of(read_table(table)) == ["{'word': 'a', 'n': 2, '__copies': 1}"]
+    assert rows_of(read_table(table, 1)) == ["{'word': 'a', 'n': 2, '__copies': 1}"]
+    [(_, uri, extra)] = asset_events(dag.dag_id, mark)
+    assert uri == "dbspark://word_count/counts"
+    assert extra == {
+        "circuit": "word_count",
+        "view": "counts",
+        "epoch": 1,
+        "rebuild": True,
+        "correction": None,  # the change feed was right
+        "rows_inserted": 0,
+        "rows_deleted": 0,
+        "table": str(table),
+        "table_version": DeltaTable(str(table)).version(),
+        "table_rows_inserted": 1,
+        "table_rows_updated": 0,
+        "table_rows_deleted": 0,
+    }

@@ -69,7 +69,11 @@ def test_orders_dag_follows_the_plan(example_dags):
     assert _upstream(dag, "close_epoch") == {"publish"}
     assert _upstream(dag, "rebuild") == {"close_epoch"}
     assert _upstream(dag, "verify") == {"close_epoch", "rebuild"}  # close_epoch branches
-    assert _upstream(dag, "serve") == _upstream(dag, "maintain") == {"close_epoch"}
+    # serve also applies what a rebuild of the run corrected
+    assert _upstream(dag, "serve") == {"close_epoch", "rebuild"}
+    assert _upstream(dag, "maintain") == {"close_epoch"}
+    assert dag.get_task("serve").trigger_rule == "none_failed_min_one_success"
+    assert [a.name for a in dag.get_task("rebuild").outlets] == ["dbspark-rebuild:orders"]
     assert set(dag.task_group.children) == {
         "open_epoch",
         "ingest",

@@ -180,8 +180,8 @@ def day(n: int) -> Interval:
     return Interval(START + timedelta(days=n), START + timedelta(days=n + 1))
 
 
-def run(dag, epoch: int) -> tuple[str, dict[str, str]]:
-    dag_run = dag.test(logical_date=day(epoch).end)
+def run(dag, epoch: int, **conf) -> tuple[str, dict[str, str]]:
+    dag_run = dag.test(logical_date=day(epoch).end, run_conf=conf or None)
     states = {
         ti.task_id: str(getattr(ti.state, "value", ti.state)) for ti in dag_run.get_task_instances()
     }
@@ -190,7 +190,7 @@ def run(dag, epoch: int) -> tuple[str, dict[str, str]]:
 
 @pytest.mark.slow
 def test_serving_failures_never_block_epochs_and_maintain_bounds_storage(
-    test_dags, place, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    test_dags, place, spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from dbspark.orchestration.airflow.dag import circuit_of
     from dbspark.storage.catalog import Catalog
@@ -244,6 +244,26 @@ def test_serving_failures_never_block_epochs_and_maintain_bounds_storage(
     assert ZSet(target.contents("word_count", "distinct_words", schemas["distinct_words"])) == ZSet(
         {(w,): 1 for w in "abcd"}
     )
+
+    # A serving row lost behind dbspark's back: a run for the committed epoch asking to
+    # rebuild the view repairs it, in its serve task (the table and feed were right).
+    with target.engine.begin() as conn:
+        conn.exec_driver_sql("DELETE FROM dbspark_counts WHERE word = 'a'")
+    state, tasks = run(dag, 2, rebuild=["counts"])
+    assert state == "success", tasks
+    assert (tasks["close_epoch"], tasks["rebuild"], tasks["serve"]) == (
+        "skipped",
+        "success",
+        "success",
+    )
+    assert ZSet(target.contents("word_count", "counts", schemas["counts"])) == ZSet(
+        {("a", 2): 1, ("b", 2): 1, ("c", 1): 1, ("d", 1): 1}
+    )
+    # Without a rebuild, a run for a committed epoch still serves nothing. (The conf
+    # says so: dag.test() keeps the last run's params on the DAG object it reuses.)
+    state, tasks = run(dag, 2, rebuild=[])
+    assert state == "success", tasks
+    assert tasks["rebuild"] == tasks["serve"] == "skipped", tasks
     catalog.close()
     blocker.dispose()
     target.engine.dispose()

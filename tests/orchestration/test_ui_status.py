@@ -190,3 +190,28 @@ def test_values_from_the_catalog_are_escaped(tmp_path):
     assert "&lt;b&gt;by hand&lt;" in html and "<b>" not in html
     assert status.epochs[0].interval_start is None  # not an interval: shown as it is
     engine.catalog.close()
+
+
+def test_a_rebuild_links_to_the_task_log_of_the_run_that_asked(tmp_path):
+    from dbspark.storage import collection_names as coll
+
+    engine = SparkEngine(reachability(), tmp_path)
+    engine.open_epoch(0, day(0).label)
+    engine.catalog.record_epoch_run("reachability", 0, DAG_ID, run_id(0))
+    engine.run_epoch(0, {"edges": [(("a", "b"), 1)], "roots": [(("a",), 1)]})
+    # A later run, for another epoch, rebuilt the view at epoch 0; and the command line
+    # rebuilt it too, in no run.
+    asked = f"manual__{day(5).start.isoformat()}"
+    by_run = coll.rebuild_stage("reach", "0a1b2c3d", f"{DAG_ID}/{asked}")
+    by_hand = coll.rebuild_stage("reach", "4e5f6a7b")
+    for stage in (by_run, by_hand):
+        engine.catalog.commit("reachability", stage, (0,), [])
+    assert task_of_stage(by_run) == "rebuild" and task_of_stage(by_hand) is None
+    [epoch] = circuit_status(engine.catalog, "reachability", LINKS).epochs
+    links = [(link.label, link.url) for link in epoch.task_logs]
+    assert links[-1] == (
+        "rebuild",
+        f"/airflow/dags/{DAG_ID}/runs/{quote(asked, safe='')}/tasks/rebuild",
+    )
+    assert [label for label, _ in links].count("rebuild") == 1
+    engine.catalog.close()

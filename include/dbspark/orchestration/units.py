@@ -188,16 +188,33 @@ class CloseUnit:
 class RebuildUnit:
     """Replace each of ``views`` with its full refresh over the raw input log, at the last
     committed epoch (``SparkEngine.rebuild``; the engine's rule, as ``python -m
-    dbspark.refresh rebuild`` runs it)."""
+    dbspark.refresh rebuild`` runs it), then correct the views' outputs under
+    ``outputs`` (``sinks.export.correct_views``: the change feed's correction and the
+    table's commit; the DAG's ``serve`` task then repairs the serving tables). ``by``
+    names the DAG run that asked (``dag_id/run_id``), recorded on the catalog's commit."""
 
     epoch: int
     views: tuple[str, ...]
+    outputs: str | None = None
+    tables: dict[str, str] | None = None
+    by: str | None = None
     kind: ClassVar[str] = "rebuild"
 
     def run(self, engine: Any) -> dict[str, Any]:
+        from dbspark.orchestration.sinks.export import rebuild_views
+        from dbspark.orchestration.sinks.tables import TableSettings
+
         at = engine.last_committed_epoch()
-        rows = {name: engine.rebuild(name) for name in self.views}  # the engine logs each
-        return {"epoch": at, "rows": rows}
+        if self.outputs is None:
+            rows = {name: engine.rebuild(name, by=self.by) for name in self.views}
+            return {"epoch": at, "rows": rows, "corrections": {}}
+        tables = TableSettings.from_environment(self.tables)
+        rows, done = rebuild_views(engine, self.views, root=self.outputs, tables=tables, by=self.by)
+        corrections: dict[str, Any] = {}
+        for name, item in done.items():
+            log.info("rebuild of epoch %s: %s", at, item.describe())
+            corrections[name] = item.summary() if item.changed else None
+        return {"epoch": at, "rows": rows, "corrections": corrections}
 
 
 @dataclass(frozen=True)

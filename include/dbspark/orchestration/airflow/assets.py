@@ -10,6 +10,12 @@ the URI is stable text a downstream DAG can also name by hand.
 
 A downstream DAG writes ``schedule=view_asset(orders, "region_totals")`` instead of
 retyping the URI. Each event that ``publish`` emits carries :func:`event_extra`.
+
+A rebuild that changed a view's outputs (its correction, ``sinks/export.py``) emits an
+event of that view's asset too, from the ``rebuild`` task, with
+:func:`correction_extra` (``"rebuild": true``). A task's declared outlets all get an
+event when it succeeds, so the rebuild task's outlet is the circuit's asset alias
+(:func:`rebuild_alias`), through which it emits events of only the views it changed.
 """
 
 from __future__ import annotations
@@ -83,3 +89,23 @@ def event_extra(
         "table_version": export["table_version"],
         "changes": export["changes"],
     }
+
+
+def rebuild_alias(circuit: str) -> Any:
+    """The ``AssetAlias`` through which the rebuild task of ``circuit``'s DAG emits the
+    events of the views it corrected."""
+    from airflow.sdk import AssetAlias
+
+    return AssetAlias(name=f"{ASSET_SCHEME}-rebuild:{circuit}", group=ASSET_GROUP)
+
+
+def correction_extra(
+    circuit: str, view: str, epoch: int, correction: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The ``extra`` of the event of ``view`` after a rebuild at ``epoch`` corrected its
+    outputs. ``correction`` is what the rebuild unit reports per view
+    (``ViewCorrection.summary``): the change feed's correction directory (None when the
+    feed was right) and the sums of its positive and negative weights, and the table's
+    version that applied its correction (None when the table was right) with the
+    distinct rows it inserted, updated and deleted."""
+    return {"circuit": circuit, "view": view, "epoch": epoch, "rebuild": True, **correction}

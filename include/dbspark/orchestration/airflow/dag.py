@@ -4,13 +4,16 @@ The graph mirrors the circuit's plan (``circuit/planner.py``)::
 
     open_epoch >> ingest.<source> ... >> <stage> ...                   (plan order)
                loop_<name>.iterate[0..k] >> loop_<name>.converged     (per top-level loop)
-    ... >> publish >> close_epoch >> [rebuild, verify, serve, maintain];  rebuild >> verify
+    ... >> publish >> close_epoch >> [rebuild, verify, serve, maintain]
+    rebuild >> [verify, serve]
 
 ``publish`` has each view's Asset as an outlet (``assets.py``). ``close_epoch`` is a
 branch to ``rebuild`` and ``verify``, which run only when the run's params ask (a manual
-trigger's form), ``serve`` (serving tables, when there is a serving database) and
-``maintain`` (garbage collection and retention, every ``maintain_every``-th epoch); the
-scheduler skips the others without starting a task process.
+trigger's form; ``rebuild``'s outlet is the circuit's asset alias, through which it
+emits events of the views whose outputs it corrected), ``serve`` (serving tables,
+when there is a serving database) and ``maintain`` (garbage collection and
+retention, every ``maintain_every``-th epoch); the scheduler skips the others without
+starting a task process.
 
 Task groups stay acyclic when collapsed, as the Graph view draws them (Airflow sorts a
 group's children topologically and fails the whole view on a cycle): ``ingest`` only
@@ -41,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from dbspark.circuit.builder import Circuit
+from dbspark.orchestration.airflow.assets import rebuild_alias
 from dbspark.orchestration.airflow.deployment import DeploymentOptions
 from dbspark.orchestration.airflow.policy import (
     MAX_RETRY_DELAY,
@@ -339,7 +343,8 @@ class _EpochGraph:
         rebuilt, verified = self._maintenance()
         served, maintained = self._after_close()
         published >> closed >> [rebuilt, verified, served, maintained]
-        rebuilt >> verified
+        # A rebuild's correction reaches the serving tables in the same run.
+        rebuilt >> [verified, served]
 
     def _epoch(self) -> tuple[Any, Any]:
         """``open_epoch`` and ``close_epoch``, the first and the last task."""
@@ -464,6 +469,8 @@ class _EpochGraph:
             trigger_rule="none_failed",
             depends_on_past=False,
             execution_timeout=self.timeouts["rebuild"],
+            # Events of only the views whose outputs the rebuild corrected (assets.py).
+            outlets=[rebuild_alias(runner.name)],
         )
         def rebuild(**context: Any) -> dict[str, Any]:
             return runner.rebuild(context)
@@ -485,7 +492,8 @@ class _EpochGraph:
         failure of either fails that task, never an epoch: they do not wait for the
         previous run's (``depends_on_past=False``), and the next run's catches up. Unlike
         ``rebuild`` and ``verify`` they skip when ``close_epoch`` skipped: a run for a
-        committed epoch is a no-op."""
+        committed epoch is a no-op, except that ``serve`` runs after a ``rebuild`` that
+        ran, to apply its correction."""
         from airflow.sdk import task
 
         runner = self.runner

@@ -44,7 +44,12 @@ from dbspark.engine.epoch_units import (
     publish_inputs,
     stage_inputs,
 )
-from dbspark.orchestration.airflow.assets import circuit_assets, event_extra
+from dbspark.orchestration.airflow.assets import (
+    circuit_assets,
+    correction_extra,
+    event_extra,
+    rebuild_alias,
+)
 from dbspark.orchestration.airflow.deployment import (
     Deployment,
     DeploymentOptions,
@@ -710,6 +715,7 @@ class EpochTasks:
             ServingCatchUpError,
             ServingTarget,
             catch_up,
+            reconcile_with_tables,
         )
         from dbspark.orchestration.sinks.tables import TableSettings
 
@@ -723,16 +729,29 @@ class EpochTasks:
         schemas = {
             view: self.circuit.node(node).schema for view, node in self.circuit.views.items()
         }
+        # The run's rebuild (upstream) corrected these views' tables: the serving tables
+        # follow, whatever else they may have lost.
+        rebuilt = {view: schemas[view] for view in self.maintenance(context).rebuild}
         try:
             tables = TableSettings.from_environment(deployment.table_settings)
             results = catch_up(target, self.name, schemas, deployment.outputs, epoch, tables=tables)
+            if rebuilt:
+                reconciled = reconcile_with_tables(
+                    target, self.name, rebuilt, deployment.outputs, epoch, tables=tables
+                )
         except ServingCatchUpError as err:
             raise RuntimeError(str(err)) from None  # retried: a database may come back
         finally:
             target.engine.dispose()
         for result in results.values():
             log.info("%s", result.describe())
-        return {"epoch": epoch, "tables": {v: r.epoch for v, r in results.items()}}
+        served = {"epoch": epoch, "tables": {v: r.epoch for v, r in results.items()}}
+        if rebuilt:
+            served["reconciled"] = {
+                view: None if r is None else [r.inserted, r.updated, r.deleted]
+                for view, r in reconciled.items()
+            }
+        return served
 
     def maintain(self, context: Mapping[str, Any]) -> dict[str, Any]:
         """Keep storage bounded (issue 18, finding 14): garbage-collect the warehouse
@@ -798,7 +817,30 @@ class EpochTasks:
         deployment = self._deployment()
         epoch = self._last_committed(deployment)
         log.info("circuit %s: rebuilding %s at epoch %s", self.name, ", ".join(views), epoch)
-        return self._execute(deployment, RebuildUnit(epoch, views))
+        ti = context["ti"]
+        unit = RebuildUnit(
+            epoch,
+            views,
+            outputs=str(deployment.outputs),
+            tables=deployment.table_settings or None,
+            # On the catalog's commit: the dbspark page links it to this task's log.
+            by=f"{ti.dag_id}/{ti.run_id}",
+        )
+        result = self._execute(deployment, unit)
+        alias = context["outlet_events"][rebuild_alias(self.name)]
+        for view, correction in result["corrections"].items():
+            if correction is None:
+                log.info("view %s: its outputs already held the rebuilt view", view)
+                continue
+            extra = correction_extra(self.name, view, result["epoch"], correction)
+            alias.add(self.assets[view], extra=extra)
+            log.info(
+                "asset %s: the rebuild at epoch %s corrected its outputs (%s)",
+                self.assets[view].uri,
+                result["epoch"],
+                ", ".join(f"{k}={v}" for k, v in correction.items()),
+            )
+        return result
 
     def verify(self, context: Mapping[str, Any]) -> dict[str, Any]:
         """With the run's ``verify`` param, recompute every view from the raw input log and

@@ -44,16 +44,29 @@ def task_of_stage(stage: str) -> str | None:
     ``stage``: ``ingest_<source>`` is ``ingest.<source>``, a loop's iterations
     (``loop:<name>``) are the mapped ``loop_<name>.iterate``, compaction and retired
     deltas happen in ``close_epoch``, a root-scope stage is the task of its name. A
-    rebuild runs outside any DAG run (None)."""
+    rebuild is the ``rebuild`` task of the run its stage names (:func:`rebuild_run`), or
+    ran outside any DAG run (None)."""
     if stage.startswith("ingest_"):
         return f"ingest.{stage.removeprefix('ingest_')}"
     if stage.startswith("loop:"):
         return f"loop_{stage.removeprefix('loop:')}.iterate"
     if stage.startswith("compact:") or stage == "retire-deltas":
         return "close_epoch"
-    if stage.startswith("rebuild:"):
-        return None
+    if stage.startswith(coll.REBUILD_PREFIX):
+        return REBUILD_TASK if rebuild_run(stage) else None
     return stage
+
+
+REBUILD_TASK = "rebuild"
+
+
+def rebuild_run(stage: str) -> tuple[str, str] | None:
+    """(dag_id, run_id) of the DAG run whose rebuild task committed ``stage``."""
+    by = coll.rebuild_by(stage)
+    if by is None or "/" not in by:
+        return None
+    dag_id, run_id = by.split("/", 1)
+    return dag_id, run_id
 
 
 @dataclass(frozen=True)
@@ -288,8 +301,12 @@ def _epoch_status(
             tasks.append("close_epoch")
         task_logs = [
             Link(task, links.task(latest.dag_id, latest.run_id, task))
-            for task in dict.fromkeys(t for t in tasks if t is not None)
+            for task in dict.fromkeys(t for t in tasks if t not in (None, REBUILD_TASK))
         ]
+    # A rebuild's log is in the run that asked for it, which may be a later run's.
+    rebuilds = [run for run in map(rebuild_run, stages) if run is not None]
+    for dag_id, run_id in dict.fromkeys(rebuilds):
+        task_logs.append(Link(REBUILD_TASK, links.task(dag_id, run_id, REBUILD_TASK)))
     return EpochStatus(
         epoch=record.epoch,
         state=record.state,
