@@ -1,5 +1,5 @@
 """With a Spark connection of type ``spark``, every Spark task is a ``spark-submit`` of
-``spark_jobs/run_unit.py`` (here to a ``local[1]`` master: a real spark-submit, a new
+``dbspark.orchestration.spark_job`` (here to a ``local[1]`` master: a real spark-submit, a new
 driver JVM per task), and the epoch comes out as it does in the worker."""
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ A unit is what one Spark-using task does: ingest a source's batch, run a stage, 
 the loop's next pending iteration, publish and export the views, close the epoch, or,
 when a run asks for them, rebuild views or verify them against a full refresh.
 ``execute_unit`` runs it on a ``SparkEngine``; the task calls it directly (local Spark
-or Spark Connect), or ships it to ``spark_jobs/run_unit.py`` with ``spark-submit``
+or Spark Connect), or ships it to ``orchestration/spark_job.py`` with ``spark-submit``
 (a cluster), which calls the same function. No Airflow import here: a unit must run
 where Airflow is not installed.
 
@@ -329,7 +329,7 @@ class CircuitRecipe:
 
 @dataclass(frozen=True)
 class ShippedUnit:
-    """What ``spark_jobs/run_unit.py`` needs, as a unit file carries it: the circuit's
+    """What ``orchestration/spark_job.py`` needs, as a unit file carries it: the circuit's
     recipe and fingerprint, the unit, the warehouse, and the Airflow connection ids of the
     catalog and the serving database (None: SQLite in the warehouse; none) whose URLs the
     submitting task passes to the driver in its environment, never in the file."""

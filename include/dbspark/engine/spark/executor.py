@@ -1,7 +1,7 @@
 """The Spark stage executor: run one planned stage (or one loop iteration) for one time.
 
 This is what every caller runs: the conformance replay, the demo, the Airflow
-tasks and ``spark_jobs/``. Each *unit of work* is one stage at one root time
+tasks and ``orchestration/spark_job.py``. Each *unit of work* is one stage at one root time
 (an epoch), or one whole iteration of a loop. A unit reads its inputs from the
 warehouse (deltas of upstream stages, key-pruned trace reads), computes with
 the kernels of ``engine/kernels.py``, writes every output as fresh Parquet files, and

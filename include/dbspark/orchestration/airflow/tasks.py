@@ -31,7 +31,6 @@ from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 from dbspark.circuit.builder import Circuit
@@ -63,6 +62,7 @@ from dbspark.orchestration.epochs import EpochOfRun, next_epoch, require_epoch
 from dbspark.orchestration.intervals import Interval
 from dbspark.orchestration.sources.base import source_schema
 from dbspark.orchestration.sources.records import IngestRecords, late_changes, late_window
+from dbspark.orchestration.spark_job import SPARK_JOB
 from dbspark.orchestration.units import (
     CATALOG_URL_VARIABLE,
     SERVING_URL_VARIABLE,
@@ -92,9 +92,6 @@ from dbspark.storage.catalog import (
 from dbspark.storage.durability import SYNC_METHOD_SETTING
 
 log = logging.getLogger("dbspark.airflow")
-
-#: The spark-submit entry point (``spark_jobs/`` beside ``include/`` in the project).
-SPARK_JOB = Path(__file__).resolve().parents[4] / "spark_jobs" / "run_unit.py"
 
 
 def _skip(message: str) -> Exception:
@@ -474,10 +471,10 @@ class EpochTasks:
         )
 
     def _submit(self, deployment: Deployment, unit: Unit) -> dict[str, Any]:
-        """``spark-submit spark_jobs/run_unit.py`` with the unit in a private JSON file
-        the job reads (``units.write_unit_file``; the driver must see the warehouse:
-        client mode or shared storage). The file names connections; their URLs and the
-        file's HMAC key reach the driver in its environment only."""
+        """``spark-submit`` of the package's ``spark_job`` module, with the unit in a
+        private JSON file the job reads (``units.write_unit_file``; the driver must see
+        the warehouse: client mode or shared storage). The file names connections; their
+        URLs and the file's HMAC key reach the driver in its environment only."""
         import secrets
         import sys
 

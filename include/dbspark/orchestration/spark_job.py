@@ -1,7 +1,12 @@
 """spark-submit entry point: run one unit of an epoch (an ingest, a stage, a loop
 iteration, the publish step or the close) of a dbspark circuit.
 
-    spark-submit --master spark://HOST:7077 spark_jobs/run_unit.py --unit-file PATH
+    spark-submit --master spark://HOST:7077 "$(python -m dbspark.orchestration.spark_job
+        --path)" --unit-file PATH
+
+It ships inside the package: spark-submit runs this module's file wherever dbspark is
+installed (a wheel, an editable checkout), and nothing looks for the repository on disk.
+``--path`` prints that file's path.
 
 The Airflow task that submits it (``dbspark.orchestration.airflow.tasks``, when the Spark
 connection has type ``spark``) writes the unit file: JSON, private (0600 in a 0700
@@ -21,11 +26,19 @@ import logging
 import sys
 from pathlib import Path
 
+#: What spark-submit runs: this module's file, in the installed package.
+SPARK_JOB = Path(__file__).resolve()
+
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="run_unit.py")
-    parser.add_argument("--unit-file", required=True, type=Path)
+    parser = argparse.ArgumentParser(prog="python -m dbspark.orchestration.spark_job")
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--unit-file", type=Path, help="run the unit in this unit file")
+    what.add_argument("--path", action="store_true", help="print the file spark-submit runs")
     args = parser.parse_args(argv)
+    if args.path:
+        print(SPARK_JOB)
+        return 0
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
     from pyspark.sql import SparkSession
