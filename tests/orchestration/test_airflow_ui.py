@@ -4,7 +4,7 @@ The repo's ``dags/`` are parsed by a real dag-processor and served by a real
 api-server (``devtools/airflow.py``); the test asks for what the Graph and Grid views
 load. An ``epoch`` task group holding both ``open`` and ``close`` once made the Graph
 view answer HTTP 500 ("A cyclic dependency occurred") for every dbspark DAG. The
-repo's ``plugins/`` add the dbspark page, which must answer only a logged-in user.
+installed package adds the dbspark page, which must answer only a logged-in user.
 """
 
 from __future__ import annotations

@@ -180,14 +180,22 @@ def test_a_circuit_is_shown_only_to_readers_of_its_dag(page):
     assert [c["name"] for c in listed["circuits"]] == ["reachability"]
 
 
-def test_the_plugins_folder_registers_the_page_and_its_nav_entry():
-    from airflow._shared.plugins_manager import _load_plugins_from_plugin_directory
+def test_the_installed_package_registers_the_page_and_its_nav_entry():
+    """As Airflow loads plugins without a plugins folder: the ``airflow.plugins`` entry
+    point of the installed dbspark package (the repo's plugins/ holds none of its own, so
+    no second copy is refused as already registered)."""
+    from airflow._shared.plugins_manager import (
+        _load_entrypoint_plugins,
+        _load_plugins_from_plugin_directory,
+    )
     from airflow.api_fastapi.app import RESERVED_URL_PREFIXES
     from airflow.api_fastapi.core_api.datamodels.plugins import ExternalViewResponse
 
-    plugins, errors = _load_plugins_from_plugin_directory(str(REPO / "plugins"))
+    plugins, errors = _load_entrypoint_plugins()
     assert errors == {}
     (plugin,) = [p for p in plugins if p.name == "dbspark"]
+    in_folder, errors = _load_plugins_from_plugin_directory(str(REPO / "plugins"))
+    assert errors == {} and not [p for p in in_folder if p.name == "dbspark"]
     (app,) = plugin.fastapi_apps
     assert isinstance(app["app"], FastAPI)
     assert not any(app["url_prefix"].startswith(p) for p in RESERVED_URL_PREFIXES)

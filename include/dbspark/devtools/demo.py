@@ -64,7 +64,7 @@ def configure(home: Path, dags_folder: Path) -> dict[str, str]:
     settings = {
         "AIRFLOW_HOME": str(home),
         "AIRFLOW__CORE__DAGS_FOLDER": str(dags_folder),
-        # The repo's plugins: the dbspark page of the UI (plugins/dbspark_ui.py).
+        # The repo's plugins folder (the dbspark page comes with the installed package).
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__DBSPARK__WAREHOUSE": str(home / "warehouse"),

@@ -3,13 +3,17 @@
 Nothing here is decided when the DAG file is parsed: a task resolves its deployment
 when it runs, from the ``build_dag`` arguments, then ``airflow.cfg`` (section
 ``[dbspark]``, or ``AIRFLOW__DBSPARK__*`` environment variables), then Airflow
-Connections, so one DAG file serves a laptop and a cluster alike.
+Connections, so one DAG file serves a laptop and a cluster alike. A connection of type
+``dbspark`` (``provider.py``; ``[dbspark] conn_id``, or ``dbspark_default`` when it
+exists) may hold the warehouse, the outputs and the catalog's connection id, under the
+``[dbspark]`` keys of the same names.
 
 | setting | ``build_dag`` argument | ``[dbspark]`` key | default |
 | --- | --- | --- | --- |
 | warehouse (traces) | ``warehouse`` | ``warehouse`` | ``$AIRFLOW_HOME/dbspark/warehouse`` |
 | published outputs | ``outputs`` | ``outputs`` | ``<warehouse>/published`` |
 | catalog | ``catalog_conn_id`` | ``catalog_conn_id`` | SQLite in the warehouse |
+| the three above, in one | | ``conn_id`` | ``dbspark_default``, if it exists |
 | Spark | ``spark_conn_id`` | ``spark_conn_id`` | local Spark in the worker |
 | serving tables | ``serving_conn_id`` | ``serving_conn_id`` | none |
 | published tables | | ``table_retention_hours`` | ``DBSPARK_TABLE_*``, or 168 |
@@ -24,7 +28,7 @@ Connections, so one DAG file serves a laptop and a cluster alike.
 
 The Spark connection decides where Spark work runs: of type ``spark_connect`` (the
 Spark provider's), every task is a Spark Connect client of that server; of type
-``spark``, every Spark task is a ``spark-submit`` of ``spark_jobs/run_unit.py`` to that
+``spark``, every Spark task is a ``spark-submit`` of ``orchestration/spark_job.py`` to that
 master; without one, each worker process runs Spark in local mode.
 
 With ``worker_socket`` set (and no ``spark``-type connection), a task hands its unit to
@@ -49,6 +53,9 @@ log = logging.getLogger("dbspark.airflow")
 
 DEFAULT_SPARK_CONN_ID = "dbspark_spark"
 DEFAULT_CATALOG_CONN_ID = "dbspark_catalog"
+DEFAULT_DBSPARK_CONN_ID = "dbspark_default"
+#: What a ``dbspark`` connection may hold (its extra), as the ``[dbspark]`` keys name it.
+DBSPARK_CONNECTION_KEYS = ("warehouse", "outputs", "catalog_conn_id")
 
 
 @dataclass(frozen=True)
@@ -61,6 +68,7 @@ class DeploymentOptions:
     spark_conn_id: str | None = None
     serving_conn_id: str | None = None
     serving_table_prefix: str = "dbspark_"
+    dbspark_conn_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -127,11 +135,17 @@ def resolve_catalog(options: DeploymentOptions | None = None) -> CatalogLocation
     the catalog, such as the Airflow UI page, that need no Spark or serving database)."""
     options = options or DeploymentOptions()
     home = Path(os.environ.get("AIRFLOW_HOME", Path.home() / "airflow"))
+    held = dbspark_connection(options.dbspark_conn_id)
     warehouse = Path(
-        options.warehouse or dbspark_setting("warehouse") or home / "dbspark" / "warehouse"
+        options.warehouse
+        or dbspark_setting("warehouse")
+        or held.get("warehouse")
+        or home / "dbspark" / "warehouse"
     ).resolve()
     # An explicitly named connection must exist; the default name is optional.
-    catalog_id = options.catalog_conn_id or dbspark_setting("catalog_conn_id")
+    catalog_id = (
+        options.catalog_conn_id or dbspark_setting("catalog_conn_id") or held.get("catalog_conn_id")
+    )
     catalog = connection(catalog_id or DEFAULT_CATALOG_CONN_ID, required=bool(catalog_id))
     return CatalogLocation(
         warehouse, _database_url(catalog), catalog.conn_id if catalog is not None else None
@@ -143,7 +157,10 @@ def resolve(options: DeploymentOptions) -> Deployment:
     catalog = resolve_catalog(options)
     warehouse = catalog.warehouse
     outputs = Path(
-        options.outputs or dbspark_setting("outputs") or warehouse / "published"
+        options.outputs
+        or dbspark_setting("outputs")
+        or dbspark_connection(options.dbspark_conn_id).get("outputs")
+        or warehouse / "published"
     ).resolve()
 
     spark_id = options.spark_conn_id or dbspark_setting("spark_conn_id")
@@ -177,6 +194,40 @@ def resolve(options: DeploymentOptions) -> Deployment:
         table_settings=table_settings(),
         worker_socket=_worker_socket(),
     )
+
+
+def dbspark_connection(conn_id: str | None = None) -> dict[str, str]:
+    """What the ``dbspark`` connection holds (``DBSPARK_CONNECTION_KEYS``): the one named
+    ``conn_id`` or ``[dbspark] conn_id``, which must exist, else ``dbspark_default``
+    when it exists; empty without one."""
+    named = conn_id or dbspark_setting("conn_id")
+    found = connection(named or DEFAULT_DBSPARK_CONN_ID, required=bool(named))
+    if found is None:
+        return {}
+    if found.conn_type != "dbspark":
+        raise ValueError(
+            f"Airflow connection {found.conn_id!r} has type {found.conn_type!r}, not "
+            "'dbspark' (the warehouse, outputs and catalog of a dbspark deployment)"
+        )
+    extra = found.extra_dejson
+    held = {}
+    for key in DBSPARK_CONNECTION_KEYS:
+        # The Connections form saves a provider's field under its plain name, an older
+        # one as extra__<type>__<name>.
+        value = extra.get(key) or extra.get(f"extra__dbspark__{key}")
+        if value:
+            held[key] = str(value)
+    unknown = sorted(
+        set(extra)
+        - {*DBSPARK_CONNECTION_KEYS}
+        - {f"extra__dbspark__{k}" for k in DBSPARK_CONNECTION_KEYS}
+    )
+    if unknown:
+        raise ValueError(
+            f"Airflow connection {found.conn_id!r} (type 'dbspark') has extra keys "
+            f"{unknown}; it takes {', '.join(DBSPARK_CONNECTION_KEYS)}"
+        )
+    return held
 
 
 def _worker_socket() -> Path | None:

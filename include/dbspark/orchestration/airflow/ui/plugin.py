@@ -1,5 +1,5 @@
-"""The Airflow plugin that puts the dbspark page in the UI (``plugins/dbspark_ui.py``
-only imports it).
+"""The Airflow plugin that puts the dbspark page in the UI, registered by the package's
+``airflow.plugins`` entry point (and named in its provider info, ``provider.py``).
 
 Airflow 3 plugins add pages through a FastAPI app (``fastapi_apps``, mounted in the
 api-server) and a nav entry (``external_views``; with a ``url_route`` the UI shows the
@@ -7,7 +7,7 @@ page inside its own frame at ``/plugin/dbspark``). React apps need a build toolc
 share the UI's React, which a bundle of plain JavaScript cannot; server-rendered HTML
 needs neither.
 
-Every Airflow process loads the plugins folder, task processes too (for macros), so
+Every Airflow process loads the plugins, task processes too (for macros), so
 the app is built only when ``fastapi_apps`` is read, which the api-server alone does:
 building it imports the api-server's security module, half a second no task should pay.
 """
