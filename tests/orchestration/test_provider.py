@@ -57,6 +57,9 @@ def test_airflow_finds_the_provider_its_connection_type_and_its_plugin():
         "password",
         "port",
     ]
+    # dbspark:// assets: Airflow's URI normalizer, and their OpenLineage datasets.
+    assert manager.asset_uri_handlers["dbspark"].__name__ == "sanitize_uri"
+    assert manager.asset_to_openlineage_converters["dbspark"].__name__ == "to_openlineage"
     manager.initialize_providers_plugins()
     assert [p.plugin_class for p in manager.plugins if p.name == "dbspark"] == [
         "dbspark.orchestration.airflow.ui.plugin.DbsparkPlugin"

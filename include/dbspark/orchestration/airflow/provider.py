@@ -34,6 +34,7 @@ PACKAGE = "dbspark"
 CONNECTION_TYPE = "dbspark"
 HOOK_MODULE = "dbspark.orchestration.airflow.provider"
 PLUGIN_CLASS = "dbspark.orchestration.airflow.ui.plugin.DbsparkPlugin"
+LINEAGE_MODULE = "dbspark.orchestration.airflow.lineage"
 
 
 def get_provider_info() -> dict[str, Any]:
@@ -56,7 +57,7 @@ def get_provider_info() -> dict[str, Any]:
         "hooks": [
             {
                 "integration-name": "dbspark",
-                "python-modules": ["dbspark.orchestration.airflow.provider"],
+                "python-modules": [HOOK_MODULE],
             }
         ],
         "connection-types": [
@@ -88,10 +89,13 @@ def get_provider_info() -> dict[str, Any]:
                 },
             }
         ],
-        "plugins": [
+        "plugins": [{"name": "dbspark", "plugin-class": PLUGIN_CLASS}],
+        # Views' assets and the lineage of ingest and publish (lineage.py).
+        "asset-uris": [
             {
-                "name": "dbspark",
-                "plugin-class": "dbspark.orchestration.airflow.ui.plugin.DbsparkPlugin",
+                "schemes": ["dbspark"],
+                "handler": f"{LINEAGE_MODULE}.sanitize_uri",
+                "to_openlineage_converter": f"{LINEAGE_MODULE}.to_openlineage",
             }
         ],
     }

@@ -27,7 +27,7 @@ import os
 import shutil
 import socket
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -57,6 +57,7 @@ from dbspark.orchestration.airflow.deployment import (
     spark_for,
 )
 from dbspark.orchestration.airflow.hook import dbspark_flag, dbspark_setting
+from dbspark.orchestration.airflow.lineage import report_ingest, report_publish
 from dbspark.orchestration.airflow.ui.status import task_of_stage
 from dbspark.orchestration.epochs import EpochOfRun, next_epoch, require_epoch
 from dbspark.orchestration.intervals import Interval
@@ -549,9 +550,21 @@ class EpochTasks:
             if record is not None:
                 records.write(source, run.interval, record)
             unit = IngestUnit(run.epoch, source, batch)
-            return {**self._execute(deployment, unit), "late_input": late}
+            result = {**self._execute(deployment, unit), "late_input": late}
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
+        self._lineage(report_ingest, self.name, source, connector.dataset(source), schema)
+        return result
+
+    def _lineage(self, report: Callable[..., None], *args: Any) -> None:
+        """Report the task's lineage (``lineage.py``); a failure to is a warning, never the
+        task's failure: the work it describes is committed."""
+        try:
+            report(self, *args)
+        except Exception as err:
+            log.warning(
+                "circuit %s: lineage not reported: %s: %s", self.name, type(err).__name__, err
+            )
 
     def _late_input(
         self,
@@ -661,6 +674,12 @@ class EpochTasks:
             tables=deployment.table_settings or None,
         )
         result = self._execute(deployment, unit)
+        sources = {name: source_schema(self.circuit, name) for name in self.circuit.sources}
+        tables = {
+            view: (result["views"][view]["table"], self.circuit.node(node).schema)
+            for view, node in self.circuit.views.items()
+        }
+        self._lineage(report_publish, self.name, sources, tables)
         events = context["outlet_events"]
         for view, asset in self.assets.items():
             extra = event_extra(self.name, view, run.epoch, run.interval, result["views"][view])

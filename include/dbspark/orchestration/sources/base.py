@@ -87,6 +87,11 @@ class SourceConnector(abc.ABC):
         (:meth:`record`) describes, one line each; empty when nothing did."""
         return []
 
+    def dataset(self, source: str) -> tuple[str, str] | None:
+        """Where ``source`` is read from, as an OpenLineage dataset's (namespace, name),
+        following its naming spec; None when the connector cannot name it."""
+        return None
+
 
 def source_columns(circuit: Circuit, source: str) -> tuple[str, ...]:
     """The declared column names of ``source`` in schema order (an upsert source's user

@@ -142,6 +142,10 @@ class LandingDirectory(SourceConnector):
             raise ValueError(f"source name {source!r} cannot be a directory name")
         return self.root / source / f"interval={interval.slug}"
 
+    def dataset(self, source: str) -> tuple[str, str] | None:
+        """The source's landing directory (every interval's partition), a local path."""
+        return "file", str(self.root / source)
+
     def describe(self, source: str, interval: Interval) -> str:
         fmt = self.format or "format from file extensions"
         return f"source {source!r}: files under {self.partition(source, interval)} ({fmt})"

@@ -92,6 +92,22 @@ def _as_utc(row: Sequence[Any], positions: Sequence[int]) -> list[Any]:
     return values
 
 
+#: OpenLineage's scheme for a database, by SQLAlchemy's dialect name.
+_LINEAGE_SCHEMES = {"postgresql": "postgres", "mysql": "mysql", "mssql": "mssql"}
+
+
+def sql_dataset(url: sa.URL, schema: str | None, table: str) -> tuple[str, str]:
+    """(namespace, name) of ``table`` at ``url`` by OpenLineage's naming spec."""
+    dialect = url.get_backend_name()
+    if dialect == "sqlite":
+        return "sqlite", f"{url.database}.{table}"
+    scheme = _LINEAGE_SCHEMES.get(dialect, dialect)
+    port = f":{url.port}" if url.port else ""
+    default_schema = "public" if dialect == "postgresql" else None
+    parts = [url.database, schema or default_schema, table]
+    return f"{scheme}://{url.host}{port}", ".".join(p for p in parts if p)
+
+
 class SqlTable(SourceConnector):
     """A change-data pull from an operational table: the rows whose ``watermark_column``
     lies in the interval ``[start, end)``.
@@ -187,6 +203,15 @@ class SqlTable(SourceConnector):
 
     def __repr__(self) -> str:
         return f"SqlTable({self._where()}, table={self._table_name!r})"
+
+    def dataset(self, source: str) -> tuple[str, str] | None:
+        """The table, named as OpenLineage names a table of its database:
+        ``<scheme>://<host>:<port>`` and ``<database>.<schema>.<table>`` (a SQLite file:
+        ``sqlite`` and ``<path>.<table>``). An Airflow connection is resolved here."""
+        from dbspark.orchestration.airflow.hook import connection_url
+
+        url = self.url if self.url is not None else connection_url(str(self.conn_id))
+        return sql_dataset(url, self.schema, self.table)
 
     def describe(self, source: str, interval: Interval) -> str:
         lag = f" reaching back {self.lag} for late rows" if self.lag else ""
