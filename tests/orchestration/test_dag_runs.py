@@ -302,3 +302,26 @@ def test_a_run_of_a_committed_epoch_is_linked_to_it(test_dags, place):
     runs = catalog.epoch_runs("word_count")
     catalog.close()
     assert [r.epoch for r in runs] == [0, 0] and len({r.run_id for r in runs}) == 2
+
+
+def test_a_run_after_a_gap_fails_naming_the_backfill_that_fills_it(test_dags, place, capfd):
+    """What unpausing a DAG after a pause does without catch-up (Airflow 3's default): one
+    run for the latest interval, which may not skip the ones before it."""
+    dag = test_dags["test_word_count"]
+    assert dag.catchup is False
+    for epoch in (0, 2):
+        place.landing.land("words", day(epoch), [("a", 1)], ["word", "__w"], "parquet")
+    assert run(dag, 0)[0] == "success"
+    capfd.readouterr()
+    state, tasks = run(dag, 2)
+    assert state == "failed" and tasks[("open_epoch", -1)] == "failed"
+    logs = capfd.readouterr().out
+    assert "epoch 1, the interval starting at 2026-01-02T00:00:00+00:00, has not run" in logs
+    assert (
+        "airflow backfill create --dag-id test_word_count --from-date "
+        "2026-01-02T00:00:00+00:00 --to-date 2026-01-03T00:00:00+00:00 "
+        "--reprocess-behavior failed --max-active-runs 1"
+    ) in logs
+    catalog = Catalog.for_warehouse(place.warehouse)
+    assert catalog.epoch_labels("word_count") == {0: day(0).label}  # nothing opened
+    catalog.close()

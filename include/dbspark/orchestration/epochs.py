@@ -21,7 +21,14 @@ from dbspark.storage.catalog import Catalog
 
 
 class EpochSequenceError(RuntimeError):
-    """A run's interval is not the next epoch, or the epoch before it has not committed."""
+    """A run's interval is not the next epoch, or the epoch before it has not committed.
+
+    ``backfill_from`` is the start of the first interval that has not run, when running
+    the intervals from there (a backfill) is the way on."""
+
+    def __init__(self, message: str, backfill_from: datetime | None = None) -> None:
+        super().__init__(message)
+        self.backfill_from = backfill_from
 
 
 @dataclass(frozen=True)
@@ -62,7 +69,9 @@ def next_epoch(
             raise EpochSequenceError(
                 f"circuit {circuit!r} has no epoch yet: epoch 0 is the interval starting at "
                 f"the DAG's start date {start_date.isoformat()}, not {interval}; "
-                "run (or backfill) from the start date"
+                "run (or backfill) from the start date, or give the DAG the start date of "
+                "the first interval to keep",
+                backfill_from=start_date,
             )
         return EpochOfRun(0, interval, False)
     last = max(labels)
@@ -77,7 +86,8 @@ def next_epoch(
         raise EpochSequenceError(
             f"circuit {circuit!r}: epoch {last + 1}, the interval starting at "
             f"{last_interval.end.isoformat()}, has not run; {interval} must wait for it "
-            "(backfill the missing intervals in order)"
+            "(backfill the missing intervals in order)",
+            backfill_from=last_interval.end,
         )
     if catalog.epoch_state(circuit, last) != "committed":
         raise _not_committed(circuit, last, labels[last])

@@ -137,7 +137,7 @@ def build_dag(
     retries: int = RETRIES,
     retry_delay: timedelta = RETRY_DELAY,
     execution_timeouts: Mapping[str, Any] | None = None,
-    catchup: bool = True,
+    catchup: bool | None = None,
     tags: list[str] | None = None,
     circuit_recipe: CircuitRecipe | None = None,
     **dag_kwargs: Any,
@@ -160,6 +160,13 @@ def build_dag(
     ``retry_delay``, sized so that a catalog outage of minutes costs a delay, not the
     run; bad input and units that never committed fail at once (``policy.retry_policy``).
     ``default_args`` may override any of it.
+
+    ``catchup`` defaults to Airflow's (``[scheduler] catchup_by_default``: off in Airflow
+    3, as its docs recommend), so unpausing a DAG whose start date is long past creates
+    one run, not one per interval since. Epochs tile time, so that run's open task then
+    refuses to skip the intervals before it and names the backfill that runs them in
+    order; nothing is skipped without that choice. ``catchup=True`` runs every missed
+    interval by itself (a deployment whose scheduler may stop for a while).
     """
     from airflow.sdk import DAG
 
@@ -188,7 +195,7 @@ def build_dag(
         dag_id=dag_id or f"dbspark_{circuit.name}",
         schedule=_timetable(schedule, start_date),
         start_date=start_date,
-        catchup=catchup,
+        **({} if catchup is None else {"catchup": catchup}),
         max_active_runs=1,
         default_args=_default_args(retries, retry_delay, dag_kwargs.pop("default_args", {})),
         tags=tags or ["dbspark"],

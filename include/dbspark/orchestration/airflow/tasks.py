@@ -59,7 +59,12 @@ from dbspark.orchestration.airflow.deployment import (
 from dbspark.orchestration.airflow.hook import dbspark_flag, dbspark_setting
 from dbspark.orchestration.airflow.lineage import report_ingest, report_publish
 from dbspark.orchestration.airflow.ui.status import task_of_stage
-from dbspark.orchestration.epochs import EpochOfRun, next_epoch, require_epoch
+from dbspark.orchestration.epochs import (
+    EpochOfRun,
+    EpochSequenceError,
+    next_epoch,
+    require_epoch,
+)
 from dbspark.orchestration.intervals import Interval
 from dbspark.orchestration.sources.base import source_schema
 from dbspark.orchestration.sources.records import IngestRecords, late_changes, late_window
@@ -93,6 +98,18 @@ from dbspark.storage.catalog import (
 from dbspark.storage.durability import SYNC_METHOD_SETTING
 
 log = logging.getLogger("dbspark.airflow")
+
+
+def _with_backfill(err: EpochSequenceError, dag_id: str, interval: Interval) -> str:
+    """``err``'s message, with the backfill that runs the missing intervals in order (this
+    run's own included: it failed, so the backfill runs it again in its turn)."""
+    if err.backfill_from is None:
+        return str(err)
+    return (
+        f"{err}. With the scheduler running: airflow backfill create --dag-id {dag_id} "
+        f"--from-date {err.backfill_from.isoformat()} --to-date {interval.start.isoformat()} "
+        "--reprocess-behavior failed --max-active-runs 1"
+    )
 
 
 def _skip(message: str) -> Exception:
@@ -371,7 +388,10 @@ class EpochTasks:
         catalog = self._catalog(deployment)
         try:
             register(catalog, deployment.warehouse, self.circuit)  # says what changed
-            run = next_epoch(catalog, self.name, interval, self.start_date)
+            try:
+                run = next_epoch(catalog, self.name, interval, self.start_date)
+            except EpochSequenceError as err:
+                raise _fail(_with_backfill(err, context["ti"].dag_id, interval)) from None
             # The dbspark page of the Airflow UI links each epoch to the runs of its
             # interval: one that found it committed too (a re-run, a rebuild or verify).
             ti = context["ti"]
