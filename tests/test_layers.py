@@ -24,7 +24,8 @@ ALLOWED: dict[str, set[str]] = {
     "orchestration": {"core", "circuit", "storage", "engine", "sql", "orchestration"},
     "sql": {"core", "circuit", "sql"},
     "conformance": {"core", "circuit", "storage", "engine", "examples", "sql", "conformance"},
-    "refresh": {"core", "circuit", "storage", "engine", "examples"},
+    # On top: its rebuild corrects the published outputs (orchestration's sinks).
+    "refresh": {"core", "circuit", "storage", "engine", "examples", "orchestration"},
     "devtools": {
         "core",
         "circuit",

@@ -120,6 +120,8 @@ PORT_FLAGS = {
 #: ``[dbspark]`` keys the code reads that compose may leave unset, and why.
 OPTIONAL_DBSPARK_KEYS = {
     "serving_conn_id": "serving tables are optional: no serving database by default",
+    "conn_id": "the compose file sets warehouse, outputs and catalog_conn_id themselves; "
+    "a 'dbspark' connection is the alternative",
     "late_files": "late files are reported as warnings by default ('warn')",
     "redact_input_values": "off by default: an input error shows the offending values",
     "execution_timeouts": "every task kind has a default timeout (orchestration/airflow/policy.py)",
