@@ -524,6 +524,18 @@ def feed_zset(root: Path, circuit: str, view: str, schema: Schema, epoch: int) -
     return total
 
 
+def publish_only(engine: Any, epoch: int, items: list[Any]) -> None:
+    """Run ``epoch`` of the tags circuit up to its publish: exported and closed (or not)
+    by the test."""
+    checked = engine.check_batch("items", items)
+    assert engine.open_epoch(epoch)
+    engine.ingest("items", epoch, checked)
+    for stage in engine.plan.stages_in_scope(0):
+        if engine.circuit.node(stage.anchor).op != "zset_source":
+            engine.run_stage(stage.id, (epoch,))
+    engine.publish(epoch)
+
+
 def damage(engine: Any, spark: Any, epoch: int, tag: str, weight: int) -> None:
     """A bogus row in the engine's view at ``epoch``, as a bug in an operator would leave."""
     rows = spark.createDataFrame([(tag, weight, epoch)], "tag string, __w bigint, __epoch bigint")
@@ -550,13 +562,7 @@ def test_a_rebuild_corrects_each_output_against_what_it_holds(spark: Any, tmp_pa
 
     # Epoch 1 publishes a wrong change: a bogus row reaches the engine's view between
     # publish and export, so the feed and the table get it too.
-    checked = engine.check_batch("items", [[("c", 1), 1]])
-    assert engine.open_epoch(1)
-    engine.ingest("items", 1, checked)
-    for stage in engine.plan.stages_in_scope(0):
-        if engine.circuit.node(stage.anchor).op != "zset_source":
-            engine.run_stage(stage.id, (1,))
-    engine.publish(1)
+    publish_only(engine, 1, [[("c", 1), 1]])
     damage(engine, spark, 1, "zebra", 2)
     export_epoch(engine, 1, root=root)
     engine.close_epoch(1)
@@ -656,23 +662,11 @@ def test_a_rebuild_while_an_epoch_is_open_corrects_outputs_that_already_hold_it(
     schema = engine.circuit.node(engine.circuit.views["tags"]).schema
     table = table_path(root, "tags", "tags")
     # Epoch 0 publishes a bogus row; epoch 1 is published and exported, not yet closed.
-    checked = engine.check_batch("items", [[("a", 1), 1]])
-    assert engine.open_epoch(0)
-    engine.ingest("items", 0, checked)
-    for stage in engine.plan.stages_in_scope(0):
-        if engine.circuit.node(stage.anchor).op != "zset_source":
-            engine.run_stage(stage.id, (0,))
-    engine.publish(0)
+    publish_only(engine, 0, [[("a", 1), 1]])
     damage(engine, spark, 0, "zebra", 1)
     export_epoch(engine, 0, root=root)
     engine.close_epoch(0)
-    checked = engine.check_batch("items", [[("b", 1), 1]])
-    assert engine.open_epoch(1)
-    engine.ingest("items", 1, checked)
-    for stage in engine.plan.stages_in_scope(0):
-        if engine.circuit.node(stage.anchor).op != "zset_source":
-            engine.run_stage(stage.id, (1,))
-    engine.publish(1)
+    publish_only(engine, 1, [[("b", 1), 1]])
     export_epoch(engine, 1, root=root)
     assert table_versions(table) == {0: 0, 1: 1}
 
