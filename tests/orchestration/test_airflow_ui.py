@@ -20,7 +20,14 @@ from dbspark.devtools.airflow import LocalAirflow
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
-EXAMPLE_DAGS = ("dbspark_orders_by_region", "dbspark_reachability", "dbspark_orders_sql")
+EXAMPLE_DAGS = (
+    "dbspark_orders_by_region",
+    "dbspark_reachability",
+    "dbspark_orders_sql",
+    "dbspark_reachable_sql",
+)
+#: Every DAG in dags/: the dbspark ones and the example consumer of a view's asset.
+ALL_DAGS = (*EXAMPLE_DAGS, "region_totals_report")
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +44,7 @@ def airflow(tmp_path_factory):
     deployment = LocalAirflow(root / "airflow", REPO / "dags", env=env, parallelism=1)
     try:
         deployment.start()
-        deployment.wait_for_dags(*EXAMPLE_DAGS)
+        deployment.wait_for_dags(*ALL_DAGS)
         yield deployment
     finally:
         deployment.stop()
@@ -52,7 +59,15 @@ def test_the_graph_view_of_every_example_dag_is_served(airflow, dag_id):
     assert "ingest" in ids and "publish" in ids
     edges = {(edge["source_id"], edge["target_id"]) for edge in graph["edges"]}
     assert {("publish", "close_epoch"), ("close_epoch", "rebuild"), ("rebuild", "verify")} <= edges
-    assert {("close_epoch", "serve"), ("close_epoch", "maintain")} <= edges
+    assert {("close_epoch", "serve"), ("close_epoch", "maintain"), ("rebuild", "serve")} <= edges
+
+
+def test_every_dag_file_is_served_and_none_failed_to_import(airflow):
+    files = sorted(p.stem for p in (REPO / "dags").glob("*.py"))
+    assert len(files) == len(ALL_DAGS), files  # a new DAG file joins ALL_DAGS
+    assert airflow.api.get("/api/v2/importErrors")["import_errors"] == []
+    graph = airflow.api.get("/ui/structure/structure_data?dag_id=region_totals_report")
+    assert [node["id"] for node in graph["nodes"]] == ["report"]
 
 
 def test_the_graph_view_draws_the_loop_as_a_group_of_mapped_iterations(airflow):

@@ -294,3 +294,33 @@ def test_a_task_holds_a_lease_while_its_unit_runs(tmp_path: Path) -> None:
         assert lasts == pytest.approx(DEFAULT_LEASE_SECONDS)  # no task: the default
     assert catalog.leases("word_count") == []
     catalog.close()
+
+
+def test_a_table_version_is_fsynced_before_publish_returns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What each commit wrote: its log entry, its data and change files, and the folders
+    up to the table's (the first one: up to the outputs' circuit folder)."""
+    monkeypatch.setenv(SYNC_METHOD_SETTING, "fsync")  # each file, visibly
+    synced: list[str] = []
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    out = Outputs(tmp_path / "published")
+    table = table_path(out.root, "c", "v")
+    out.export({(1, "a"): 1, (2, "b"): 1})
+    log = table / "_delta_log"
+    assert str(log / f"{0:020d}.json") in synced
+    assert {str(p) for p in table.glob("*.parquet")} <= set(synced)
+    assert {str(table), str(log), str(table.parent), str(table.parent.parent)} <= set(synced)
+    synced.clear()
+    out.export({(1, "a"): -1, (3, "c"): 1})  # a merge: data and change data files
+    assert str(log / f"{1:020d}.json") in synced
+    added = [p for p in synced if p.endswith(".parquet") and p.startswith(str(table))]
+    assert added and all(Path(p).exists() for p in added)
+    assert any("_change_data" in p for p in added)
+    assert str(table) in synced

@@ -45,6 +45,7 @@ import json
 import logging
 import os
 import re
+import urllib.parse
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,6 +68,7 @@ from dbspark.core.types import (
 )
 from dbspark.engine.local.tier import arrow_schema
 from dbspark.orchestration.sinks.files import WeightedRow, arrow_rows
+from dbspark.storage.durability import sync_trees
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -375,6 +377,7 @@ def publish_table(
         log.info("view %s, epoch %s: another publisher committed it first (%s)", view, epoch, err)
         version = _epoch_version(path, epoch, options)
         return TableCommit(view, path, epoch, version=version, skipped=True)
+    sync_version(path, result.version)
     if settings.maintain_every and epoch % settings.maintain_every == 0:
         result.maintenance = maintain_table(path, settings)
     log.info("view %s, epoch %s: %s", view, epoch, result.describe())
@@ -409,6 +412,7 @@ def correct_table(
             f"could not commit {what} to its table at {path} (a retry computes it again "
             f"and commits it once): {_said(err)}"
         ) from err
+    sync_version(path, result.version)
     log.info("view %s, rebuild of epoch %s: %s", view, epoch, result.describe())
     return result
 
@@ -680,6 +684,34 @@ def _epoch_version(path: Path | str, epoch: int, options: StorageOptions | None)
     return table_versions(path, storage_options=options).get(epoch)
 
 
+def sync_version(path: TablePath, version: int | None) -> None:
+    """fsync what commit ``version`` of the local table at ``path`` wrote: its log entry,
+    the data and change files it added, a checkpoint of that version and
+    ``_last_checkpoint``, and the directories up to the table's (delta-rs does not), so
+    that a table version the catalog counts on outlives a crash. An object store's table
+    is durable when its writes return."""
+    if is_uri(path) or version is None:
+        return
+    root = Path(path)
+    log_dir = root / "_delta_log"
+    entry = log_dir / f"{version:020d}.json"
+    written = [entry]
+    for line in entry.read_text().splitlines():
+        action = json.loads(line)
+        for kind in ("add", "cdc"):
+            if kind in action:
+                written.append(root / urllib.parse.unquote(action[kind]["path"]))
+    written += [
+        extra
+        for extra in (log_dir / f"{version:020d}.checkpoint.parquet", log_dir / "_last_checkpoint")
+        if extra.exists()
+    ]
+    # The first version also made the table's folder, and perhaps the view's and the
+    # circuit's above it (``<root>/<circuit>/<view>/table``).
+    up_to = root if version > 0 else root.parents[min(2, len(root.parents) - 1)]
+    sync_trees(written, up_to=up_to)
+
+
 # ==================================================================================== reading
 def table_versions(
     path: TablePath, *, storage_options: StorageOptions | None = None
@@ -779,6 +811,7 @@ def maintain_table(path: TablePath, settings: TableSettings) -> dict[str, int]:
     table = _reopened(path, settings.options)
     compacted = table.optimize.compact(target_size=settings.target_file_bytes)
     table = _reopened(path, settings.options)
+    sync_version(path, table.version())
     removed = table.vacuum(
         retention_hours=settings.retention_hours,
         dry_run=False,
