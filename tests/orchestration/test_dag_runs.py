@@ -182,7 +182,7 @@ def test_a_loop_that_exceeds_its_bound_fails_the_convergence_check(test_dags, pl
 
 
 def test_a_file_landed_after_its_interval_committed_is_refused_or_reported(
-    test_dags, place, capfd, monkeypatch
+    test_dags, place, capfd, caplog, monkeypatch
 ):
     """A file that lands in a committed interval's partition is never read: the next
     ingest of the source finds it, and with ``[dbspark] late_files = fail`` refuses to
@@ -223,6 +223,15 @@ def test_a_file_landed_after_its_interval_committed_is_refused_or_reported(
     replaced = place.landing.partition("words", day(1)) / "part-00000.parquet"
     assert f"{replaced} was replaced after interval {day(1)} was ingested" in logs
     assert catalog.last_committed_epoch(circuit.name) == 2
+    # Warned about once: the next ingest, whose late window still holds day 1, is quiet
+    # about it, and warns about what is new.
+    stray = place.landing.land("words", day(2), [("z", 1)], columns, "parquet", name="stray")
+    place.landing.land("words", day(3), [("d", 1)], columns, "parquet")
+    caplog.clear()
+    assert run(dag, 3)[0] == "success"
+    [warned] = [r.getMessage() for r in caplog.records if "to refuse" in r.getMessage()]
+    assert "was replaced after interval" not in warned
+    assert f"{stray} arrived after interval {day(2)} was ingested" in warned
     catalog.close()
 
 

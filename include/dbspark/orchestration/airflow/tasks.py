@@ -67,7 +67,11 @@ from dbspark.orchestration.epochs import (
 )
 from dbspark.orchestration.intervals import Interval
 from dbspark.orchestration.sources.base import source_schema
-from dbspark.orchestration.sources.records import IngestRecords, late_changes, late_window
+from dbspark.orchestration.sources.records import (
+    IngestRecords,
+    late_changes_by_interval,
+    late_window,
+)
 from dbspark.orchestration.spark_job import SPARK_JOB
 from dbspark.orchestration.units import (
     CATALOG_URL_VARIABLE,
@@ -602,7 +606,8 @@ class EpochTasks:
         finally:
             catalog.close()
         committed = [Interval.parse(labels[e]) for e in sorted(labels) if e < epoch]
-        late = late_changes(connector, source, records, committed)
+        by_interval = late_changes_by_interval(connector, source, records, committed)
+        late = [line for _, lines in by_interval for line in lines]
         window = late_window(connector, committed)
         records.forget(source, committed[: len(committed) - len(window)])
         if not late:
@@ -615,12 +620,21 @@ class EpochTasks:
                 "change: move late files into a current interval's partition (or remove "
                 "them), then clear this task. Nothing of this epoch was written."
             )
-        log.warning(
-            "source %r: input of committed intervals changed after their ingest and was "
-            "never read (set late_files='fail' to refuse):\n  %s",
-            source,
-            listed,
-        )
+        # Each late file is warned about once, not at every ingest of the late window.
+        fresh = [
+            (interval, [line for line in lines if line not in records.reported(source, interval)])
+            for interval, lines in by_interval
+        ]
+        news = [line for _, lines in fresh for line in lines]
+        if news:
+            log.warning(
+                "source %r: input of committed intervals changed after their ingest and was "
+                "never read (set late_files='fail' to refuse):\n  %s",
+                source,
+                "\n  ".join(news),
+            )
+            for interval, lines in fresh:
+                records.add_reported(source, interval, lines)
         return late
 
     def stage(self, stage_id: int, context: Mapping[str, Any]) -> dict[str, Any]:
