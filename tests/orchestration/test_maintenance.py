@@ -324,3 +324,37 @@ def test_a_table_version_is_fsynced_before_publish_returns(
     assert added and all(Path(p).exists() for p in added)
     assert any("_change_data" in p for p in added)
     assert str(table) in synced
+
+
+def test_a_large_change_is_counted_and_served_a_chunk_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 18, finding 15: neither the export's counts nor a serving table's catch-up
+    holds a whole change in memory."""
+    from dbspark.orchestration.sinks import files
+    from dbspark.orchestration.sinks import serving as serving_module
+
+    monkeypatch.setattr(files, "CHUNK_ROWS", 10)
+    monkeypatch.setattr(serving_module, "CHUNK_ROWS", 10)
+    out = Outputs(tmp_path / "published")
+    out.export({(k, "x"): 1 for k in range(5)})
+    out.export({**{(k, "x"): -1 for k in range(3)}, **{(k, "y"): 2 for k in range(22)}})
+    feed = output_dir(out.root, "c", "v", CHANGES, 1)
+    assert files.weight_sums(feed) == (44, 3)
+    chunks = [len(chunk) for chunk in files.iter_change_rows(feed, SCHEMA)]
+    assert chunks == [10, 10, 5]
+
+    applied: list[int] = []
+    real = serving_module._apply_rows
+
+    def counted(conn, table, schema, chunk, what, before):  # type: ignore[no-untyped-def]
+        applied.append(len(chunk))
+        return real(conn, table, schema, chunk, what, before)
+
+    monkeypatch.setattr(serving_module, "_apply_rows", counted)
+    target = ServingTarget(f"sqlite:///{tmp_path / 'serving.db'}")
+    catch_up(target, "c", {"v": SCHEMA}, out.root, 0)  # loaded whole from the table
+    catch_up(target, "c", {"v": SCHEMA}, out.root, 1)  # epoch 1 from its change feed
+    assert applied == [10, 10, 5]
+    assert ZSet(target.contents("c", "v", SCHEMA)) == out.history[1]
+    target.engine.dispose()

@@ -35,8 +35,8 @@ from dbspark.orchestration.sinks.files import (
     exported_corrections,
     feed_complete,
     feed_view,
+    iter_change_rows,
     output_dir,
-    read_change_rows,
     read_marker,
     weighted_difference,
 )
@@ -137,7 +137,7 @@ def export_epoch(
                 continue
             if item.changes is not None and item.changes.path is not None:
                 # The exported change is what readers of the feed see: serve exactly that.
-                change = read_change_rows(item.changes.path, schema)
+                change = iter_change_rows(item.changes.path, schema)
             else:
                 change = change_rows(engine, name, epoch, schema)
             item.serving = serving.apply(circuit, name, schema, epoch, change)

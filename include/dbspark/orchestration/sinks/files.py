@@ -35,7 +35,7 @@ import json
 import os
 import shutil
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -62,6 +62,8 @@ CORRECTIONS = "corrections"
 
 #: One row of a view in schema order, and its weight (a multiplicity or a change).
 WeightedRow = tuple[tuple[Any, ...], int]
+#: Rows of a change read, counted or applied at a time: the memory a change costs.
+CHUNK_ROWS = 10_000
 
 
 class ExportError(RuntimeError):
@@ -386,11 +388,21 @@ def _write_change(
 ) -> dict[str, int]:
     columns = [*schema.names, WEIGHT]
     stats = _write_frame(_view(engine, view, epoch, change=True), columns, tmp)
-    # A change is small: its +/- sizes are read back from the files just written.
-    rows = _parquet_rows(tmp, schema)
-    stats["inserted"] = sum(w for _, w in rows if w > 0)
-    stats["deleted"] = -sum(w for _, w in rows if w < 0)
+    stats["inserted"], stats["deleted"] = weight_sums(tmp)
     return stats
+
+
+def weight_sums(path: Path) -> tuple[int, int]:
+    """The sums of the positive weights and of the negative ones (as a positive count)
+    of the change files under ``path``, read a batch of the weight column at a time:
+    a change of any size is counted in bounded memory, without a Python row."""
+    inserted = deleted = 0
+    for part in _parts(path):
+        for batch in pq.ParquetFile(part).iter_batches(columns=[WEIGHT], batch_size=CHUNK_ROWS):
+            weights = batch.column(0)
+            inserted += pc.sum(pc.if_else(pc.greater(weights, 0), weights, 0)).as_py() or 0
+            deleted -= pc.sum(pc.if_else(pc.less(weights, 0), weights, 0)).as_py() or 0
+    return inserted, deleted
 
 
 def _marker(circuit: str, view: str, kind: str, epoch: int, schema: Schema) -> dict[str, Any]:
@@ -410,6 +422,27 @@ def read_change_rows(path: Path, schema: Schema) -> list[WeightedRow]:
     if read_marker(path) is None:
         raise ExportError(f"{path} is not a complete export (no {MARKER})")
     return _parquet_rows(path, schema)
+
+
+def iter_change_rows(path: Path, schema: Schema) -> Iterator[list[WeightedRow]]:
+    """The rows of one complete change directory, ``CHUNK_ROWS`` at a time: what a
+    serving table applies in bounded memory, however large the change."""
+    if read_marker(path) is None:
+        raise ExportError(f"{path} is not a complete export (no {MARKER})")
+    columns = [*schema.names, WEIGHT]
+    for part in _parts(path):
+        for batch in pq.ParquetFile(part).iter_batches(columns=columns, batch_size=CHUNK_ROWS):
+            yield arrow_rows(pa.Table.from_batches([batch]), schema)
+
+
+def _parts(path: Path) -> list[Path]:
+    """The data files of an export directory, as Arrow and Spark read it: not the
+    ``_``- and ``.``-prefixed ones (_SUCCESS, the marker, .crc)."""
+    return sorted(
+        p
+        for p in path.rglob("*.parquet")
+        if not any(n.startswith(("_", ".")) for n in p.relative_to(path).parts)
+    )
 
 
 def _parquet_rows(path: Path, schema: Schema) -> list[WeightedRow]:

@@ -42,12 +42,11 @@ from dbspark.core.types import (
 )
 from dbspark.orchestration.sinks.files import (
     CHANGES,
+    CHUNK_ROWS,
     WeightedRow,
-    arrow_rows,
     exported_corrections,
+    iter_change_rows,
     output_dir,
-    read_change_rows,
-    read_correction,
     read_marker,
 )
 from dbspark.orchestration.sinks.tables import TableSettings, table_path, table_rows
@@ -373,7 +372,10 @@ class ServingTarget:
 
         Only the changed rows are touched: a row's multiplicity becomes old + delta; a new
         row is inserted, a row reaching 0 is deleted. A no-op if the table is already at
-        ``epoch``; :class:`ServingEpochError` unless it is at ``epoch - 1``."""
+        ``epoch``; :class:`ServingEpochError` unless it is at ``epoch - 1``. ``change``
+        is taken ``CHUNK_ROWS`` rows at a time (or as the chunks it yields, when it
+        yields lists: ``files.iter_change_rows``), so a change of any size is applied in
+        bounded memory; a row's weight may not drive it below zero on the way."""
         table = self.table(circuit, view, schema)
         name = table.name
         result = ServingResult(name, epoch, self.database)
@@ -393,8 +395,11 @@ class ServingTarget:
                     result.skipped = True
                     return result
                 raise ServingEpochError(name, int(at), epoch)
-            counts = _apply_rows(conn, table, schema, change, f"epoch {epoch}", epoch - 1)
-        result.inserted, result.updated, result.deleted = counts
+            for chunk in _chunks(change):
+                counts = _apply_rows(conn, table, schema, chunk, f"epoch {epoch}", epoch - 1)
+                result.inserted += counts[0]
+                result.updated += counts[1]
+                result.deleted += counts[2]
         return result
 
     def apply_correction(
@@ -429,9 +434,11 @@ class ServingTarget:
                 return result
             self._record_corrections(conn, name, [(correction, epoch)])
             at = f"correction {correction} of epoch {epoch}"
-            result.inserted, result.updated, result.deleted = _apply_rows(
-                conn, table, schema, change, at, None
-            )
+            for chunk in _chunks(change):
+                counts = _apply_rows(conn, table, schema, chunk, at, None)
+                result.inserted += counts[0]
+                result.updated += counts[1]
+                result.deleted += counts[2]
         return result
 
     def reconcile(
@@ -554,6 +561,27 @@ class ServingTarget:
                 conn.execute(sa.insert(table), batch)
                 total += len(batch)
         return ServingResult(name, epoch, self.database, initialized=True, inserted=total)
+
+
+def _chunks(change: Iterable[Any]) -> Iterator[list[WeightedRow]]:
+    """``change`` as lists of at most ``CHUNK_ROWS`` rows; an iterable of lists (chunks
+    already) as they come."""
+    iterator = iter(change)
+    first = next(iterator, None)
+    if first is None:
+        return
+    if isinstance(first, list):
+        yield first
+        yield from iterator
+        return
+    chunk = [first]
+    for row in iterator:
+        chunk.append(row)
+        if len(chunk) >= CHUNK_ROWS:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
 
 
 def _apply_rows(
@@ -750,7 +778,7 @@ def _take_corrections(
     for correction in exported_corrections(root, circuit, view):
         if correction.name in applied or correction.epoch > epoch:
             continue
-        rows = arrow_rows(read_correction(correction, schema), schema)
+        rows = iter_change_rows(correction.path, schema)
         result = serving.apply_correction(
             circuit, view, schema, correction.name, correction.epoch, rows
         )
@@ -857,7 +885,7 @@ def catch_up(
             else:
                 for e, feed in zip(missing, feeds, strict=True):
                     at = e - 1
-                    rows = read_change_rows(feed, schema)
+                    rows = iter_change_rows(feed, schema)
                     result = serving.apply(circuit, view, schema, e, rows)
                     log.info("%s", result.describe())
                 results[view] = result
