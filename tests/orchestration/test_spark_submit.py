@@ -151,3 +151,57 @@ def test_a_task_stopped_by_its_timeout_stops_spark_submit_and_its_driver(tmp_pat
     alive = psutil.pid_exists(driver) and psutil.Process(driver).status() != psutil.STATUS_ZOMBIE
     assert not alive, f"the driver {driver} outlived its task"
     assert submission.poll() is not None
+
+
+def test_a_unit_through_an_authenticated_standalone_cluster(tmp_path, monkeypatch, capfd):
+    """A standalone master with ``spark.authenticate`` (as the compose topology runs it):
+    the spark connection's password is the cluster's secret, which reaches the driver in
+    a private properties file, never on spark-submit's command line. The unit's full
+    refresh runs in executors on the cluster's worker."""
+    import secrets
+
+    from dbspark.devtools.spark_standalone import LocalSparkCluster
+    from dbspark.engine.spark.executor import SparkEngine
+    from dbspark.examples.circuits import word_count
+    from dbspark.orchestration.airflow.deployment import Deployment, DeploymentOptions
+    from dbspark.orchestration.airflow.tasks import EpochTasks
+    from dbspark.orchestration.units import CircuitRecipe, VerifyUnit
+
+    warehouse = tmp_path / "warehouse"
+    engine = SparkEngine(word_count(), warehouse, spark=lambda: None, local_rows=100)
+    engine.step({"words": [(("to",), 1), (("be",), 1)]})  # epoch 0, on the local tier
+    engine.catalog.close()
+    secret = secrets.token_hex(16)
+    # Every verification with Spark, so that executors on the cluster do the work.
+    monkeypatch.setenv("DBSPARK_LOCAL_ROWS", "0")
+    with LocalSparkCluster(tmp_path / "spark", workers=1, auth_secret=secret) as cluster:
+        monkeypatch.setenv(
+            "AIRFLOW_CONN_DBSPARK_SPARK",
+            json.dumps({"conn_type": "spark", "host": cluster.master_url, "password": secret}),
+        )
+        tasks = EpochTasks(
+            circuit=word_count(),
+            sources={},
+            options=DeploymentOptions(),
+            start_date=START,
+            iteration_tasks=1,
+            recipe=CircuitRecipe.of_factory(word_count),
+        )
+        deployment = Deployment(
+            warehouse=warehouse,
+            outputs=tmp_path / "published",
+            catalog_url=None,
+            spark_remote=None,
+            spark_submit_conn_id="dbspark_spark",
+            serving_url=None,
+            serving_table_prefix="dbspark_",
+        )
+        capfd.readouterr()
+        result = tasks._submit(deployment, VerifyUnit(0))
+        logs = capfd.readouterr()
+        assert result["differing"] == {} and result["epoch"] == 0
+        # The driver got executors from the authenticated master: one ran on the worker.
+        assert cluster.executor_logs(), "no executor ran on the cluster"
+    assert secret not in logs.out + logs.err
+    assert "--properties-file" in logs.out + logs.err
+    assert list((warehouse / "_units" / "word_count").iterdir()) == []  # file removed

@@ -455,6 +455,21 @@ def _write_private(path: Path, text: str) -> None:
         handle.write(text)
 
 
+def write_private_properties(directory: Path, settings: Mapping[str, str]) -> Path:
+    """A new Spark properties file of ``settings`` in the private ``directory``
+    (``unit_directory``), mode 0600: how a secret reaches spark-submit without showing on
+    its command line (``ps``) or in the task log."""
+    lines = []
+    for key, value in settings.items():
+        if any(c in f"{key}{value}" for c in "\n\r"):
+            raise ValueError(f"the Spark setting {key!r} holds a line break")
+        # Java's properties format: a backslash escapes, so it is doubled.
+        lines.append(f"{key}={value.replace(chr(92), chr(92) * 2)}")
+    path = Path(directory) / f"{uuid.uuid4().hex}.properties"
+    _write_private(path, "\n".join(lines) + "\n")
+    return path
+
+
 def write_unit_file(directory: Path, shipped: ShippedUnit, key: bytes) -> Path:
     """Write ``shipped`` as a new JSON unit file in the private ``directory``
     (``unit_directory``), mode 0600, with an HMAC-SHA256 of its body under ``key``."""

@@ -56,7 +56,7 @@ from dbspark.orchestration.airflow.deployment import (
     resolve,
     spark_for,
 )
-from dbspark.orchestration.airflow.hook import dbspark_flag, dbspark_setting
+from dbspark.orchestration.airflow.hook import connection, dbspark_flag, dbspark_setting
 from dbspark.orchestration.airflow.lineage import report_ingest, report_publish
 from dbspark.orchestration.airflow.ui.status import task_of_stage
 from dbspark.orchestration.epochs import (
@@ -91,6 +91,7 @@ from dbspark.orchestration.units import (
     read_result_file,
     result_path,
     unit_directory,
+    write_private_properties,
     write_unit_file,
 )
 from dbspark.storage.catalog import (
@@ -114,6 +115,11 @@ def _with_backfill(err: EpochSequenceError, dag_id: str, interval: Interval) -> 
         f"--from-date {err.backfill_from.isoformat()} --to-date {interval.start.isoformat()} "
         "--reprocess-behavior failed --max-active-runs 1"
     )
+
+
+def _connection_password(conn_id: str | None) -> str | None:
+    found = connection(conn_id, required=True)
+    return None if found is None else (found.password or None)
 
 
 def _skip(message: str) -> Exception:
@@ -533,11 +539,20 @@ class EpochTasks:
             env_vars[CATALOG_URL_VARIABLE] = deployment.catalog_url
         if deployment.serving_url:
             env_vars[SERVING_URL_VARIABLE] = deployment.serving_url
+        # A cluster with spark.authenticate: its secret is the connection's password,
+        # handed to the driver in a private properties file (never on the command line).
+        secret = _connection_password(deployment.spark_submit_conn_id)
+        properties = None
+        if secret:
+            properties = write_private_properties(
+                stage.parent, {"spark.authenticate": "true", "spark.authenticate.secret": secret}
+            )
         hook = SparkSubmitHook(
             conn_id=deployment.spark_submit_conn_id,
             name=f"dbspark-{self.name}-{unit.kind}-{unit.epoch}",
             application_args=["--unit-file", str(stage)],
             env_vars=env_vars,
+            properties_file=None if properties is None else str(properties),
         )
         try:
             try:
@@ -550,8 +565,9 @@ class EpochTasks:
                 raise
             return json.loads(json.dumps(read_result_file(stage, key)))
         finally:
-            for leftover in (stage, result_path(stage)):
-                leftover.unlink(missing_ok=True)
+            for leftover in (stage, result_path(stage), properties):
+                if leftover is not None:
+                    leftover.unlink(missing_ok=True)
 
     def ingest(self, source: str, context: Mapping[str, Any]) -> dict[str, Any]:
         apply_redaction_setting()
