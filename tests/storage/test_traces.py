@@ -178,10 +178,43 @@ def test_tiered_choice_merges_like_a_binary_counter() -> None:
 
     big = b(1, 1_000_000)
     assert ids([big, b(2, 100), b(3, 100)]) == [2, 3]
-    assert ids([big, b(2, 200), b(3, 100)]) == [3]  # nothing to merge yet
-    assert ids([big, b(2, 200), b(3, 100), b(4, 100)]) == [2, 3, 4]
-    assert ids([b(1, 300), b(2, 200), b(3, 100), b(4, 100)]) == [1, 2, 3, 4]
-    assert ids([]) == []
+    assert ids([big, b(2, 40), b(3, 38)]) == [2, 3]  # about one size: merged
+    assert ids([big, b(2, 300), b(3, 100)]) == []  # nothing to merge yet
+    assert ids([big, b(2, 300), b(3, 100), b(4, 100)]) == [3, 4]  # 200: below 300's class
+    assert ids([b(1, 300), b(2, 200), b(3, 100), b(4, 100)]) == [1, 2, 3, 4]  # carried
+    # A small first epoch rides along with the class above it (it once blocked all merges).
+    assert ids([big, b(2, 16), b(3, 41), b(4, 46), b(5, 57)]) == [2, 3, 4, 5]
+    assert ids([b(2, 5)]) == [] and ids([]) == []
+
+
+def test_tiered_merges_keep_the_live_batches_logarithmic() -> None:
+    """A steady stream of epochs of about one size, compacted at each close as the engine
+    does (the epoch's own batch is not yet under the frontier): the live batches stay
+    logarithmic in the epochs, and each row is rewritten a logarithmic number of times."""
+    import math
+    import random
+
+    rng = random.Random(3)
+    live: list[BatchRecord] = []
+    rewritten = 0
+    for epoch in range(2000):
+        rows = rng.randrange(35, 46)
+        batch = BatchRecord(
+            "c", "t", "trace", (epoch,), f"p{epoch}", rows=rows, bytes=rows, id=epoch
+        )
+        live.append(batch)
+        chosen = _tiered_choice(live[:-1])
+        if len(chosen) > 1:
+            merged = sum(x.rows for x in chosen)
+            rewritten += merged
+            live = [x for x in live if x not in chosen]
+            merged_batch = BatchRecord(
+                "c", "t", "trace", (epoch,), "m", rows=merged, bytes=merged, id=-epoch
+            )
+            live.insert(0, merged_batch)
+        assert len(live) <= 2 * math.log2(epoch + 2) + 3, (epoch, [x.rows for x in live])
+    total = sum(x.rows for x in live)
+    assert rewritten <= total * 2 * math.log2(2000)
 
 
 def test_a_refused_compaction_leaves_no_files(store: TraceStore, monkeypatch) -> None:

@@ -93,12 +93,15 @@ def die_with_parent(sig: signal.Signals = signal.SIGTERM) -> Callable[[], None] 
     """
     if not sys.platform.startswith("linux"):
         return None
+    # Imported here, before the fork: a child that has dropped to an unprivileged user may
+    # not read the interpreter's library (under /root), and an import there would fail.
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
 
     def arm() -> None:
-        import ctypes
-
         with contextlib.suppress(Exception):
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, sig)
+            libc.prctl(_PR_SET_PDEATHSIG, sig)
 
     return arm
 

@@ -215,9 +215,10 @@ class TraceStore:
         are unchanged. Idempotent: compacting again at the same frontier does nothing.
 
         ``tiered=True`` merges like a binary counter (Differential Dataflow's spine):
-        only the smallest batches, while each next one is no larger than those taken so
-        far, so an old big batch is rewritten only when the recent ones have grown to its
-        size (O(log n) rewrites per update instead of one per compaction).
+        batches of one size class, with the smaller ones, carried upwards like a binary
+        counter (``_tiered_choice``), so an old big batch is rewritten only when the recent
+        ones have grown to its size class (O(log n) rewrites per update instead of one per
+        compaction, and O(log n) live batches).
 
         ``local(chosen, frontier, out_time)``, when given, rewrites a merge of at most
         ``local_rows`` rows instead of Spark (the same batch, written without a Spark job).
@@ -412,14 +413,33 @@ def with_time_columns(df: DataFrame, time: Sequence[int]) -> DataFrame:
     return df
 
 
+def _level(rows: int) -> int:
+    """A batch's size class: batches of 2**k to 2**(k+1) - 1 rows are level k."""
+    return max(rows, 1).bit_length() - 1
+
+
 def _tiered_choice(batches: list[BatchRecord]) -> list[BatchRecord]:
-    """Smallest first, take the next batch while it is no larger than all taken so far."""
-    ordered = sorted(batches, key=lambda b: (b.rows, b.id or 0))
-    chosen: list[BatchRecord] = []
-    total = 0
-    for b in ordered:
-        if chosen and b.rows > total:
+    """The batches to merge, as a binary counter carries (Differential Dataflow's spine):
+    the lowest size class that holds two batches, with every smaller batch; then, while
+    the merged size falls in the class of a batch not yet taken, that batch too. Empty
+    when no class holds two. Each class then keeps at most one batch, so the live
+    batches stay logarithmic in the rows, and a row is rewritten once per class it
+    climbs. (Taking the smallest batches while each next was no larger than all taken
+    so far left a small first epoch alone and every later batch, a little larger, out:
+    nothing ever merged, one live batch per epoch, which the soak benchmark found.)"""
+    counts: dict[int, int] = {}
+    for b in batches:
+        counts[_level(b.rows)] = counts.get(_level(b.rows), 0) + 1
+    crowded = [level for level, n in counts.items() if n > 1]
+    if not crowded:
+        return []
+    lowest = min(crowded)
+    chosen = [b for b in batches if _level(b.rows) <= lowest]
+    total = sum(b.rows for b in chosen)
+    while True:
+        carry = [b for b in batches if b not in chosen and _level(b.rows) <= _level(total)]
+        if not carry:
             break
-        chosen.append(b)
-        total += b.rows
-    return chosen
+        chosen += carry
+        total += sum(b.rows for b in carry)
+    return sorted(chosen, key=lambda b: (b.rows, b.id or 0))
