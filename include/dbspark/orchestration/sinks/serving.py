@@ -395,11 +395,7 @@ class ServingTarget:
                     result.skipped = True
                     return result
                 raise ServingEpochError(name, int(at), epoch)
-            for chunk in _chunks(change):
-                counts = _apply_rows(conn, table, schema, chunk, f"epoch {epoch}", epoch - 1)
-                result.inserted += counts[0]
-                result.updated += counts[1]
-                result.deleted += counts[2]
+            _apply_chunks(conn, table, schema, change, f"epoch {epoch}", epoch - 1, result)
         return result
 
     def apply_correction(
@@ -434,11 +430,7 @@ class ServingTarget:
                 return result
             self._record_corrections(conn, name, [(correction, epoch)])
             at = f"correction {correction} of epoch {epoch}"
-            for chunk in _chunks(change):
-                counts = _apply_rows(conn, table, schema, chunk, at, None)
-                result.inserted += counts[0]
-                result.updated += counts[1]
-                result.deleted += counts[2]
+            _apply_chunks(conn, table, schema, change, at, None, result)
         return result
 
     def reconcile(
@@ -561,6 +553,23 @@ class ServingTarget:
                 conn.execute(sa.insert(table), batch)
                 total += len(batch)
         return ServingResult(name, epoch, self.database, initialized=True, inserted=total)
+
+
+def _apply_chunks(
+    conn: Connection,
+    table: sa.Table,
+    schema: Schema,
+    change: Iterable[Any],
+    what: str,
+    before_epoch: int | None,
+    result: ServingResult,
+) -> None:
+    """:func:`_apply_rows` a chunk at a time (:func:`_chunks`), counted into ``result``."""
+    for chunk in _chunks(change):
+        inserted, updated, deleted = _apply_rows(conn, table, schema, chunk, what, before_epoch)
+        result.inserted += inserted
+        result.updated += updated
+        result.deleted += deleted
 
 
 def _chunks(change: Iterable[Any]) -> Iterator[list[WeightedRow]]:
