@@ -23,9 +23,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from dbspark.circuit.builder import Circuit
 from dbspark.examples.circuits import NAMED_CIRCUITS
@@ -74,6 +77,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     from dbspark.engine.spark.executor import SparkEngine
 
     engine = SparkEngine(load_circuit(args.circuit), args.warehouse)
+    # Garbage collection keeps what this run reads and writes while it holds the lease.
+    holder = f"python -m dbspark.refresh {args.action} ({socket.gethostname()}, pid {os.getpid()})"
+    lease = engine.catalog.acquire_lease(engine.circuit.name, holder)
+    try:
+        return _run(engine, args)
+    finally:
+        engine.catalog.release_lease(lease)
+
+
+def _run(engine: Any, args: argparse.Namespace) -> int:
     epoch = engine.last_committed_epoch()
     if args.action == "verify":
         tier = args.tier or engine.verify_tier()

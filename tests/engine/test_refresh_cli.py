@@ -114,3 +114,23 @@ def test_rebuild_with_outputs_corrects_them(
     with pytest.raises(SystemExit):
         refresh.main(["verify", "orders", "--warehouse", str(root), "--outputs", str(outputs)])
     assert "--outputs applies to rebuild only" in capsys.readouterr().err
+
+
+def test_a_run_holds_a_lease_until_it_ends(spark: Any, tmp_path: Path, monkeypatch) -> None:
+    """Garbage collection keeps what a verify or rebuild reads while it runs."""
+    root = tmp_path / "wh"
+    _warehouse(spark, root).catalog.close()
+    seen: list[str] = []
+    real = SparkEngine.verify
+
+    def verify(engine: SparkEngine, tier: str | None = None) -> Any:
+        seen.extend(lease.holder for lease in engine.catalog.leases("orders"))
+        return real(engine, tier=tier)
+
+    monkeypatch.setattr(SparkEngine, "verify", verify)
+    assert refresh.main(["verify", "orders", "--warehouse", str(root)]) == 0
+    [holder] = seen
+    assert holder.startswith("python -m dbspark.refresh verify (")
+    engine = SparkEngine(NAMED_CIRCUITS["orders"](), root, spark=lambda: spark)
+    assert engine.catalog.leases("orders") == []
+    engine.catalog.close()

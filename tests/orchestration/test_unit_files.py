@@ -254,3 +254,36 @@ def test_each_final_error_crosses_as_its_own_kind_and_fails_at_once(error):
 def test_a_result_file_with_an_unknown_error_kind_is_refused():
     refused = final_error({"kind": "SomethingElse", "message": "boom"})
     assert isinstance(refused, UnitFileError) and "SomethingElse" in str(refused)
+
+
+def test_a_unit_holds_a_lease_where_it_runs(tmp_path, monkeypatch):
+    """A driver or the unit worker holds its own lease while the unit runs, so garbage
+    collection keeps the unit's files even after the task that handed it over stopped
+    (and released the task's lease); the lease ends with the unit."""
+    from dbspark.orchestration import units
+    from dbspark.orchestration.units import CloseUnit
+    from dbspark.storage.catalog import Catalog
+
+    warehouse = tmp_path / "warehouse"
+    seen = []
+
+    def execute(engine, unit):  # what the unit saw: the circuit's live leases
+        seen.extend(lease.holder for lease in engine.catalog.leases("word_count"))
+        return {"ran": unit.kind}
+
+    monkeypatch.setattr(units, "execute_unit", execute)
+    unit = ShippedUnit(
+        recipe=CircuitRecipe.of_factory(word_count),
+        fingerprint=circuit_fingerprint(word_count()),
+        unit=CloseUnit(0),
+        warehouse=str(warehouse),
+    )
+    path = write_unit_file(unit_directory(warehouse, "word_count"), unit, KEY)
+    assert run_unit_file(path, spark=None, environ={UNIT_KEY_VARIABLE: KEY.hex()}) == {
+        "ran": "close"
+    }
+    [holder] = seen
+    assert holder.startswith("close unit of epoch 0 of word_count (")
+    catalog = Catalog.for_warehouse(warehouse)
+    assert catalog.leases("word_count") == []
+    catalog.close()

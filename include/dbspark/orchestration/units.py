@@ -548,6 +548,25 @@ def _url_of(conn_id: str | None, variable: str, environ: Mapping[str, str]) -> s
     return url
 
 
+@contextlib.contextmanager
+def unit_lease(engine: Any, unit: Unit) -> Iterator[None]:
+    """Hold a lease on the circuit while ``unit`` runs in this process (a driver, the unit
+    worker), so garbage collection keeps what it writes and reads even when the task
+    that handed it over stopped meanwhile (its own lease released); one that dies leaves
+    a lease that expires (``DEFAULT_LEASE_SECONDS``)."""
+    import socket
+
+    holder = (
+        f"{unit.kind} unit of epoch {unit.epoch} of {engine.circuit.name} "
+        f"({socket.gethostname()}, pid {os.getpid()})"
+    )
+    lease = engine.catalog.acquire_lease(engine.circuit.name, holder)
+    try:
+        yield
+    finally:
+        engine.catalog.release_lease(lease)
+
+
 def run_unit_file(
     path: Path,
     spark: Any,
@@ -579,7 +598,7 @@ def run_unit_file(
     catalog_url = _url_of(shipped.catalog_conn_id, CATALOG_URL_VARIABLE, environ)
     source = engines or _fresh_engine(spark)
     try:
-        with source(shipped, circuit, catalog_url) as engine:
+        with source(shipped, circuit, catalog_url) as engine, unit_lease(engine, unit):
             result = execute_unit(engine, unit)
     except FINAL_ERRORS as err:
         # The task cannot see this process's exception, only its exit status: the error
