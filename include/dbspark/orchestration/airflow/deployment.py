@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -130,21 +130,27 @@ class CatalogLocation:
         return _safe_url(self.url) if self.url else f"SQLite in the warehouse {self.warehouse}"
 
 
-def resolve_catalog(options: DeploymentOptions | None = None) -> CatalogLocation:
+def resolve_catalog(
+    options: DeploymentOptions | None = None,
+    held: Callable[[], dict[str, str]] | None = None,
+) -> CatalogLocation:
     """The warehouse and catalog alone, resolved as :func:`resolve` does (for readers of
-    the catalog, such as the Airflow UI page, that need no Spark or serving database)."""
+    the catalog, such as the Airflow UI page, that need no Spark or serving database).
+    ``held`` gives what the ``dbspark`` connection holds (:func:`_dbspark_connection_once`)."""
     options = options or DeploymentOptions()
+    held = held or _dbspark_connection_once(options)
     home = Path(os.environ.get("AIRFLOW_HOME", Path.home() / "airflow"))
-    held = dbspark_connection(options.dbspark_conn_id)
     warehouse = Path(
         options.warehouse
         or dbspark_setting("warehouse")
-        or held.get("warehouse")
+        or held().get("warehouse")
         or home / "dbspark" / "warehouse"
     ).resolve()
     # An explicitly named connection must exist; the default name is optional.
     catalog_id = (
-        options.catalog_conn_id or dbspark_setting("catalog_conn_id") or held.get("catalog_conn_id")
+        options.catalog_conn_id
+        or dbspark_setting("catalog_conn_id")
+        or held().get("catalog_conn_id")
     )
     catalog = connection(catalog_id or DEFAULT_CATALOG_CONN_ID, required=bool(catalog_id))
     return CatalogLocation(
@@ -154,12 +160,13 @@ def resolve_catalog(options: DeploymentOptions | None = None) -> CatalogLocation
 
 def resolve(options: DeploymentOptions) -> Deployment:
     """Resolve a task's deployment (see the module docstring for the order)."""
-    catalog = resolve_catalog(options)
+    held = _dbspark_connection_once(options)
+    catalog = resolve_catalog(options, held)
     warehouse = catalog.warehouse
     outputs = Path(
         options.outputs
         or dbspark_setting("outputs")
-        or dbspark_connection(options.dbspark_conn_id).get("outputs")
+        or held().get("outputs")
         or warehouse / "published"
     ).resolve()
 
@@ -194,6 +201,20 @@ def resolve(options: DeploymentOptions) -> Deployment:
         table_settings=table_settings(),
         worker_socket=_worker_socket(),
     )
+
+
+def _dbspark_connection_once(options: DeploymentOptions) -> Callable[[], dict[str, str]]:
+    """:func:`dbspark_connection` of ``options``, looked up on first use and only then:
+    every task resolves its deployment, and ``[dbspark]`` keys that say it all need no
+    connection lookup (a request to Airflow's API in a task)."""
+    found: list[dict[str, str]] = []
+
+    def held() -> dict[str, str]:
+        if not found:
+            found.append(dbspark_connection(options.dbspark_conn_id))
+        return found[0]
+
+    return held
 
 
 def dbspark_connection(conn_id: str | None = None) -> dict[str, str]:

@@ -50,9 +50,7 @@ def report_ingest(
             asset_extra=_identity(*read_from, schema),
         )
     collector.add_output_asset(
-        context=task,
-        uri=source_uri(circuit, source),
-        asset_extra=_identity(NAMESPACE_PREFIX + circuit, f"sources.{source}", schema),
+        context=task, uri=source_uri(circuit, source), asset_extra=_source(circuit, source, schema)
     )
 
 
@@ -69,7 +67,7 @@ def report_publish(
         collector.add_input_asset(
             context=task,
             uri=source_uri(circuit, source),
-            asset_extra=_identity(NAMESPACE_PREFIX + circuit, f"sources.{source}", schema),
+            asset_extra=_source(circuit, source, schema),
         )
     for view, (location, schema) in views.items():
         if location is None:
@@ -89,6 +87,12 @@ def location_dataset(location: str) -> tuple[str, str]:
     if parsed.scheme in ("", "file"):
         return "file", parsed.path if parsed.scheme else location
     return f"{parsed.scheme}://{parsed.netloc}", parsed.path.lstrip("/")
+
+
+def _source(circuit: str, source: str, schema: Schema) -> dict[str, Any]:
+    """The identity of ``source`` as the circuit holds it: what ingest writes and publish
+    reads."""
+    return _identity(NAMESPACE_PREFIX + circuit, f"sources.{source}", schema)
 
 
 def _identity(namespace: str, name: str, schema: Schema) -> dict[str, Any]:

@@ -35,6 +35,8 @@ CONNECTION_TYPE = "dbspark"
 HOOK_MODULE = "dbspark.orchestration.airflow.provider"
 PLUGIN_CLASS = "dbspark.orchestration.airflow.ui.plugin.DbsparkPlugin"
 LINEAGE_MODULE = "dbspark.orchestration.airflow.lineage"
+#: The connection form's fields a dbspark connection does not use (all it holds is extra).
+HIDDEN_FIELDS = ("host", "schema", "login", "password", "port")
 
 
 def get_provider_info() -> dict[str, Any]:
@@ -66,7 +68,7 @@ def get_provider_info() -> dict[str, Any]:
                 "hook-class-name": f"{HOOK_MODULE}.DbsparkHook",
                 "hook-name": "dbspark",
                 "ui-field-behaviour": {
-                    "hidden-fields": ["host", "schema", "login", "password", "port"],
+                    "hidden-fields": list(HIDDEN_FIELDS),
                     "relabeling": {},
                 },
                 "conn-fields": {
@@ -118,7 +120,7 @@ class DbsparkHook(BaseHook):
 
     @classmethod
     def get_ui_field_behaviour(cls) -> dict[str, Any]:
-        return {"hidden_fields": ["host", "schema", "login", "password", "port"], "relabeling": {}}
+        return {"hidden_fields": list(HIDDEN_FIELDS), "relabeling": {}}
 
     def location(self) -> CatalogLocation:
         """Where the warehouse and the catalog are."""

@@ -637,10 +637,10 @@ class EpochTasks:
                 "them), then clear this task. Nothing of this epoch was written."
             )
         # Each late file is warned about once, not at every ingest of the late window.
-        fresh = [
-            (interval, [line for line in lines if line not in records.reported(source, interval)])
-            for interval, lines in by_interval
-        ]
+        fresh = []
+        for interval, lines in by_interval:
+            reported = records.reported(source, interval)
+            fresh.append((interval, [line for line in lines if line not in reported]))
         news = [line for _, lines in fresh for line in lines]
         if news:
             log.warning(

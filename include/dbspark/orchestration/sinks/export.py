@@ -38,6 +38,7 @@ from dbspark.orchestration.sinks.files import (
     iter_change_rows,
     output_dir,
     read_marker,
+    stacked,
     weighted_difference,
 )
 from dbspark.orchestration.sinks.serving import ServingResult, ServingTarget
@@ -168,10 +169,6 @@ def _publish_table(
     columns = [*schema.names, WEIGHT]
     assert changes.path is not None  # written under root
 
-    def whole_view() -> pa.Table:
-        table = engine.view_table(view, epoch)
-        return table if table is not None else engine.view_frame(view, epoch).toArrow()
-
     return publish_table(
         table_path(settings.location or root, circuit, view),
         circuit=circuit,
@@ -179,10 +176,17 @@ def _publish_table(
         schema=schema,
         epoch=epoch,
         change=pq.read_table(changes.path, columns=columns),
-        whole_view=whole_view,
+        whole_view=lambda: whole_view(engine, view, epoch),
         interval=engine.catalog.epoch_labels(circuit).get(epoch),
         settings=settings,
     )
+
+
+def whole_view(engine: SparkEngine, view: str, epoch: int) -> pa.Table:
+    """The view as of ``epoch`` as Arrow (its columns and ``__w``): read in this process
+    when it is small enough, else by Spark and collected."""
+    table = engine.view_table(view, epoch)
+    return table if table is not None else engine.view_frame(view, epoch).toArrow()
 
 
 # ==================================================================================== rebuilds
@@ -245,8 +249,7 @@ def rebuild_views(
     before = {}
     for view in views:
         if not feed_complete(root, circuit, view, epoch):
-            small = engine.view_table(view, epoch)
-            before[view] = small if small is not None else engine.view_frame(view, epoch).toArrow()
+            before[view] = whole_view(engine, view, epoch)
     rows = {view: engine.rebuild(view, by=by) for view in views}  # the engine logs each
     corrected = correct_views(
         engine, views, root=root, tables=tables, serving=serving, before=before
@@ -286,8 +289,7 @@ def correct_views(
     corrected = {}
     for view in views:
         schema = engine.circuit.node(engine.circuit.views[view]).schema
-        small = engine.view_table(view, epoch)
-        rebuilt = small if small is not None else engine.view_frame(view, epoch).toArrow()
+        rebuilt = whole_view(engine, view, epoch)
         item = ViewCorrection(view, epoch)
         corrected[view] = item
         held_by_table = None
@@ -359,5 +361,4 @@ def _table_as_of(
     if not changes:
         return held
     # Subtract: the later changes negated, summed with the latest rows.
-    later_total = pa.concat_tables([c.cast(changes[0].schema) for c in changes])
-    return weighted_difference(held, later_total, schema)
+    return weighted_difference(held, stacked(changes), schema)

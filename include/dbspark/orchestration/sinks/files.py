@@ -264,15 +264,12 @@ def export_correction(
     columns = [*schema.names, WEIGHT]
     number = 1 + max((c.number for c in exported_corrections(root, circuit, view)), default=0)
     path = corrections_dir(root, circuit, view) / f"rebuild={number}"
-    weights = rows.column(WEIGHT).to_pylist()
     marker = {
         **_marker(circuit, view, CHANGES, epoch, schema),
         "kind": CORRECTIONS,
         "rebuild": number,
-        "inserted": sum(w for w in weights if w > 0),
-        "deleted": -sum(w for w in weights if w < 0),
     }
-    _publish_dir(path, lambda tmp: _write_frame(rows, columns, tmp), marker)
+    _publish_dir(path, lambda tmp: _write_counted(rows, columns, tmp), marker)
     (done,) = [c for c in exported_corrections(root, circuit, view) if c.path == path]
     return done
 
@@ -306,7 +303,12 @@ def feed_view(
         for c in exported_corrections(root, circuit, view)
         if c.epoch <= epoch
     ]
-    # Spark and Arrow wrote the directories: the same columns, perhaps not the same types.
+    return stacked(parts)
+
+
+def stacked(parts: Sequence[pa.Table]) -> pa.Table:
+    """Tables of one view's columns and ``__w``, as one (not consolidated). Spark and
+    Arrow wrote their directories: the same columns, perhaps not the same types."""
     return pa.concat_tables([part.cast(parts[0].schema) for part in parts])
 
 
@@ -387,7 +389,15 @@ def _write_change(
     engine: SparkEngine, view: str, epoch: int, schema: Schema, tmp: Path
 ) -> dict[str, int]:
     columns = [*schema.names, WEIGHT]
-    stats = _write_frame(_view(engine, view, epoch, change=True), columns, tmp)
+    return _write_counted(_view(engine, view, epoch, change=True), columns, tmp)
+
+
+def _write_counted(
+    frame: DataFrame | pa.Table, columns: Sequence[str], tmp: Path
+) -> dict[str, int]:
+    """:func:`_write_frame` of a change or a correction, with its marker's +/- counts read
+    back from the files just written (:func:`weight_sums`)."""
+    stats = _write_frame(frame, columns, tmp)
     stats["inserted"], stats["deleted"] = weight_sums(tmp)
     return stats
 

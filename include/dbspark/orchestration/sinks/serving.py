@@ -459,23 +459,24 @@ class ServingTarget:
             ).rowcount
             if moved != 1:
                 return None
-            wanted: dict[tuple[Any, ...], tuple[list[Any], int]] = {}
-            for row, weight in rows:
-                values = [_to_sql(v, t) for v, t in zip(row, schema.types, strict=True)]
-                key = _key(values)
-                wanted[key] = (values, wanted.get(key, (values, 0))[1] + int(weight))
-            held = conn.execute(sa.select(*(table.c[n] for n in schema.names), table.c[WEIGHT]))
-            for record in held:
-                values = list(record[:-1])
-                key = _key(values)
-                wanted[key] = (values, wanted.get(key, (values, 0))[1] - int(record[-1]))
-            change = [
-                (tuple(_from_sql(v, t) for v, t in zip(values, schema.types, strict=True)), w)
-                for values, w in wanted.values()
-                if w != 0
-            ]
-            result.inserted, result.updated, result.deleted = _apply_rows(
-                conn, table, schema, change, "the rebuilt view", epoch
+            # The difference of the rows wanted and the rows held, applied as a change.
+            deltas = _sql_deltas(rows, schema)
+            held: dict[tuple[Any, ...], int] = {}
+            query = sa.select(*(table.c[n] for n in schema.names), table.c[WEIGHT])
+            for record in conn.execute(query):
+                key = _key(record[:-1])
+                if key in held:
+                    raise _held_twice(name, record[:-1])
+                held[key] = int(record[-1])
+                # As the database gave them back, normalized as a change's values are.
+                stored = [
+                    _to_sql(_from_sql(v, t), t)
+                    for v, t in zip(record[:-1], schema.types, strict=True)
+                ]
+                values, weight = deltas.get(key, (stored, 0))
+                deltas[key] = (values, weight - held[key])
+            result.inserted, result.updated, result.deleted = _apply_deltas(
+                conn, table, schema, deltas, "the rebuilt view", epoch, held
             )
             applied = self._applied_corrections(conn, name)
             self._record_corrections(conn, name, [c for c in corrections if c[0] not in applied])
@@ -593,6 +594,11 @@ def _chunks(change: Iterable[Any]) -> Iterator[list[WeightedRow]]:
         yield chunk
 
 
+#: Per row of a change (keyed by :func:`_key`): its values as the database takes them,
+#: and its weight's change.
+Deltas = dict[tuple[Any, ...], tuple[list[Any], int]]
+
+
 def _apply_rows(
     conn: Connection,
     table: sa.Table,
@@ -604,13 +610,34 @@ def _apply_rows(
     """Apply ``change`` (``what``: the epoch or correction it is) to the rows it touches:
     a row's multiplicity becomes old + delta, a new row is inserted, a row reaching 0 is
     deleted. Returns the rows inserted, updated and deleted."""
-    deltas: dict[tuple[Any, ...], tuple[list[Any], int]] = {}
+    return _apply_deltas(conn, table, schema, _sql_deltas(change, schema), what, before_epoch)
+
+
+def _sql_deltas(change: Iterable[WeightedRow], schema: Schema) -> Deltas:
+    """``change`` summed per row, its values converted for the database."""
+    deltas: Deltas = {}
     for row, weight in change:
         values = [_to_sql(v, t) for v, t in zip(row, schema.types, strict=True)]
         key = _key(values)
         deltas[key] = (values, deltas.get(key, (values, 0))[1] + int(weight))
+    return deltas
+
+
+def _apply_deltas(
+    conn: Connection,
+    table: sa.Table,
+    schema: Schema,
+    deltas: Deltas,
+    what: str,
+    before_epoch: int | None,
+    held: dict[tuple[Any, ...], int] | None = None,
+) -> tuple[int, int, int]:
+    """:func:`_apply_rows` of deltas already summed; ``held`` is what the table holds of
+    their rows when the caller has read it (else looked up here)."""
     changes = [(values, d) for values, d in deltas.values() if d != 0]
-    old = _lookup(conn, table, schema.names, [values for values, _ in changes])
+    old = held
+    if old is None:
+        old = _lookup(conn, table, schema.names, [values for values, _ in changes])
     inserts, updates, deletes = [], [], []
     for values, delta in changes:
         before = old.get(_key(values), 0)
@@ -653,6 +680,13 @@ def _match(table: sa.Table, names: Sequence[str], nulls: Sequence[bool]) -> list
     ]
 
 
+def _held_twice(table: str, values: Sequence[Any]) -> ServingError:
+    return ServingError(
+        f"serving table {table!r} holds row {list(values)} more than once; reload it with "
+        "initialize_serving"
+    )
+
+
 def _lookup(
     conn: Connection, table: sa.Table, names: Sequence[str], rows: Sequence[Sequence[Any]]
 ) -> dict[tuple[Any, ...], int]:
@@ -677,10 +711,7 @@ def _lookup(
             for record in conn.execute(query):
                 key = _key(record[:-1])
                 if key in found:
-                    raise ServingError(
-                        f"serving table {table.name!r} holds row {list(record[:-1])} more "
-                        f"than once; reload it with initialize_serving"
-                    )
+                    raise _held_twice(table.name, record[:-1])
                 found[key] = int(record[-1])
     return found
 
@@ -740,7 +771,7 @@ def initialize_serving(
         held: list[tuple[str, int]] = []
         if root is not None:
             rows = _table_rows(root, tables, circuit, name, schema, epoch)
-            held = _corrections_in_table(root, circuit, name, epoch)
+            held = _corrections_up_to(root, circuit, name, epoch)
         else:
             rows = _stream(engine.view_frame(name, epoch), schema)
         results[name] = serving.initialize(circuit, name, schema, epoch, rows, corrections=held)
@@ -766,7 +797,7 @@ def reconcile_with_tables(
         if not serving.serves(view):
             continue
         rows = _table_rows(root, tables, circuit, view, schema, epoch)
-        held = _corrections_in_table(root, circuit, view, epoch)
+        held = _corrections_up_to(root, circuit, view, epoch)
         results[view] = serving.reconcile(circuit, view, schema, epoch, rows, corrections=held)
         if results[view] is not None:
             log.info("%s", results[view].describe())
@@ -794,7 +825,7 @@ def _take_corrections(
         log.info("%s", result.describe())
 
 
-def _corrections_in_table(
+def _corrections_up_to(
     root: str | os.PathLike[str], circuit: str, view: str, epoch: int
 ) -> list[tuple[str, int]]:
     """The feed's corrections of epochs up to ``epoch``: the view's table as of ``epoch``
@@ -886,7 +917,7 @@ def catch_up(
             )
             if not replay:
                 rows = _table_rows(root, tables, circuit, view, schema, epoch)
-                held = _corrections_in_table(root, circuit, view, epoch)
+                held = _corrections_up_to(root, circuit, view, epoch)
                 results[view] = serving.initialize(
                     circuit, view, schema, epoch, rows, corrections=held
                 )
