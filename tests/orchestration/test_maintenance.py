@@ -141,10 +141,9 @@ def test_a_failing_serving_table_is_reported_and_the_others_catch_up(
     serving.engine.dispose()
 
 
-def test_an_export_is_fsynced_before_it_is_renamed_into_place(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv(SYNC_METHOD_SETTING, "fsync")  # each file, in order
+def recorded_fsyncs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The paths fsynced from now on, in order: one fsync per file (no syncfs)."""
+    monkeypatch.setenv(SYNC_METHOD_SETTING, "fsync")
     synced: list[str] = []
     real = os.fsync
 
@@ -153,6 +152,13 @@ def test_an_export_is_fsynced_before_it_is_renamed_into_place(
         real(fd)
 
     monkeypatch.setattr(os, "fsync", fsync)
+    return synced
+
+
+def test_an_export_is_fsynced_before_it_is_renamed_into_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced = recorded_fsyncs(monkeypatch)  # each file, in order
     out = Outputs(tmp_path / "published")
     out.export({(1, "a"): 1})
     final = output_dir(out.root, "c", "v", CHANGES, 0)
@@ -301,15 +307,7 @@ def test_a_table_version_is_fsynced_before_publish_returns(
 ) -> None:
     """What each commit wrote: its log entry, its data and change files, and the folders
     up to the table's (the first one: up to the outputs' circuit folder)."""
-    monkeypatch.setenv(SYNC_METHOD_SETTING, "fsync")  # each file, visibly
-    synced: list[str] = []
-    real = os.fsync
-
-    def fsync(fd: int) -> None:
-        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
-        real(fd)
-
-    monkeypatch.setattr(os, "fsync", fsync)
+    synced = recorded_fsyncs(monkeypatch)  # each file, visibly
     out = Outputs(tmp_path / "published")
     table = table_path(out.root, "c", "v")
     out.export({(1, "a"): 1, (2, "b"): 1})

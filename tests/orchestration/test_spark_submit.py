@@ -8,6 +8,7 @@ import json
 import stat
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -66,19 +67,14 @@ def test_an_epoch_through_spark_submit(airflow_db, tmp_path, monkeypatch, capfd)
     assert list(units.iterdir()) == []
 
 
-def test_bad_input_in_the_driver_fails_the_task_with_the_drivers_error(tmp_path, monkeypatch):
-    """The task sees only spark-submit's exit status; the driver sends an error no retry
-    can fix back in its result file, so the task raises that very error (and the retry
-    policy fails it at once) instead of a failed submission that would be retried."""
-    from dbspark.core.errors import InputError
+def word_count_submitter(tmp_path: Path) -> tuple[Any, Any]:
+    """The word count's tasks and a deployment under ``tmp_path`` whose Spark units go
+    through spark-submit (the ``dbspark_spark`` connection, set by the test)."""
     from dbspark.examples.circuits import word_count
     from dbspark.orchestration.airflow.deployment import Deployment, DeploymentOptions
     from dbspark.orchestration.airflow.tasks import EpochTasks
-    from dbspark.orchestration.units import CircuitRecipe, IngestUnit
+    from dbspark.orchestration.units import CircuitRecipe
 
-    monkeypatch.setenv(
-        "AIRFLOW_CONN_DBSPARK_SPARK", json.dumps({"conn_type": "spark", "host": "local[1]"})
-    )
     tasks = EpochTasks(
         circuit=word_count(),
         sources={},
@@ -96,6 +92,20 @@ def test_bad_input_in_the_driver_fails_the_task_with_the_drivers_error(tmp_path,
         serving_url=None,
         serving_table_prefix="dbspark_",
     )
+    return tasks, deployment
+
+
+def test_bad_input_in_the_driver_fails_the_task_with_the_drivers_error(tmp_path, monkeypatch):
+    """The task sees only spark-submit's exit status; the driver sends an error no retry
+    can fix back in its result file, so the task raises that very error (and the retry
+    policy fails it at once) instead of a failed submission that would be retried."""
+    from dbspark.core.errors import InputError
+    from dbspark.orchestration.units import IngestUnit
+
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_DBSPARK_SPARK", json.dumps({"conn_type": "spark", "host": "local[1]"})
+    )
+    tasks, deployment = word_count_submitter(tmp_path)
     with pytest.raises(InputError, match=r"source 'sentences'.*has no such source") as refused:
         tasks._submit(deployment, IngestUnit(0, "sentences", [("to",)]))
     assert refused.value.source == "sentences"
@@ -163,9 +173,7 @@ def test_a_unit_through_an_authenticated_standalone_cluster(tmp_path, monkeypatc
     from dbspark.devtools.spark_standalone import LocalSparkCluster
     from dbspark.engine.spark.executor import SparkEngine
     from dbspark.examples.circuits import word_count
-    from dbspark.orchestration.airflow.deployment import Deployment, DeploymentOptions
-    from dbspark.orchestration.airflow.tasks import EpochTasks
-    from dbspark.orchestration.units import CircuitRecipe, VerifyUnit
+    from dbspark.orchestration.units import VerifyUnit
 
     warehouse = tmp_path / "warehouse"
     engine = SparkEngine(word_count(), warehouse, spark=lambda: None, local_rows=100)
@@ -179,23 +187,7 @@ def test_a_unit_through_an_authenticated_standalone_cluster(tmp_path, monkeypatc
             "AIRFLOW_CONN_DBSPARK_SPARK",
             json.dumps({"conn_type": "spark", "host": cluster.master_url, "password": secret}),
         )
-        tasks = EpochTasks(
-            circuit=word_count(),
-            sources={},
-            options=DeploymentOptions(),
-            start_date=START,
-            iteration_tasks=1,
-            recipe=CircuitRecipe.of_factory(word_count),
-        )
-        deployment = Deployment(
-            warehouse=warehouse,
-            outputs=tmp_path / "published",
-            catalog_url=None,
-            spark_remote=None,
-            spark_submit_conn_id="dbspark_spark",
-            serving_url=None,
-            serving_table_prefix="dbspark_",
-        )
+        tasks, deployment = word_count_submitter(tmp_path)
         capfd.readouterr()
         result = tasks._submit(deployment, VerifyUnit(0))
         logs = capfd.readouterr()
