@@ -35,6 +35,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dbspark.storage.catalog import KINDS, BatchRecord, _check_name
+from dbspark.storage.driver_plans import listed_on_driver, one_job
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -264,7 +265,8 @@ class Warehouse:
         written (without ``__bucket``); None if it has more."""
         if bucket_by and not prebucketed:
             df = df.withColumn(BUCKET_COLUMN, bucket_expr(bucket_by, buckets))
-        table = df.limit(driver_rows + 1).toArrow()
+        with one_job(df.sparkSession):
+            table = df.limit(driver_rows + 1).toArrow()
         if table.num_rows > driver_rows:
             return None
         if table.num_rows:
@@ -363,7 +365,8 @@ class Warehouse:
                 paths.append(spark_path(d))
         if not paths:
             return spark.createDataFrame([], schema)
-        df = spark.read.schema(schema).parquet(*paths)
+        with listed_on_driver(spark, len(paths)):
+            df = spark.read.schema(schema).parquet(*paths)
         if literal is not None:
             return df.where(literal)
         if keys is not None:

@@ -32,6 +32,7 @@ from dbspark.engine.spark.evaluate import keys_by_port, renamed
 from dbspark.engine.spark.unit import Frame, Unit
 from dbspark.storage import collection_names as coll
 from dbspark.storage.catalog import LoopIteration
+from dbspark.storage.driver_plans import one_job
 
 log = logging.getLogger("dbspark.engine")
 
@@ -254,5 +255,7 @@ class Loops:
             .agg(*flags, F.max(names[level]).alias("__deepest"))
         )
         matched = reduce(lambda a, b: a & b, [F.col(f"__on{d}") == 1 for d in range(level)])
-        value = per_key.where(matched).agg(F.max("__deepest")).collect()[0][0]
+        small = unit.tier.name == "spark" and unit.driver_rows > 0  # see driver_plans.py
+        with one_job(unit.tier.spark if small else None):
+            value = per_key.where(matched).agg(F.max("__deepest")).collect()[0][0]
         return None if value is None else int(value)

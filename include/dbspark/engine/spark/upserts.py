@@ -37,6 +37,7 @@ from dbspark.engine.local.tier import arrow_table
 from dbspark.engine.spark.compile import struct_type
 from dbspark.engine.spark.frames import frame_to_zset, from_spark_value, to_spark_value
 from dbspark.engine.spark.session import int_setting
+from dbspark.storage.driver_plans import one_job
 from dbspark.storage.warehouse import DEFAULT_BUCKETS, KeySet, known_keys
 
 #: Batches of at most this many rows are decided on the driver (see the module text).
@@ -109,7 +110,8 @@ def _on_driver(
         )
         # Known here: their buckets need no job, and the read filters by them as literals.
         known = known_keys(key_frame, arrow_table(keys, key_fields), (buckets,))
-        stored = frame_to_zset(read_state(known), state_schema)
+        with one_job(spark):
+            stored = frame_to_zset(read_state(known), state_schema)
     delta = [(*row, weight) for row, weight in updates_against(spec, rows, stored, file).items()]
     types = state_schema.types
     spark_rows = [
