@@ -13,7 +13,8 @@ Then, through the REST API only:
    then, and the catalog in PostgreSQL has the epochs committed in order;
 3. the Spark work ran on the standalone workers' executors (the driver's REST API
    counts their tasks; the driver itself ran none) and the Airflow tasks were only
-   Spark Connect clients (their logs say so, and they ran on the Celery workers);
+   Spark Connect clients (their logs say so, and they ran on the Celery workers), which
+   handed every unit to the unit worker beside them;
 4. everything stops, and no process of the topology is left.
 """
 
@@ -195,6 +196,15 @@ def test_example_dags_on_the_compose_topology(tmp_path):
             airflow.process_log(f"celery-worker-{n}").read_text().count(" received") for n in (1, 2)
         ]
         assert sum(received) > 0, received
+        # ... which handed every unit to the unit worker beside them (its Spark: the
+        # same Connect server), as the compose file's airflow-worker does.
+        task_logs = "\n".join(
+            p.read_text(errors="replace") for p in airflow.logs.glob("dag_id=*/**/*.log")
+        )
+        for kind in ("ingest", "stage", "publish", "close"):
+            assert f"the {kind} unit ran in the dbspark worker" in task_logs, kind
+        assert "in this task instead" not in task_logs
+        assert cluster.unit_worker.running
         print(
             f"\ntasks received per Celery worker: {received}; executors: "
             f"{ {i: e['totalTasks'] for i, e in executors.items()} }"

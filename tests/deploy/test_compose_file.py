@@ -134,7 +134,6 @@ OPTIONAL_DBSPARK_KEYS = {
     "sqlite_on_shared_filesystem": "compose's catalog is PostgreSQL; only SQLite reads it",
     "sync_method": "DBSPARK_SYNC_METHOD, else syncfs where Linux reports its errors and "
     "little else is dirty",
-    "worker_socket": "no unit worker by default: each task runs its unit itself",
     "table_location": "tables are written under [dbspark] outputs by default",
     "table_storage_options": "none needed for a local or shared-filesystem location",
 }
@@ -1193,6 +1192,45 @@ def check_commands(deployment: Deployment) -> list[str]:
     return problems
 
 
+def check_unit_worker(deployment: Deployment) -> list[str]:
+    """Each Celery worker container runs the unit worker at ``[dbspark] worker_socket``,
+    a path of its own (not on a volume), with the deployment's Spark Connect server."""
+    problems = []
+    service = deployment.service("airflow-worker")
+    socket_path = environment(service).get("AIRFLOW__DBSPARK__WORKER_SOCKET")
+    if not socket_path:
+        return ["airflow-worker: AIRFLOW__DBSPARK__WORKER_SOCKET is not set"]
+    script = " ".join(texts_of(service))
+    started = re.search(
+        r"(?:SPARK_REMOTE=(\S+)\s+)?python3?\s+-m\s+dbspark\.orchestration\.worker\s+"
+        r"--socket\s+\"?\$\{?AIRFLOW__DBSPARK__WORKER_SOCKET",
+        script,
+    )
+    if started is None:
+        problems.append(
+            "airflow-worker: its command starts no dbspark.orchestration.worker at "
+            "$AIRFLOW__DBSPARK__WORKER_SOCKET"
+        )
+    else:
+        conn = json.loads(environment(service).get("AIRFLOW_CONN_DBSPARK_SPARK") or "{}")
+        expected = f"sc://{conn.get('host')}:{conn.get('port')}"
+        if started.group(1) != expected:
+            problems.append(
+                f"airflow-worker: the unit worker's SPARK_REMOTE is {started.group(1)!r}, "
+                f"not the tasks' Spark connection {expected}"
+            )
+    if "exec airflow celery worker" not in script:
+        problems.append("airflow-worker: its command does not end in exec airflow celery worker")
+    for mount in service.get("volumes") or []:
+        target = str(mount).split(":")[1] if ":" in str(mount) else str(mount)
+        if socket_path.startswith(target.rstrip("/") + "/"):
+            problems.append(
+                f"airflow-worker: the unit worker's socket {socket_path} is on the volume "
+                f"{mount}, which other containers may share"
+            )
+    return problems
+
+
 CHECKS: tuple[Check, ...] = (
     check_variables,
     check_services,
@@ -1208,6 +1246,7 @@ CHECKS: tuple[Check, ...] = (
     check_connections,
     check_airflow_settings,
     check_commands,
+    check_unit_worker,
 )
 
 
@@ -1510,6 +1549,26 @@ MUTATIONS: dict[str, tuple[Check, Callable[[Deployment], None], str]] = {
         check_spark_security,
         lambda d: d.services["spark-master"]["command"].append("--no-auth"),
         "spark-master runs with --no-auth",
+    ),
+    "no unit worker beside Celery": (
+        check_unit_worker,
+        lambda d: d.services["airflow-worker"].update({"command": "celery worker"}),
+        "starts no dbspark.orchestration.worker",
+    ),
+    "a unit worker with another Spark": (
+        check_unit_worker,
+        lambda d: d.services["airflow-worker"].update(
+            {
+                "command": [
+                    "bash",
+                    "-c",
+                    d.services["airflow-worker"]["command"][2].replace(
+                        "sc://spark-connect:15002", "sc://localhost:15002"
+                    ),
+                ]
+            }
+        ),
+        "SPARK_REMOTE is 'sc://localhost:15002'",
     ),
     "worker advertising 0.0.0.0": (
         check_commands,

@@ -12,7 +12,10 @@ settings in environment variables), from what is installed here instead of image
 - Redis from the system's ``redis-server`` (Debian package ``redis-server``);
 - Spark master, workers and Connect server from the ``pyspark`` wheel
   (``devtools/spark_standalone.py``, ``devtools/spark_connect.py``);
-- Airflow from its wheels (``airflow.py``) with the CeleryExecutor.
+- Airflow from its wheels (``airflow.py``) with the CeleryExecutor;
+- the unit worker that runs beside Celery (``unit_worker.py``). The compose file runs
+  one in each Celery worker's container; here the Celery workers share one host, and so
+  one unit worker, as on a machine that runs several.
 
 So a test can run the example DAGs through the REST API, check where the Spark work
 ran (the Connect server's REST API lists its executors and their tasks), and stop it
@@ -37,6 +40,7 @@ from dbspark.devtools.processes import LOOPBACK, describe, session_members
 from dbspark.devtools.redis import LocalRedis
 from dbspark.devtools.spark_connect import LocalConnectServer
 from dbspark.devtools.spark_standalone import LocalSparkCluster, fetch_json
+from dbspark.devtools.unit_worker import LocalUnitWorker
 
 AIRFLOW_DATABASE = "airflow"
 CATALOG_DATABASE = "dbspark_catalog"
@@ -105,6 +109,9 @@ class LocalCluster:
         self.worker_concurrency = worker_concurrency
         self.extra_env = dict(env or {})
         self.airflow: LocalAirflow | None = None
+        self.unit_worker = LocalUnitWorker(
+            self.root / "unit-worker" / "units.sock", self.root / "unit-worker.log"
+        )
         self._group_ids: list[int] = []
 
     def catalog_url(self) -> str:
@@ -128,6 +135,7 @@ class LocalCluster:
             "AIRFLOW_CONN_DBSPARK_CATALOG": (
                 f"postgres://postgres@{LOOPBACK}:{self.postgres.port}/{CATALOG_DATABASE}"
             ),
+            "AIRFLOW__DBSPARK__WORKER_SOCKET": str(self.unit_worker.socket_path),
             "PYSPARK_PYTHON": sys.executable,
             "SPARK_LOCAL_IP": LOOPBACK,
             **self.extra_env,
@@ -148,6 +156,13 @@ class LocalCluster:
                 worker.start(wait=False)
             self.connect.master = self.spark.master_url
             self.connect.start(wait=False)
+            # The Celery worker's environment, and the Connect server as its Spark (the
+            # compose file's SPARK_REMOTE), before any task could look for it.
+            self.unit_worker.env = {
+                **self.airflow_environment(),
+                "SPARK_REMOTE": f"sc://{LOOPBACK}:{self.connect.port}",
+            }
+            self.unit_worker.start()
             self.airflow = LocalAirflow(
                 self.root / "airflow",
                 self.dags_folder,
@@ -173,6 +188,8 @@ class LocalCluster:
     def process_groups(self) -> list[int]:
         """The process groups (= sessions) of every service started, while they run."""
         pids = [self.redis.pid, self.connect.pid, self.spark.master.pid]
+        if self.unit_worker.process is not None:
+            pids.append(self.unit_worker.process.pid)
         pids += [w.pid for w in self.spark.workers]
         if self.airflow is not None:
             pids += [c.proc.pid for c in self.airflow._components if c.proc is not None]
@@ -182,6 +199,7 @@ class LocalCluster:
         """Stop everything, in the reverse order."""
         if self.airflow is not None:
             self.airflow.stop()
+        self.unit_worker.stop()
         self.connect.stop()
         self.spark.stop()
         self.redis.stop()
