@@ -62,9 +62,11 @@ def check_row(
 
 
 def zset_batch(
-    source: str, schema: Schema, batch: ZSet | Iterable[Any], file: str | None = None
+    source: str, schema: Schema, batch: ZSet | Iterable[Any] | None, file: str | None = None
 ) -> ZSet:
-    """Check a Z-set batch: a ZSet, or ``[row, weight]`` pairs."""
+    """Check a Z-set batch: a ZSet, or ``[row, weight]`` pairs (None: empty)."""
+    if batch is None:  # an empty batch, as a connector returns one (ingest takes it so)
+        return ZSet()
     if isinstance(batch, ZSet):
         pairs: Iterable[Any] = batch.items()
     else:
@@ -113,9 +115,12 @@ class CheckedTable:
 
 
 def upsert_batch(
-    source: str, schema: Schema, batch: Iterable[Any], file: str | None = None
+    source: str, schema: Schema, batch: Iterable[Any] | None, file: str | None = None
 ) -> list[tuple]:
-    """Check an upsert batch: rows as tuples or mappings (missing columns are NULL)."""
+    """Check an upsert batch: rows as tuples or mappings (missing columns are NULL; None
+    is an empty batch)."""
+    if batch is None:  # an empty batch, as a connector returns one (ingest takes it so)
+        return CheckedRows((), schema)
     if isinstance(batch, CheckedRows) and batch.schema == schema:
         return batch
     if isinstance(batch, CheckedTable) and batch.schema == schema:

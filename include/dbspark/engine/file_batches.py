@@ -102,9 +102,16 @@ def utf8_lines(source: str, path: str, handle: IO[bytes]) -> Iterator[bytes]:
 
 
 def check_utf8(source: str, batch: FileBatch) -> None:
-    """Refuse a text batch with a file that is not UTF-8, naming the file and the line:
-    Spark's readers would replace the bytes with U+FFFD and load the mangled text. Files
-    on other file systems (``s3a://``) are read as Spark finds them."""
+    """Refuse a batch with a file that is not UTF-8, naming the file and the line:
+    Spark's readers would replace the bytes with U+FFFD and load the mangled text. A
+    Parquet file's STRING columns are checked too (:func:`check_parquet_text`). Files on
+    other file systems (``s3a://``) are read as Spark finds them."""
+    if batch.format == "parquet":
+        for path in batch.paths:
+            local = local_path(path)
+            if local is not None and os.path.isfile(local):
+                check_parquet_text(source, local, path)
+        return
     if batch.format not in TEXT_FORMATS:
         return
     for path in batch.paths:
@@ -120,6 +127,63 @@ def check_utf8(source: str, batch: FileBatch) -> None:
                     pass
         except (OSError, EOFError) as error:  # a truncated or corrupt .gz / .bz2
             raise InputError(source, f"cannot be read: {error}", path) from None
+
+
+def check_parquet_text(source: str, local: str, path: str) -> None:
+    """Refuse a Parquet file whose string columns hold bytes that are not UTF-8, naming
+    the file, the row (0-based, as Parquet rows are named) and the column, never the
+    value. Neither tier's reader checks: the bytes were committed as they were, and every
+    later read of the view that holds them failed in Python's decoder (the local tier) or
+    carried invalid text on (Spark). Only the string columns are read, a row group at a
+    time; a file that cannot be read is left to the reader to word."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        file = pq.ParquetFile(local)
+        names = file.schema_arrow.names
+        texts = [f.name for f in file.schema_arrow if _holds_text(f.type)]
+        if not texts or len(set(names)) != len(names):  # duplicates: the reader refuses
+            return
+        row = 0
+        for part in file.iter_batches(columns=texts):
+            for name in texts:
+                column = part.column(name)
+                try:
+                    column.validate(full=True)
+                except pa.ArrowInvalid:
+                    at = row + _first_invalid(column)
+                    raise InputError(
+                        source,
+                        f"row {at} of the file: column {name!r} holds bytes that are not "
+                        "UTF-8; Parquet STRING values must be UTF-8",
+                        path,
+                    ) from None
+            row += part.num_rows
+    except (OSError, pa.ArrowException):
+        return  # truncated, corrupt: the reader says so, in its words
+
+
+def _holds_text(dtype: Any) -> bool:
+    import pyarrow as pa
+
+    if pa.types.is_string(dtype) or pa.types.is_large_string(dtype):
+        return True
+    if pa.types.is_list(dtype) or pa.types.is_large_list(dtype):
+        return _holds_text(dtype.value_type)
+    return False
+
+
+def _first_invalid(column: Any) -> int:
+    """The index of the first value of ``column`` that fails full validation."""
+    import pyarrow as pa
+
+    for index in range(len(column)):
+        try:
+            column.slice(index, 1).validate(full=True)
+        except pa.ArrowInvalid:
+            return index
+    return 0
 
 
 def _is_utf8(handle: IO[bytes]) -> bool:
