@@ -51,6 +51,24 @@ def test_python_rows_and_upsert_conflicts(redact: bool, monkeypatch: pytest.Monk
     assert ("cust_id=<redacted>" in tie) is redact and ("cust_id=41" in tie) is not redact
 
 
+def test_a_huge_value_is_shown_cut_short() -> None:
+    """A 200,000-character string in a bad row: the message shows its start and its
+    length, not all of it (it goes to the task log of every try)."""
+    huge = "x" * 200_000
+    message = message_of(
+        lambda: upsert_batch("customers", CUSTOMERS, [(1, "a", 1, False), (2, huge, "x", False)])
+    )
+    assert len(message) < 3_000, len(message)
+    assert "row 1" in message and "characters in all)" in message
+    tie = message_of(
+        lambda: ReferenceEngine(orders()).step(
+            {"customers": [(41, huge, 1, False), (41, "south", 1, False)]}
+        )
+    )
+    assert len(tie) < 5_000 and "cust_id=41" in tie, len(tie)
+    assert "characters in all)" in tie
+
+
 @pytest.mark.parametrize("redact", [False, True])
 def test_a_null_key_in_a_parquet_file(
     redact: bool, monkeypatch: pytest.MonkeyPatch, tmp_path: Path

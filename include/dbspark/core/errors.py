@@ -25,12 +25,23 @@ def redacting() -> bool:
     return os.environ.get(REDACT_SETTING, "").strip().lower() in ("1", "true", "yes")
 
 
+#: The characters of a value an error shows: a row with a 200,000-character string
+#: made a 300 KB message, in a task log and in every retry's.
+SHOWN_CHARACTERS = 1_000
+
+
 def shown(value: Any) -> str:
     """A row's value (a field, a key, a whole row or record) as an error message shows
-    it: its ``repr``, or :data:`REDACTED` when :func:`redacting`. Messages keep the
-    source, the file, the row or line number and the column names either way, so an
-    operator can find the row without the log holding what it says."""
-    return REDACTED if redacting() else repr(value)
+    it: its ``repr`` (cut at :data:`SHOWN_CHARACTERS`, saying how long it was), or
+    :data:`REDACTED` when :func:`redacting`. Messages keep the source, the file, the row
+    or line number and the column names either way, so an operator can find the row
+    without the log holding what it says."""
+    if redacting():
+        return REDACTED
+    text = repr(value)
+    if len(text) <= SHOWN_CHARACTERS:
+        return text
+    return f"{text[:SHOWN_CHARACTERS]}... ({len(text):,} characters in all)"
 
 
 def shown_text(text: str, limit: int = 200) -> str:
