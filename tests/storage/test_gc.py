@@ -212,3 +212,22 @@ def test_gc_removes_leftover_unit_files(leased: tuple[Catalog, Path]) -> None:
         "_units/c/pull-1",
     ]
     assert list(units.iterdir()) == [] and (other / "b.unit.json").exists()
+
+
+def test_a_lease_replaces_the_leases_of_earlier_tries_only(leased: tuple[Catalog, Path]) -> None:
+    """A task's try ends the leases its earlier tries could not release (the catalog was
+    down when they ended), which kept their garbage for the lease's length; another
+    process of the same try (a redelivery) and other tasks keep theirs."""
+    cat, root = leased
+    task = "task d/manual__2026_01_01/join_6[-1] try"  # '_' is no LIKE wildcard here
+    cat.acquire_lease("c", f"{task} 1: stage unit")
+    same = cat.acquire_lease("c", f"{task} 2: stage unit (redelivered)")
+    other = cat.acquire_lease("c", "task d/manual__2026x01x01/join_6[-1] try 1: stage unit")
+    orphan = _batch(root, "c", "n1.delta", (0,))  # written by try 1 after its lease began
+    assert garbage_collect(root, cat, min_age_seconds=0).kept == [orphan.path]
+    cat.release_lease(other)
+    now = cat.acquire_lease("c", f"{task} 2: stage unit", replaces=[f"{task} 1: "])
+    assert sorted(lease.id for lease in cat.leases("c")) == sorted([same, now])
+    for lease in (same, now):
+        cat.release_lease(lease)
+    assert garbage_collect(root, cat, min_age_seconds=0).unregistered_dirs == [orphan.path]

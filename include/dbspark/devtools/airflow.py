@@ -302,6 +302,21 @@ class RestClient:
         )
         return list(self._send("GET", path)["task_instances"])
 
+    def clear(self, dag_id: str, run_id: str, *, only_failed: bool = True) -> list[str]:
+        """Clear the run's failed tasks and those downstream of them, as the UI's "Clear"
+        of a failed run does (``POST .../clearTaskInstances``); the run is queued again.
+        Returns the cleared task ids."""
+        body = {
+            "dry_run": False,
+            "dag_run_id": run_id,
+            "only_failed": only_failed,
+            "include_downstream": True,
+            "reset_dag_runs": True,
+        }
+        path = f"/api/v2/dags/{self._quote(dag_id)}/clearTaskInstances"
+        answer = self._send("POST", path, body)
+        return [ti["task_id"] for ti in answer.get("task_instances", [])]
+
     def wait_for_runs(
         self,
         dag_id: str,

@@ -84,6 +84,7 @@ class LocalPostgres:
         self.tmp: Path | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._as_user: dict[str, Any] = {}
+        self._bin_dir: Path | None = None
 
     # --- lifecycle -----------------------------------------------------------------------
     def start(self) -> LocalPostgres:
@@ -107,6 +108,7 @@ class LocalPostgres:
                     bin_dir = self._copy_binaries(bin_dir)
                 os.chown(self.tmp, pw.pw_uid, pw.pw_gid)
             data = self.tmp / "data"
+            self._bin_dir = bin_dir
             self._run(
                 [
                     str(bin_dir / "initdb"),
@@ -123,38 +125,60 @@ class LocalPostgres:
                 "initdb",
             )
             self.port = free_port()
-            self._proc = launch(
-                [
-                    str(bin_dir / "postgres"),
-                    "-D",
-                    str(data),
-                    "-h",
-                    LOOPBACK,
-                    "-p",
-                    str(self.port),
-                    "-k",
-                    str(self.tmp),
-                    "-c",
-                    "fsync=off",
-                    "-c",
-                    "synchronous_commit=off",
-                    "-c",
-                    "full_page_writes=off",
-                    "-c",
-                    f"max_connections={self.max_connections}",
-                ],
-                log_path=self.tmp / "postgres.log",
-                env=self._env(),
-                cwd=self.tmp,
-                # SIGQUIT is PostgreSQL's immediate shutdown.
-                parent_death_signal=signal.SIGQUIT,
-                **self._as_user,
-            )
-            self._wait_ready()
+            self._launch()
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _launch(self) -> None:
+        """Start the server on the data directory and port chosen by :meth:`start`."""
+        assert self.tmp is not None and self._bin_dir is not None
+        self._proc = launch(
+            [
+                str(self._bin_dir / "postgres"),
+                "-D",
+                str(self.tmp / "data"),
+                "-h",
+                LOOPBACK,
+                "-p",
+                str(self.port),
+                "-k",
+                str(self.tmp),
+                "-c",
+                "fsync=off",
+                "-c",
+                "synchronous_commit=off",
+                "-c",
+                "full_page_writes=off",
+                "-c",
+                f"max_connections={self.max_connections}",
+            ],
+            log_path=self.tmp / "postgres.log",
+            env=self._env(),
+            cwd=self.tmp,
+            # SIGQUIT is PostgreSQL's immediate shutdown.
+            parent_death_signal=signal.SIGQUIT,
+            **self._as_user,
+        )
+        self._wait_ready()
+
+    def halt(self) -> None:
+        """Stop the server as an operator's restart or a failover does (a fast
+        shutdown: open connections are closed, committed work is kept), keeping its data
+        directory and port, so that :meth:`resume` starts the same database again."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            raise RuntimeError("the server is not running")
+        stop_group(proc, timeout=15.0, signals=(signal.SIGINT, signal.SIGQUIT))
+
+    def resume(self) -> None:
+        """Start the server :meth:`halt` stopped, on the same data and port."""
+        if self._proc is not None:
+            raise RuntimeError("the server is running")
+        if self.tmp is None or self.port is None:
+            raise RuntimeError("the server was never started (or was stopped for good)")
+        self._launch()
 
     def stop(self) -> None:
         """Stop the server (fast shutdown, then harder) and delete its directory."""

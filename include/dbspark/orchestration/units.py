@@ -140,19 +140,24 @@ class PublishUnit:
         from dbspark.orchestration.sinks.serving import ServingTarget
         from dbspark.orchestration.sinks.tables import TableSettings
 
-        report = engine.publish(self.epoch)
-        log.info("epoch %s: %s", self.epoch, report.describe())
         serving = None
         if self.serving_url:
             serving = ServingTarget(self.serving_url, prefix=self.serving_prefix)
-        exported = export_epoch(
-            engine,
-            self.epoch,
-            root=self.outputs,
-            serving=serving,
-            tables=TableSettings.from_environment(self.tables),
-            snapshots=False,
-        )
+        # One publisher of the circuit at a time: the same unit run twice at once (a
+        # queue's redelivery) would otherwise load a view's new table twice, each from
+        # a snapshot without it (delta-rs puts the second creation on top of the first).
+        # The second finds the epoch published and its outputs complete, and skips.
+        with engine.catalog.exclusive(engine.circuit.name, "publish"):
+            report = engine.publish(self.epoch)
+            log.info("epoch %s: %s", self.epoch, report.describe())
+            exported = export_epoch(
+                engine,
+                self.epoch,
+                root=self.outputs,
+                serving=serving,
+                tables=TableSettings.from_environment(self.tables),
+                snapshots=False,
+            )
         log.info("epoch %s outputs:\n%s", self.epoch, exported.describe())
         # Per view, what its asset event tells consumers (orchestration/airflow/assets.py).
         # The counts come from the change feed's marker, so a retry that finds the

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import json
 import os
 import re
@@ -1323,17 +1324,35 @@ class Catalog:
         conn.execute(q)
 
     def acquire_lease(
-        self, circuit: str, holder: str, seconds: float = DEFAULT_LEASE_SECONDS
+        self,
+        circuit: str,
+        holder: str,
+        seconds: float = DEFAULT_LEASE_SECONDS,
+        *,
+        replaces: Sequence[str] = (),
     ) -> int:
         """Start a lease on ``circuit`` for ``holder`` (who, for people), lasting
         ``seconds`` on the database's clock unless released; returns its id. Take it
         before reading or writing anything: garbage collection keeps whatever the holder
         may be writing (unregistered paths first seen after the lease started) or may
-        have planned against (batches superseded after it started)."""
+        have planned against (batches superseded after it started).
+
+        ``replaces`` ends, in the same transaction, the circuit's leases whose holder
+        starts with one of these texts: those of earlier attempts of the same work,
+        which are over (a task's earlier tries), but whose release may never have
+        reached the catalog (it was down), and which would keep garbage until they
+        expire."""
         if not seconds > 0:
             raise ValueError(f"a lease lasts a positive number of seconds, got {seconds}")
         with self._write() as conn:
             self._lock_circuit(conn, circuit, exclusive=True)
+            lt = leases_table
+            for prefix in replaces:
+                conn.execute(
+                    lt.delete().where(
+                        lt.c.circuit == circuit, lt.c.holder.startswith(prefix, autoescape=True)
+                    )
+                )
             if self._server_clock:
                 started: Any = sa.func.clock_timestamp()
                 expires: Any = started + sa.func.make_interval(0, 0, 0, 0, 0, 0, float(seconds))
@@ -1360,6 +1379,47 @@ class Catalog:
         """End a lease (a no-op if it expired and was removed)."""
         with self._write() as conn:
             conn.execute(leases_table.delete().where(leases_table.c.id == int(lease)))
+
+    @contextlib.contextmanager
+    def exclusive(self, circuit: str, what: str) -> Iterator[None]:
+        """Hold the lock named ``what`` of ``circuit`` for the block, against every other
+        process that takes it through a catalog on the same database: for work whose
+        effects are outside the catalog, which a commit's unique key cannot make happen
+        once (a unit run twice at once, as a queue's redelivery does, publishing one
+        epoch to a view's table). PostgreSQL: a session advisory lock on a connection of
+        its own, which the server releases if this process dies. SQLite (one host): an
+        ``flock`` on a file beside the database, which the kernel releases likewise."""
+        name = f"dbspark/{circuit}/{what}"
+        if self._server_clock:
+            key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
+            with self.engine.connect() as conn:
+                # Waits as long as the holder works (up to the statement timeout), not
+                # the lock timeout, which is for the catalog's short transactions.
+                conn.execute(sa.text("SET LOCAL lock_timeout = 0"))
+                conn.execute(sa.select(sa.func.pg_advisory_lock(key)))
+                conn.commit()
+                try:
+                    yield
+                finally:
+                    try:
+                        conn.execute(sa.select(sa.func.pg_advisory_unlock(key)))
+                        conn.commit()
+                    except sa.exc.DBAPIError:
+                        conn.invalidate()  # the session is gone, and its lock with it
+            return
+        import fcntl
+
+        database = self.engine.url.database
+        if database in (None, "", ":memory:"):
+            yield  # a database of this process only: nobody else can take it
+            return
+        digest = hashlib.sha256(name.encode()).hexdigest()[:16]
+        with open(f"{database}.lock-{digest}", "a+b") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
 
     def leases(self, circuit: str) -> list[Lease]:
         """The live leases of ``circuit`` (not expired by the database's clock)."""

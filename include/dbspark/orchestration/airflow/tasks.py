@@ -221,6 +221,17 @@ def apply_storage_settings() -> None:
         os.environ.setdefault(SYNC_METHOD_SETTING, method)
 
 
+def _task_instance() -> Any | None:
+    """The running task instance (its ids and ``try_number``), None outside a task."""
+    try:
+        from airflow.sdk import get_current_context
+
+        ti = get_current_context()["ti"]
+    except Exception:  # no task context here (a unit run by hand)
+        return None
+    return ti if isinstance(getattr(ti, "try_number", None), int) else None
+
+
 def lease_seconds() -> float:
     """How long a task's lease lasts: its execution timeout and 10 minutes (the default
     lease when the task has none, or outside a task)."""
@@ -329,7 +340,17 @@ class EpochTasks:
                 f"{unit.kind} unit of epoch {unit.epoch} of {self.name} "
                 f"({socket.gethostname()}, pid {os.getpid()})"
             )
-            lease = catalog.acquire_lease(self.name, holder, seconds)
+            # Named by its task instance and try: this try ends the leases of the
+            # earlier ones, whose release a catalog outage may have lost (they would
+            # keep garbage for the lease's length). A second process of the same try
+            # (a redelivery) keeps its lease.
+            replaces: list[str] = []
+            ti = _task_instance()
+            if ti is not None:
+                task = f"task {ti.dag_id}/{ti.run_id}/{ti.task_id}[{ti.map_index}] try"
+                holder = f"{task} {ti.try_number}: {holder}"
+                replaces = [f"{task} {n}: " for n in range(1, int(ti.try_number))]
+            lease = catalog.acquire_lease(self.name, holder, seconds, replaces=replaces)
             try:
                 yield
             finally:

@@ -1,0 +1,111 @@
+"""Airflow DAGs for ``test_faults.py``: example circuits run by a real scheduler while
+the test injects faults. Every DAG has a warehouse, outputs, landing directory and
+catalog database (the connection ``<dag_id>_catalog``) of its own, so the cases do not
+share state; the test sets the connections and ``DBSPARK_FAULT_ROOT``.
+
+The faults are installed here, at parse time, in every task process (never in the
+scheduler's sense of a mock: the tasks run dbspark's own code; the hooks only stop it at
+a point, or make a system call fail). Each is armed by a marker file under
+``<root>/hooks`` and keyed by the catalog database's name (one per DAG), the stage the
+catalog commits and the epoch:
+
+- ``pause/<db>.<stage>@<epoch>``: ``Catalog.commit`` of that stage, after the unit wrote
+  its files and before the commit, creates ``paused/<key>`` and waits until
+  ``go/<key>`` exists. The test meanwhile stops the catalog database, or runs garbage
+  collection beside the unit.
+- ``twice/<db>.<unit>@<epoch>`` (``<unit>``: ``ingest.<source>``, a stage's name,
+  ``publish``): the task runs its unit, and a second process runs the same unit at the
+  same time, through the unit-file path a worker or a spark-submit driver takes
+  (``units.run_unit_file``), as a queue's redelivery of the task would. Both wait for
+  each other at their first catalog commit (``race/<key>/``) and commit at once; each
+  writes what its commit returned there.
+- ``enospc``: while it exists, every Parquet file pyarrow writes under a path holding
+  the marker's text fails with ``OSError(ENOSPC)`` after writing part of the file, as
+  a full disk does.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import fault_hooks  # noqa: F401  (installs the hooks in this process)
+import pendulum
+
+from dbspark.examples.circuits import orders, word_count
+from dbspark.orchestration import LandingDirectory, build_dag
+
+ROOT = Path(os.environ.get("DBSPARK_FAULT_ROOT", "/nonexistent/dbspark-faults"))
+START = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def _places(dag_id: str) -> dict[str, Any]:
+    return {
+        "dag_id": dag_id,
+        "warehouse": str(ROOT / dag_id / "warehouse"),
+        "outputs": str(ROOT / dag_id / "published"),
+        "catalog_conn_id": f"{dag_id}_catalog",
+    }
+
+
+def _landing(dag_id: str) -> LandingDirectory:
+    return LandingDirectory(ROOT / dag_id / "landing")
+
+
+# The catalog database stopped mid-epoch: retries one second apart, doubling, five times.
+outage = _landing("fault_outage")
+outage_dag = build_dag(
+    orders,
+    **_places("fault_outage"),
+    schedule="@daily",
+    start_date=START,
+    end_date=START + timedelta(days=3),
+    catchup=False,
+    sources={"customers": outage, "orders": outage},
+    retries=5,
+    retry_delay=timedelta(seconds=1),
+)
+
+# Units run twice at once.
+twice = _landing("fault_twice")
+twice_dag = build_dag(
+    orders,
+    **_places("fault_twice"),
+    schedule="@daily",
+    start_date=START,
+    end_date=START + timedelta(days=3),
+    catchup=False,
+    sources={"customers": twice, "orders": twice},
+    retries=1,
+    retry_delay=timedelta(seconds=1),
+)
+
+# A full disk: no retries, so the failure stays until the test frees the disk and
+# clears the task, as a person would.
+disk = _landing("fault_disk")
+disk_dag = build_dag(
+    word_count,
+    **_places("fault_disk"),
+    schedule="@daily",
+    start_date=START,
+    end_date=START + timedelta(days=3),
+    catchup=False,
+    sources={"words": disk},
+    retries=0,
+)
+
+# Midnight to midnight in Berlin, which changes to summer time on 29 March 2026.
+dst = _landing("fault_dst")
+dst_dag = build_dag(
+    word_count,
+    **_places("fault_dst"),
+    schedule="0 0 * * *",
+    start_date=pendulum.datetime(2026, 3, 27, tz="Europe/Berlin"),
+    end_date=pendulum.datetime(2026, 3, 31, tz="Europe/Berlin"),
+    catchup=False,
+    sources={"words": dst},
+    retries=1,
+    retry_delay=timedelta(seconds=1),
+)
