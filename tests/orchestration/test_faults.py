@@ -13,7 +13,8 @@ refresh, and with no orphaned file after garbage collection: every batch directo
 the warehouse is registered, every registered batch is on disk, no unit file is left.
 
 Cases, in order (one deployment for all; each case's DAG is independent of the others,
-except that the GC case continues the outage case's DAG at epoch 1):
+except that the GC case continues the outage case's DAG at epoch 1, and the late-file
+case the mark-success case's DAG):
 
 1. the catalog database stopped while a stage task waits to commit, and started again
    after the task failed twice: the retries complete the epoch, each unit committed once;
@@ -27,7 +28,20 @@ except that the GC case continues the outage case's DAG at epoch 1):
    the cleared tasks complete the epoch;
 5. a DST schedule (midnight in Berlin, across the change to summer time): a backfill's
    three runs ingest three contiguous intervals, the last 23 h long, each from the
-   partition named by its start in UTC.
+   partition named by its start in UTC;
+6. task processes killed (SIGKILL) at every kind of task in one epoch of a recursive
+   circuit: an ingest and a loop iteration (a mapped task) at their catalog commits,
+   the publish at its catalog commit and, in its retry, after the view's table
+   committed the epoch (the export), the close before the epoch's commit and, in its
+   retry, at the compaction after it, and the maintenance task's garbage collection
+   after its first deletion: Airflow's retries complete the run;
+7. a failed ingest marked success through the REST API, as the UI does: the stage after
+   it refuses to run, and with the publish marked success too the close refuses to
+   commit, each naming the units that never ran; the epoch stays open until the input
+   lands and the cleared tasks run;
+8. after that epoch committed, a file lands in its partition and the file it read is
+   rewritten in place: with ``late_files = fail`` the next run's ingest refuses, naming
+   both; by default it warns, naming both, and the committed epochs stay as they were.
 """
 
 from __future__ import annotations
@@ -52,7 +66,7 @@ from dbspark.core.zset import ZSet
 from dbspark.devtools.airflow import LocalAirflow
 from dbspark.devtools.postgres import LocalPostgres, PostgresUnavailable
 from dbspark.engine.reference.full_refresh import full_refresh
-from dbspark.examples.circuits import orders, word_count
+from dbspark.examples.circuits import orders, reachability, word_count
 from dbspark.orchestration.intervals import Interval
 from dbspark.orchestration.sinks.files import CHANGES, output_dir, read_change_rows
 from dbspark.orchestration.sinks.tables import table_path, table_rows, table_versions
@@ -62,7 +76,14 @@ from dbspark.storage.catalog import UNITS_FOLDER, Catalog, garbage_collect, stag
 pytestmark = pytest.mark.slow
 
 FAULT_DAGS = Path(__file__).parent / "fault_dags"
-DAG_IDS = ("fault_outage", "fault_twice", "fault_disk", "fault_dst")
+DAG_IDS = (
+    "fault_outage",
+    "fault_twice",
+    "fault_disk",
+    "fault_dst",
+    "fault_kills",
+    "fault_marked",
+)
 START = datetime(2026, 1, 1, tzinfo=UTC)
 CUSTOMERS = ["cust_id", "region", "ts", "deleted"]
 ORDERS = ["order_id", "cust_id", "amount", "ts", "deleted_at"]
@@ -82,6 +103,13 @@ WORD_BATCHES = [
     {"words": [(("a",), 1), (("b",), 2)]},
     {"words": [(("b",), -1), (("c",), 1)]},
     {"words": [(("a",), 1), (("d",), 3)]},
+]
+#: Reachability from a, along a chain of edges: five iterations at epoch 0.
+REACH_BATCHES = [
+    {
+        "edges": [(("a", "b"), 1), (("b", "c"), 1), (("c", "d"), 1), (("x", "y"), 1)],
+        "roots": [(("a",), 1)],
+    },
 ]
 WAIT = 180.0
 
@@ -123,7 +151,7 @@ def catalog_server():
 def deployment(tmp_path_factory, airflow_database, catalog_server):
     root = tmp_path_factory.mktemp("faults")
     hooks = root / "hooks"
-    for folder in ("pause", "paused", "go", "twice", "race"):
+    for folder in ("pause", "paused", "go", "twice", "race", "kill", "killed", "settings"):
         (hooks / folder).mkdir(parents=True)
     env = {
         "DBSPARK_FAULT_ROOT": str(root),
@@ -210,7 +238,9 @@ def check_views(where, circuit, history, epoch: int) -> None:
 
 
 def committed_once(where, circuit, epochs: int) -> None:
-    """Epochs 0..epochs-1 committed, and each unit committed once per epoch."""
+    """Epochs 0..epochs-1 committed, each unit committed once per epoch, and each loop's
+    iterations once each, numbered from 0, the last (only) converged."""
+    planned = plan(circuit)
     catalog = catalog_of(where)
     try:
         assert catalog.last_committed_epoch(circuit.name) == epochs - 1
@@ -218,15 +248,23 @@ def committed_once(where, circuit, epochs: int) -> None:
         with catalog.engine.connect() as conn:
             rows = conn.execute(
                 sa.select(t.c.stage, t.c.epoch, sa.func.count())
-                .where(t.c.circuit == circuit.name)
+                .where(t.c.circuit == circuit.name, ~t.c.stage.startswith("loop:"))
                 .group_by(t.c.stage, t.c.epoch)
             ).all()
+        iterations = {
+            (loop.name, epoch): catalog.loop_iterations(circuit.name, loop.name, (epoch,))
+            for loop in planned.loops.values()
+            for epoch in range(epochs)
+        }
     finally:
         catalog.close()
     assert {count for _, _, count in rows} == {1}, rows
-    units = [s.name for s in plan(circuit).stages_in_scope(0)] + ["publish"]
+    units = [s.name for s in planned.stages_in_scope(0)] + ["publish"]
     for epoch in range(epochs):
         assert {s for s, e, _ in rows if e == epoch} >= set(units), (epoch, rows)
+    for key, done in iterations.items():
+        assert [it.iteration for it in done] == list(range(len(done))), (key, done)
+        assert [it.converged for it in done] == [False] * (len(done) - 1) + [True], (key, done)
 
 
 def no_orphans(where, circuit) -> None:
@@ -256,15 +294,26 @@ def wait_for_file(path: Path, timeout: float = WAIT) -> None:
         time.sleep(0.1)
 
 
-def task_log(place, dag_id: str, run_id: str, task_id: str, attempt: int) -> str:
-    path = (
-        place.airflow.logs
-        / f"dag_id={dag_id}"
-        / f"run_id={run_id}"
-        / f"task_id={task_id}"
-        / f"attempt={attempt}.log"
-    )
-    return path.read_text(errors="replace")
+def task_log(
+    place, dag_id: str, run_id: str, task_id: str, attempt: int, map_index: int = -1
+) -> str:
+    path = place.airflow.logs / f"dag_id={dag_id}" / f"run_id={run_id}" / f"task_id={task_id}"
+    if map_index >= 0:
+        path = path / f"map_index={map_index}"
+    return (path / f"attempt={attempt}.log").read_text(errors="replace")
+
+
+def try_states(place, dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> list[str]:
+    """The states of every try of a task instance, first try first."""
+    tries = place.api.tries(dag_id, run_id, task_id, map_index)
+    return [t["state"] for t in sorted(tries, key=lambda t: t["try_number"])]
+
+
+def settings(place, dag_id: str, **values: str) -> None:
+    """``[dbspark]`` settings of the DAG's task processes from now on (``fault_dags``)."""
+    path = place.hooks / "settings" / dag_id
+    variables = {f"AIRFLOW__DBSPARK__{k.upper()}": v for k, v in values.items()}
+    path.write_text(json.dumps(variables))
 
 
 def instance(place, dag_id: str, run_id: str, task_id: str) -> dict[str, Any]:
@@ -459,4 +508,169 @@ def test_a_berlin_schedule_across_the_dst_change_ingests_every_interval_once(dep
     committed_once(where, circuit, 3)
     for epoch in range(3):
         check_views(where, circuit, WORD_BATCHES, epoch)
+    no_orphans(where, circuit)
+
+
+# ----------------------------------------------------------------------------- 6. kills
+def test_a_task_killed_at_every_kind_of_task_is_retried_to_the_full_refresh(deployment):
+    """One epoch of reachability, whose task processes are killed at seven points. Each
+    kill is a SIGKILL (no handler runs, no lease is released); the retries, one second
+    apart, complete the run. Garbage collection runs with no minimum age here, so that
+    its kill falls between deletions."""
+    place, dag_id = deployment, "fault_kills"
+    where, circuit = place.dags[dag_id], reachability()
+    settings(place, dag_id, gc_min_age_hours="0")
+    kills = {  # kill marker -> the task it kills
+        f"{dag_id}.ingest_edges@0": "ingest.edges",  # wrote its files, not committed
+        f"{dag_id}.loop:reach@0.1": "loop_reach.iterate",  # iteration 1, ditto
+        f"{dag_id}.publish@0": "publish",  # the view's delta written, not committed
+        f"{dag_id}.export@0": "publish",  # its retry: the table holds the epoch
+        f"{dag_id}.close@0": "close_epoch",  # before the epoch's commit
+        f"{dag_id}.compact@0": "close_epoch",  # its retry: committed, compacting
+        f"{dag_id}.gc": "maintain",  # one path deleted of several
+    }
+    for key in kills:
+        (place.hooks / "kill" / key).touch()
+    land(where, circuit, day(0), REACH_BATCHES[0])
+    run = run_epoch(place, dag_id, day(0))
+
+    killed = {p.name for p in (place.hooks / "killed").glob(f"{dag_id}.*")}
+    assert killed == set(kills), (killed, place.api.explain(dag_id, [run]))
+    ti = {(t["task_id"], t["map_index"]): t for t in place.api.task_instances(dag_id, run.run_id)}
+    expected = {"ingest.edges": 2, "publish": 3, "close_epoch": 3, "maintain": 2}
+    for task_id, tries in expected.items():
+        states = try_states(place, dag_id, run.run_id, task_id)
+        assert states == ["failed"] * (tries - 1) + ["success"], (task_id, states)
+        for attempt in range(1, tries):
+            log = task_log(place, dag_id, run.run_id, task_id, attempt)
+            assert "SIGKILL" in log, (task_id, attempt, log[-2000:])
+    # The close's last try found the epoch committed by the one before: it finished the
+    # compaction, and the run went on to the maintenance task (whose kill fired).
+    log = task_log(place, dag_id, run.run_id, "close_epoch", 3)
+    assert "was committed by an earlier try of this task" in log, log[-3000:]
+    assert ti[("maintain", -1)]["state"] == "success"
+    # The iteration task that ran iteration 1 was killed; its retry ran the next
+    # pending iteration, or skipped when another slot had carried the loop on.
+    retried = [i for (t, i), v in ti.items() if t == "loop_reach.iterate" and v["try_number"] > 1]
+    assert len(retried) == 1, ti
+    states = try_states(place, dag_id, run.run_id, "loop_reach.iterate", retried[0])
+    assert states[0] == "failed" and states[-1] in ("success", "skipped"), states
+    log = task_log(place, dag_id, run.run_id, "loop_reach.iterate", 1, retried[0])
+    assert "SIGKILL" in log, log[-2000:]
+    others = {t for (t, i), v in ti.items() if t not in expected and v["try_number"] > 1}
+    assert others <= {"loop_reach.iterate"}, others
+
+    committed_once(where, circuit, 1)
+    check_views(where, circuit, REACH_BATCHES, 0)
+    (view,) = circuit.views
+    assert table_versions(table_path(where.outputs, circuit.name, view)) == {0: 0}
+    no_orphans(where, circuit)
+
+
+# ----------------------------------------------------------------------------- 7. marked
+def test_a_failed_task_marked_success_never_commits_the_epoch(deployment):
+    place, dag_id = deployment, "fault_marked"
+    where, circuit, api = place.dags[dag_id], word_count(), place.api
+    stages = [s.name for s in plan(circuit).stages_in_scope(0)]  # the ingest's first
+    # Nothing landed for the interval: the ingest fails (its partition is required).
+    run = run_epoch(place, dag_id, day(0), expect="failed")
+    ingest = instance(place, dag_id, run.run_id, "ingest.words")
+    assert (ingest["state"], ingest["try_number"]) == ("failed", 1)
+    assert "nothing landed for" in task_log(place, dag_id, run.run_id, "ingest.words", 1)
+
+    def marked_success(task_id: str) -> dict[str, Any]:
+        """Mark ``task_id`` success; Airflow runs again the failed tasks after it."""
+        (marked,) = api.set_state(dag_id, run.run_id, task_id, "success")
+        assert marked["task_id"] == task_id, marked
+        (done,) = api.wait_for_runs(dag_id, run_ids=[run.run_id], timeout=WAIT, poll=0.5)
+        assert done.state == "failed", api.explain(dag_id, [done])
+        return {t["task_id"]: t for t in api.task_instances(dag_id, run.run_id)}
+
+    def log_of(ti: dict[str, Any]) -> str:
+        return task_log(place, dag_id, run.run_id, ti["task_id"], ti["try_number"])
+
+    # The ingest marked success: the stage reading it refuses, naming it and its task.
+    ti = marked_success("ingest.words")
+    assert ti["ingest.words"]["state"] == "success"
+    assert ti[stages[1]]["state"] == "failed", ti
+    assert ti["close_epoch"]["state"] == "upstream_failed", ti
+    log = log_of(ti[stages[1]])
+    assert f"stage {stages[1]} of circuit 'word_count' cannot run at epoch 0" in log, log
+    assert "have not committed: ingest_words. Their tasks: ingest.words" in log, log
+
+    # The publish marked success too: the close runs, and refuses, naming every unit.
+    ti = marked_success("publish")
+    assert ti["close_epoch"]["state"] == "failed", ti
+    log = log_of(ti["close_epoch"])
+    missing = ", ".join([*stages, "publish"])
+    assert f"cannot commit: planned units have not committed: {missing}" in log, log
+    assert "clear those tasks" in log
+    catalog = catalog_of(where)
+    try:
+        assert catalog.epoch_state(circuit.name, 0) == "open"
+        assert catalog.last_committed_epoch(circuit.name) == -1
+        assert catalog.stage_runs(circuit.name) == []
+    finally:
+        catalog.close()
+    assert not table_path(where.outputs, circuit.name, "counts").exists()
+
+    # The input lands and every task of the run is cleared: the epoch commits.
+    land(where, circuit, day(0), WORD_BATCHES[0])
+    api.clear(dag_id, run.run_id, only_failed=False)
+    (run,) = api.wait_for_runs(dag_id, run_ids=[run.run_id], timeout=WAIT, poll=0.5)
+    assert run.state == "success", api.explain(dag_id, [run])
+    committed_once(where, circuit, 1)
+    check_views(where, circuit, WORD_BATCHES, 0)
+    no_orphans(where, circuit)
+
+
+# ----------------------------------------------------------------------------- 8. late
+def test_a_late_file_and_a_file_rewritten_in_place_are_refused_or_warned_about(deployment):
+    """Epoch 1 of the mark-success case's DAG: after epoch 0 committed, a file lands in
+    its partition and the file it read is rewritten with other rows."""
+    place, dag_id = deployment, "fault_marked"
+    where, circuit, api = place.dags[dag_id], word_count(), place.api
+    catalog = catalog_of(where)
+    try:
+        assert catalog.last_committed_epoch(circuit.name) == 0, "the mark-success case runs first"
+    finally:
+        catalog.close()
+    columns = ["word", "__w"]
+    (read,) = where.landing.partition("words", day(0)).glob("part-*")
+    late = where.landing.land("words", day(0), [("late", 1)], columns, "parquet", name="late")
+    rewritten = where.landing.land("words", day(0), [("b", 5)], columns, "parquet", name=read.stem)
+    assert rewritten == read
+    land(where, circuit, day(1), WORD_BATCHES[1])
+    lines = [
+        f"{late} arrived after interval {day(0)} was ingested",
+        f"{rewritten} was replaced after interval {day(0)} was ingested",
+    ]
+
+    # [dbspark] late_files = fail: the ingest refuses, naming both; nothing is written.
+    settings(place, dag_id, late_files="fail")
+    run = run_epoch(place, dag_id, day(1), expect="failed")
+    ingest = instance(place, dag_id, run.run_id, "ingest.words")
+    assert (ingest["state"], ingest["try_number"]) == ("failed", 1)
+    log = task_log(place, dag_id, run.run_id, "ingest.words", 1)
+    assert all(line in log for line in lines), log[-3000:]
+    catalog = catalog_of(where)
+    try:
+        assert catalog.last_committed_epoch(circuit.name) == 0
+        assert {s for s, t in catalog.stage_runs(circuit.name) if t[0] == 1} == set()
+    finally:
+        catalog.close()
+    check_views(where, circuit, WORD_BATCHES, 0)
+
+    # The default ('warn'): the cleared ingest warns, naming both, and the run goes on
+    # without them: a committed epoch's input does not change.
+    settings(place, dag_id)
+    assert "ingest.words" in api.clear(dag_id, run.run_id)
+    (run,) = api.wait_for_runs(dag_id, run_ids=[run.run_id], timeout=WAIT, poll=0.5)
+    assert run.state == "success", api.explain(dag_id, [run])
+    log = task_log(place, dag_id, run.run_id, "ingest.words", 2)
+    assert "set late_files='fail' to refuse" in log and all(line in log for line in lines), log
+    committed_once(where, circuit, 2)
+    for epoch in range(2):
+        check_views(where, circuit, WORD_BATCHES, epoch)
+    assert list(table_versions(table_path(where.outputs, circuit.name, "counts"))) == [0, 1]
     no_orphans(where, circuit)

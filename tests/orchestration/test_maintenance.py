@@ -15,6 +15,8 @@ import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -299,6 +301,82 @@ def test_a_task_holds_a_lease_while_its_unit_runs(tmp_path: Path) -> None:
         lasts = (lease.expires_at - lease.started_at).total_seconds()
         assert lasts == pytest.approx(DEFAULT_LEASE_SECONDS)  # no task: the default
     assert catalog.leases("word_count") == []
+    catalog.close()
+
+
+def _retried_tasks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, try_number: int) -> Any:
+    """Word count's task bodies in try ``try_number`` of a task, the catalog of their
+    warehouse, and the context of a run for ``day(0)`` whose epoch 0 is committed."""
+    from dbspark.examples.circuits import word_count
+    from dbspark.orchestration.airflow import tasks as tasks_module
+    from dbspark.orchestration.airflow.deployment import Deployment, DeploymentOptions
+    from dbspark.storage.catalog import Catalog
+
+    tasks = tasks_module.EpochTasks(
+        circuit=word_count(),
+        sources={},
+        options=DeploymentOptions(),
+        start_date=START,
+        iteration_tasks=1,
+    )
+    where = tmp_path / "warehouse"
+    deployment = Deployment(where, tmp_path / "out", None, None, None, None, "dbspark_")
+    tasks._deployment = lambda: deployment  # type: ignore[method-assign]
+    ti = SimpleNamespace(dag_id="d", run_id="r", task_id="t", map_index=-1, try_number=try_number)
+    monkeypatch.setattr(tasks_module, "_task_instance", lambda: ti)
+    catalog = Catalog.for_warehouse(where)
+    catalog.register_circuit("word_count", "fp")
+    catalog.open_epoch("word_count", 0, day(0).label)
+    catalog.commit_epoch("word_count", 0)
+    context = {
+        "data_interval_start": day(0).start,
+        "data_interval_end": day(0).end,
+        "ti": ti,
+        "params": {},
+    }
+    return tasks, catalog, context
+
+
+def test_a_retry_with_nothing_left_to_do_ends_the_leases_of_its_killed_tries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Try 1 was killed holding its lease; try 2 finds its work done (an iteration that
+    another task ran, an epoch committed) and skips, taking no lease: it ends try 1's,
+    which would otherwise hold back garbage collection until it expired."""
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    tasks, catalog, context = _retried_tasks(tmp_path, monkeypatch, try_number=2)
+    catalog.acquire_lease("word_count", "task d/r/t[-1] try 1: stage unit (pid 1)", 3600)
+    other = catalog.acquire_lease("word_count", "task d/r/u[-1] try 1: stage unit (pid 2)", 3600)
+    with pytest.raises(AirflowSkipException, match="already committed"):
+        tasks.stage(1, context)
+    assert [lease.id for lease in catalog.leases("word_count")] == [other]
+    catalog.close()
+
+
+def test_a_close_retried_after_its_commit_finishes_and_goes_on_to_maintenance(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Try 1 of close_epoch committed the epoch and was killed while compacting: try 2
+    runs the close unit again (its commit a no-op, its compaction finished) and branches
+    to the tasks after the close, as try 1 would have, instead of skipping them. The
+    close of an epoch with later epochs committed (a cleared old run) still skips."""
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    from dbspark.orchestration.units import CloseUnit
+
+    tasks, catalog, context = _retried_tasks(tmp_path, monkeypatch, try_number=2)
+    ran = []
+    tasks._execute = lambda deployment, unit: ran.append(unit) or {}  # type: ignore[method-assign]
+    assert tasks.close_epoch(context) == 0
+    assert ran == [CloseUnit(0)]
+    assert tasks.after_close(context, 0) == ["maintain"]  # epoch 0: maintenance is due
+
+    catalog.open_epoch("word_count", 1, day(1).label)
+    catalog.commit_epoch("word_count", 1)
+    with pytest.raises(AirflowSkipException, match="already committed"):
+        tasks.close_epoch(context)
+    assert ran == [CloseUnit(0)]
     catalog.close()
 
 

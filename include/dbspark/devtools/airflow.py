@@ -317,6 +317,28 @@ class RestClient:
         answer = self._send("POST", path, body)
         return [ti["task_id"] for ti in answer.get("task_instances", [])]
 
+    def set_state(
+        self, dag_id: str, run_id: str, task_id: str, state: str, *, map_index: int = -1
+    ) -> list[dict[str, Any]]:
+        """Set a task instance's state as the UI's "Mark as success" / "Mark as failed"
+        does (``PATCH .../taskInstances/<task_id>``, without upstream, downstream, past or
+        future); Airflow then clears the failed and upstream-failed tasks downstream of
+        it, so they run again. Returns the task instances it set."""
+        path = (
+            f"/api/v2/dags/{self._quote(dag_id)}/dagRuns/{self._quote(run_id)}"
+            f"/taskInstances/{self._quote(task_id)}"
+        )
+        if map_index >= 0:
+            path += f"/{map_index}"
+        body = {
+            "new_state": state,
+            "include_upstream": False,
+            "include_downstream": False,
+            "include_future": False,
+            "include_past": False,
+        }
+        return list(self._send("PATCH", path, body)["task_instances"])
+
     def wait_for_runs(
         self,
         dag_id: str,

@@ -1375,6 +1375,22 @@ class Catalog:
                     f"cannot lease circuit {circuit!r}: it is not registered"
                 ) from None
 
+    def end_leases(self, circuit: str, prefixes: Sequence[str]) -> None:
+        """End the circuit's leases whose holder starts with one of ``prefixes``: those of
+        earlier attempts of work that is over (``acquire_lease``'s ``replaces``), when
+        the attempt that finds it over takes no lease of its own (a retry with nothing
+        left to do)."""
+        if not prefixes:
+            return
+        lt = leases_table
+        with self._write() as conn:
+            for prefix in prefixes:
+                conn.execute(
+                    lt.delete().where(
+                        lt.c.circuit == circuit, lt.c.holder.startswith(prefix, autoescape=True)
+                    )
+                )
+
     def release_lease(self, lease: int) -> None:
         """End a lease (a no-op if it expired and was removed)."""
         with self._write() as conn:

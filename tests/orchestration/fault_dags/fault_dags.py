@@ -22,6 +22,17 @@ catalog commits and the epoch:
 - ``enospc``: while it exists, every Parquet file pyarrow writes under a path holding
   the marker's text fails with ``OSError(ENOSPC)`` after writing part of the file, as
   a full disk does.
+- ``kill/<key>``: the task process SIGKILLs itself at that point, once (test-and-clear;
+  ``killed/<key>`` then holds its pid), as the OOM killer or a lost host stops it:
+  ``<db>.<stage>@<time>`` in ``Catalog.commit`` of that stage (or loop iteration:
+  ``loop:<name>@<epoch>.<iteration>``) after the unit wrote its files;
+  ``<db>.compact@<epoch>`` at the epoch's first compaction commit (after its close);
+  ``<db>.close@<epoch>`` before ``Catalog.commit_epoch``; ``<dag>.export@<epoch>`` after
+  a view's Delta table committed the epoch (``publish_table``); ``<dag>.gc`` after
+  garbage collection deleted its first path.
+- ``settings/<dag>`` (JSON: variable -> value): set in the environment of that DAG's task
+  processes, as ``airflow.cfg`` would set ``[dbspark]`` keys (``late_files``,
+  ``gc_min_age_hours``); a variable no longer listed is unset again.
 """
 
 from __future__ import annotations
@@ -34,7 +45,7 @@ from typing import Any
 import fault_hooks  # noqa: F401  (installs the hooks in this process)
 import pendulum
 
-from dbspark.examples.circuits import orders, word_count
+from dbspark.examples.circuits import orders, reachability, word_count
 from dbspark.orchestration import LandingDirectory, build_dag
 
 ROOT = Path(os.environ.get("DBSPARK_FAULT_ROOT", "/nonexistent/dbspark-faults"))
@@ -108,4 +119,35 @@ dst_dag = build_dag(
     sources={"words": dst},
     retries=1,
     retry_delay=timedelta(seconds=1),
+)
+
+# Task processes killed (SIGKILL) at every kind of task, retried: a recursive circuit, so
+# that an iteration (a mapped task) is killed too; three iteration tasks, the last
+# carrying on inline. Three retries: publish and close are killed twice each.
+kills = _landing("fault_kills")
+kills_dag = build_dag(
+    reachability,
+    **_places("fault_kills"),
+    schedule="@daily",
+    start_date=START,
+    end_date=START + timedelta(days=3),
+    catchup=False,
+    sources={"edges": kills, "roots": kills},
+    iteration_tasks=3,
+    retries=3,
+    retry_delay=timedelta(seconds=1),
+)
+
+# Tasks marked success by hand, then late and rewritten files: no retries, so a failure
+# stays until the test fixes the input and clears the tasks, as a person would.
+marked = _landing("fault_marked")
+marked_dag = build_dag(
+    word_count,
+    **_places("fault_marked"),
+    schedule="@daily",
+    start_date=START,
+    end_date=START + timedelta(days=3),
+    catchup=False,
+    sources={"words": marked},
+    retries=0,
 )

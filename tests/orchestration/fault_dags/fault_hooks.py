@@ -7,6 +7,7 @@ import errno
 import json
 import os
 import secrets
+import signal
 import subprocess
 import sys
 import time
@@ -24,6 +25,46 @@ RACE_VARIABLE = "DBSPARK_FAULT_RACE"
 WAIT_SECONDS = 120.0
 
 _race: dict[str, str] = {}  # this process's race, until its first commit
+_settings: dict[str, str | None] = {}  # what the settings hook replaced, by name
+
+
+def _kill_if_armed(key: str) -> None:
+    """SIGKILL this process, as the OOM killer or a lost host does, if ``kill/<key>``
+    exists (test-and-clear, so the retry goes on); ``killed/<key>`` holds its pid."""
+    try:
+        (HOOKS / "kill" / key).unlink()
+    except FileNotFoundError:
+        return
+    (HOOKS / "killed").mkdir(parents=True, exist_ok=True)
+    (HOOKS / "killed" / key).write_text(str(os.getpid()))
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _dag_of(path: Any) -> str:
+    """The DAG a warehouse or outputs path belongs to (``<root>/<dag_id>/...``)."""
+    try:
+        return Path(os.fspath(path)).resolve().relative_to(ROOT.resolve()).parts[0]
+    except (TypeError, ValueError, IndexError):
+        return ""
+
+
+def _apply_settings(dag_id: str) -> None:
+    """``settings/<dag_id>`` (JSON: variable -> value), set in this task process's
+    environment as ``airflow.cfg`` would set them, e.g. ``AIRFLOW__DBSPARK__LATE_FILES``;
+    a variable no longer listed gets back its value from before."""
+    try:
+        wanted = json.loads((HOOKS / "settings" / dag_id).read_text())
+    except FileNotFoundError:
+        wanted = {}
+    for name in [n for n in _settings if n not in wanted]:
+        before = _settings.pop(name)
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
+    for name, value in wanted.items():
+        _settings.setdefault(name, os.environ.get(name))
+        os.environ[name] = str(value)
 
 
 def _wait_for(path: Path, count: int = 1) -> None:
@@ -46,6 +87,10 @@ def _install_hooks() -> None:
         self: Catalog, circuit: str, stage: str, time_: Any, *args: Any, **kw: Any
     ) -> bool:
         key = f"{self.engine.url.database}.{stage}@{next(iter(time_))}"
+        if stage.startswith("compact:"):  # any trace's compaction at the epoch
+            _kill_if_armed(f"{self.engine.url.database}.compact@{next(iter(time_))}")
+        else:  # a loop iteration's key names its full time: loop:<name>@<epoch>.<i>
+            _kill_if_armed(f"{self.engine.url.database}.{stage}@{'.'.join(map(str, time_))}")
         pause = HOOKS / "pause" / key
         try:
             pause.unlink()  # test-and-clear: only one attempt pauses
@@ -85,6 +130,35 @@ def _install_hooks() -> None:
 
     Catalog.exclusive = exclusive_ready  # type: ignore[method-assign]
 
+    commit_epoch = Catalog.commit_epoch
+
+    def commit_epoch_or_die(self: Catalog, circuit: str, epoch: int, **kw: Any) -> bool:
+        _kill_if_armed(f"{self.engine.url.database}.close@{epoch}")
+        return commit_epoch(self, circuit, epoch, **kw)
+
+    Catalog.commit_epoch = commit_epoch_or_die  # type: ignore[method-assign]
+
+    from dbspark.orchestration.sinks import export
+    from dbspark.storage import catalog as catalog_module
+
+    publish_table = export.publish_table
+
+    def publish_table_then_die(path: Any, *args: Any, **kw: Any) -> Any:
+        done = publish_table(path, *args, **kw)  # the view's table holds the epoch
+        _kill_if_armed(f"{_dag_of(path)}.export@{kw.get('epoch')}")
+        return done
+
+    export.publish_table = publish_table_then_die
+
+    remove_tree = catalog_module._remove_tree
+
+    def remove_tree_then_die(path: Path) -> int:
+        freed = remove_tree(path)  # garbage collection deleted one path
+        _kill_if_armed(f"{_dag_of(path)}.gc")
+        return freed
+
+    catalog_module._remove_tree = remove_tree_then_die
+
     import pyarrow.parquet as pq
 
     write_table = pq.write_table
@@ -104,6 +178,14 @@ def _install_hooks() -> None:
     pq.write_table = write_table_or_full
 
     from dbspark.orchestration.airflow.tasks import EpochTasks
+
+    deployment_of = EpochTasks._deployment
+
+    def deployment_with_settings(self: EpochTasks) -> Any:
+        _apply_settings(_dag_of(self.options.warehouse))
+        return deployment_of(self)
+
+    EpochTasks._deployment = deployment_with_settings  # type: ignore[method-assign]
 
     execute_leased = EpochTasks._execute_leased
 

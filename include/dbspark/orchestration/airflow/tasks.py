@@ -5,7 +5,8 @@ skipped, and a unit that died before committing leaves only unregistered files, 
 its retry overwrites. The tasks add the Airflow side:
 
 - which epoch the run is (``epochs.py``; the open task records it, the others look it
-  up), and a skip for every task of a run whose epoch already committed;
+  up), and a skip for every task of a run whose epoch already committed (but the close
+  retried after its own commit, which finishes the compaction and the run);
 - the loop's mapped task: each instance runs the next pending iteration (the catalog
   numbers them, so map-index order and retries do not matter) and skips once the loop
   converged; the convergence check fails loudly when the bound was reached;
@@ -246,6 +247,16 @@ def lease_seconds() -> float:
     return timeout.total_seconds() + 600.0
 
 
+def _lease_names() -> tuple[str, list[str]]:
+    """How the running task's leases are named: the prefix of this try's holder, and
+    those of its earlier tries ("", [] outside a task)."""
+    ti = _task_instance()
+    if ti is None:
+        return "", []
+    task = f"task {ti.dag_id}/{ti.run_id}/{ti.task_id}[{ti.map_index}] try"
+    return f"{task} {ti.try_number}: ", [f"{task} {n}: " for n in range(1, int(ti.try_number))]
+
+
 def _aware(value: datetime) -> datetime:
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value
 
@@ -341,15 +352,12 @@ class EpochTasks:
                 f"({socket.gethostname()}, pid {os.getpid()})"
             )
             # Named by its task instance and try: this try ends the leases of the
-            # earlier ones, whose release a catalog outage may have lost (they would
-            # keep garbage for the lease's length). A second process of the same try
-            # (a redelivery) keeps its lease.
-            replaces: list[str] = []
-            ti = _task_instance()
-            if ti is not None:
-                task = f"task {ti.dag_id}/{ti.run_id}/{ti.task_id}[{ti.map_index}] try"
-                holder = f"{task} {ti.try_number}: {holder}"
-                replaces = [f"{task} {n}: " for n in range(1, int(ti.try_number))]
+            # earlier ones, whose release a catalog outage (or a kill) may have lost
+            # (they would keep garbage for the lease's length). A second process of
+            # the same try (a redelivery) keeps its lease.
+            this_try, replaces = _lease_names()
+            if this_try:
+                holder = f"{this_try}{holder}"
             lease = catalog.acquire_lease(self.name, holder, seconds, replaces=replaces)
             try:
                 yield
@@ -377,14 +385,23 @@ class EpochTasks:
             finally:
                 engine.catalog.close()
 
-    def _current(self, context: Mapping[str, Any]) -> tuple[Deployment, EpochOfRun]:
-        """The run's epoch, or a skip when it already committed."""
+    def _epoch_of_run(self, context: Mapping[str, Any]) -> tuple[Deployment, EpochOfRun]:
+        """The run's epoch. A retry first ends its earlier tries' leases: a try killed
+        (or cut off from the catalog) never released its own, and this one may take
+        none (it skips, having nothing left to do): they would keep garbage until they
+        expire, hours later."""
         deployment = self._deployment()
         catalog = self._catalog(deployment)
         try:
             run = require_epoch(catalog, self.name, interval_of(context))
+            catalog.end_leases(self.name, _lease_names()[1])
         finally:
             catalog.close()
+        return deployment, run
+
+    def _current(self, context: Mapping[str, Any]) -> tuple[Deployment, EpochOfRun]:
+        """The run's epoch, or a skip when it already committed."""
+        deployment, run = self._epoch_of_run(context)
         if run.committed:
             raise _skip(f"epoch {run.epoch} {run.interval} is already committed: nothing to do")
         return deployment, run
@@ -766,11 +783,28 @@ class EpochTasks:
         return result
 
     def close_epoch(self, context: Mapping[str, Any]) -> int:
-        """Commit the epoch. It commits only if every unit it planned committed, checked
-        in the transaction that commits it: a task marked success without running
-        committed nothing, and this task then fails at once, naming it."""
-        deployment, run = self._current(context)
-        missing = self._missing(deployment, run, epoch_units(self.plan))
+        """Commit the epoch, then compact. It commits only if every unit it planned
+        committed, checked in the transaction that commits it: a task marked success
+        without running committed nothing, and this task then fails at once, naming it.
+
+        The epoch found committed, and the last one, is this run's: a try of this task
+        committed it and was stopped before it finished (killed, or timed out while
+        compacting). This try then finishes the compaction, and the run goes on to the
+        tasks after the close (``serve``, ``maintain``) instead of skipping them."""
+        deployment, run = self._epoch_of_run(context)
+        if run.committed:
+            if self._last_committed(deployment) != run.epoch:
+                raise _skip(f"epoch {run.epoch} {run.interval} is already committed: nothing to do")
+            log.info(
+                "circuit %s: epoch %s %s was committed by an earlier try of this task; "
+                "finishing what it left (compaction)",
+                self.name,
+                run.epoch,
+                run.interval,
+            )
+            missing = []
+        else:
+            missing = self._missing(deployment, run, epoch_units(self.plan))
         if missing:
             raise _fail(
                 f"epoch {run.epoch} {run.interval} of circuit {self.name!r} cannot commit: "
