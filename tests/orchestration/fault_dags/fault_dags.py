@@ -52,102 +52,59 @@ ROOT = Path(os.environ.get("DBSPARK_FAULT_ROOT", "/nonexistent/dbspark-faults"))
 START = datetime(2026, 1, 1, tzinfo=UTC)
 
 
-def _places(dag_id: str) -> dict[str, Any]:
-    return {
-        "dag_id": dag_id,
-        "warehouse": str(ROOT / dag_id / "warehouse"),
-        "outputs": str(ROOT / dag_id / "published"),
-        "catalog_conn_id": f"{dag_id}_catalog",
+def _fault_dag(dag_id: str, circuit: Any, sources: list[str], retries: int, **options: Any) -> Any:
+    """A DAG of ``circuit`` with a warehouse, outputs, catalog connection and landing
+    directory of its own (every source lands there), daily from ``START`` for three
+    days unless ``options`` say otherwise."""
+    landing = LandingDirectory(ROOT / dag_id / "landing")
+    schedule = {
+        "schedule": "@daily",
+        "start_date": START,
+        "end_date": START + timedelta(days=3),
+        **options,
     }
-
-
-def _landing(dag_id: str) -> LandingDirectory:
-    return LandingDirectory(ROOT / dag_id / "landing")
+    return build_dag(
+        circuit,
+        dag_id=dag_id,
+        warehouse=str(ROOT / dag_id / "warehouse"),
+        outputs=str(ROOT / dag_id / "published"),
+        catalog_conn_id=f"{dag_id}_catalog",
+        catchup=False,
+        sources=dict.fromkeys(sources, landing),
+        retries=retries,
+        **({"retry_delay": timedelta(seconds=1)} if retries else {}),
+        **schedule,
+    )
 
 
 # The catalog database stopped mid-epoch: retries one second apart, doubling, five times.
-outage = _landing("fault_outage")
-outage_dag = build_dag(
-    orders,
-    **_places("fault_outage"),
-    schedule="@daily",
-    start_date=START,
-    end_date=START + timedelta(days=3),
-    catchup=False,
-    sources={"customers": outage, "orders": outage},
-    retries=5,
-    retry_delay=timedelta(seconds=1),
-)
+outage_dag = _fault_dag("fault_outage", orders, ["customers", "orders"], retries=5)
 
 # Units run twice at once.
-twice = _landing("fault_twice")
-twice_dag = build_dag(
-    orders,
-    **_places("fault_twice"),
-    schedule="@daily",
-    start_date=START,
-    end_date=START + timedelta(days=3),
-    catchup=False,
-    sources={"customers": twice, "orders": twice},
-    retries=1,
-    retry_delay=timedelta(seconds=1),
-)
+twice_dag = _fault_dag("fault_twice", orders, ["customers", "orders"], retries=1)
 
 # A full disk: no retries, so the failure stays until the test frees the disk and
 # clears the task, as a person would.
-disk = _landing("fault_disk")
-disk_dag = build_dag(
-    word_count,
-    **_places("fault_disk"),
-    schedule="@daily",
-    start_date=START,
-    end_date=START + timedelta(days=3),
-    catchup=False,
-    sources={"words": disk},
-    retries=0,
-)
+disk_dag = _fault_dag("fault_disk", word_count, ["words"], retries=0)
 
 # Midnight to midnight in Berlin, which changes to summer time on 29 March 2026.
-dst = _landing("fault_dst")
-dst_dag = build_dag(
+dst_dag = _fault_dag(
+    "fault_dst",
     word_count,
-    **_places("fault_dst"),
+    ["words"],
+    retries=1,
     schedule="0 0 * * *",
     start_date=pendulum.datetime(2026, 3, 27, tz="Europe/Berlin"),
     end_date=pendulum.datetime(2026, 3, 31, tz="Europe/Berlin"),
-    catchup=False,
-    sources={"words": dst},
-    retries=1,
-    retry_delay=timedelta(seconds=1),
 )
 
 # Task processes killed (SIGKILL) at every kind of task, retried: a recursive circuit, so
 # that an iteration (a mapped task) is killed too; three iteration tasks, the last
 # carrying on inline. Three retries: publish and close are killed twice each.
-kills = _landing("fault_kills")
-kills_dag = build_dag(
-    reachability,
-    **_places("fault_kills"),
-    schedule="@daily",
-    start_date=START,
-    end_date=START + timedelta(days=3),
-    catchup=False,
-    sources={"edges": kills, "roots": kills},
-    iteration_tasks=3,
-    retries=3,
-    retry_delay=timedelta(seconds=1),
+kills_dag = _fault_dag(
+    "fault_kills", reachability, ["edges", "roots"], retries=3, iteration_tasks=3
 )
 
 # Tasks marked success by hand, then late and rewritten files: no retries, so a failure
 # stays until the test fixes the input and clears the tasks, as a person would.
-marked = _landing("fault_marked")
-marked_dag = build_dag(
-    word_count,
-    **_places("fault_marked"),
-    schedule="@daily",
-    start_date=START,
-    end_date=START + timedelta(days=3),
-    catchup=False,
-    sources={"words": marked},
-    retries=0,
-)
+marked_dag = _fault_dag("fault_marked", word_count, ["words"], retries=0)
