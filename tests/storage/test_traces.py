@@ -185,12 +185,20 @@ def test_tiered_choice_merges_like_a_binary_counter() -> None:
     # A small first epoch rides along with the class above it (it once blocked all merges).
     assert ids([big, b(2, 16), b(3, 41), b(4, 46), b(5, 57)]) == [2, 3, 4, 5]
     assert ids([b(2, 5)]) == [] and ids([]) == []
+    # Base 4: a class merges once it holds four, and carries into one that then holds four.
+    assert sorted(x.id for x in _tiered_choice([big, b(2, 100), b(3, 100), b(4, 100)], 4)) == []
+    four = [b(i, 100) for i in range(2, 6)]
+    assert sorted(x.id for x in _tiered_choice([big, *four], 4)) == [2, 3, 4, 5]
+    carried = [b(6, 400), b(7, 400), b(8, 450), *four]
+    assert sorted(x.id for x in _tiered_choice(carried, 4)) == [2, 3, 4, 5, 6, 7, 8]
 
 
-def test_tiered_merges_keep_the_live_batches_logarithmic() -> None:
+@pytest.mark.parametrize("fanout", [2, 4])
+def test_tiered_merges_keep_the_live_batches_logarithmic(fanout: int) -> None:
     """A steady stream of epochs of about one size, compacted at each close as the engine
     does (the epoch's own batch is not yet under the frontier): the live batches stay
-    logarithmic in the epochs, and each row is rewritten a logarithmic number of times."""
+    logarithmic in the epochs, and each row is rewritten a logarithmic number of times,
+    fewer with a larger fanout."""
     import math
     import random
 
@@ -203,7 +211,7 @@ def test_tiered_merges_keep_the_live_batches_logarithmic() -> None:
             "c", "t", "trace", (epoch,), f"p{epoch}", rows=rows, bytes=rows, id=epoch
         )
         live.append(batch)
-        chosen = _tiered_choice(live[:-1])
+        chosen = _tiered_choice(live[:-1], fanout)
         if len(chosen) > 1:
             merged = sum(x.rows for x in chosen)
             rewritten += merged
@@ -214,7 +222,7 @@ def test_tiered_merges_keep_the_live_batches_logarithmic() -> None:
             live.insert(0, merged_batch)
         assert len(live) <= 2 * math.log2(epoch + 2) + 3, (epoch, [x.rows for x in live])
     total = sum(x.rows for x in live)
-    assert rewritten <= total * 2 * math.log2(2000)
+    assert rewritten <= total * 2 * math.log2(2000) / math.log2(fanout)
 
 
 def test_a_refused_compaction_leaves_no_files(store: TraceStore, monkeypatch) -> None:
@@ -233,3 +241,16 @@ def test_a_refused_compaction_leaves_no_files(store: TraceStore, monkeypatch) ->
         store.compact("t", Antichain([(2,)]), FLAT, ["k"], time_columns(1))
     assert store.catalog.all_batches("c") == before
     assert sorted(store.warehouse.root.glob("c/t/*/t=*/*")) == dirs
+
+
+def test_the_compaction_fanout_is_a_setting(monkeypatch) -> None:
+    from dbspark.storage.traces import compaction_fanout
+
+    monkeypatch.delenv("DBSPARK_COMPACTION_FANOUT", raising=False)
+    assert compaction_fanout() == 2
+    monkeypatch.setenv("DBSPARK_COMPACTION_FANOUT", "4")
+    assert compaction_fanout() == 4
+    for bad in ("1", "four", "-3"):
+        monkeypatch.setenv("DBSPARK_COMPACTION_FANOUT", bad)
+        with pytest.raises(ValueError, match="DBSPARK_COMPACTION_FANOUT must be an integer >= 2"):
+            compaction_fanout()

@@ -16,6 +16,7 @@ a compaction's batch time is the meet of its rows' advanced times). A read up to
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -214,11 +215,11 @@ class TraceStore:
         and records the collection's frontier. Accumulations at times beyond the frontier
         are unchanged. Idempotent: compacting again at the same frontier does nothing.
 
-        ``tiered=True`` merges like a binary counter (Differential Dataflow's spine):
-        batches of one size class, with the smaller ones, carried upwards like a binary
-        counter (``_tiered_choice``), so an old big batch is rewritten only when the recent
-        ones have grown to its size class (O(log n) rewrites per update instead of one per
-        compaction, and O(log n) live batches).
+        ``tiered=True`` merges like a counter in base ``compaction_fanout()`` (Differential
+        Dataflow's spine is base 2): batches of one size class, with the smaller ones,
+        carried upwards (``_tiered_choice``), so an old big batch is rewritten only when
+        the recent ones have grown to its size class (O(log n) rewrites per update instead
+        of one per compaction, and O(log n) live batches).
 
         ``local(chosen, frontier, out_time)``, when given, rewrites a merge of at most
         ``local_rows`` rows instead of Spark (the same batch, written without a Spark job).
@@ -301,7 +302,7 @@ class TraceStore:
         (empty: nothing worth merging)."""
         live = [b for b in live if len(b.time) == depth]
         eligible = [b for b in live if not frontier.less_equal(b.time)]
-        chosen = _tiered_choice(eligible) if tiered else eligible
+        chosen = _tiered_choice(eligible, compaction_fanout()) if tiered else eligible
         # Inside a loop an epoch writes a batch per iteration, each larger than all before
         # it, so the binary counter never merges them and every read would open them all.
         # They are merged here, at the epoch's close, as they are: their rows keep their
@@ -413,24 +414,43 @@ def with_time_columns(df: DataFrame, time: Sequence[int]) -> DataFrame:
     return df
 
 
+#: How many batches of one size class a tiered compaction waits for before it merges
+#: them (``_tiered_choice``). Base 4 rewrites each row about half as often as base 2 (a
+#: batch climbs two size classes at a time) but keeps up to 3 live batches a class
+#: instead of 1, which every read of the trace opens: ARCHITECTURE.md, "Compaction".
+DEFAULT_COMPACTION_FANOUT = 2
+
+
+def compaction_fanout() -> int:
+    """``DBSPARK_COMPACTION_FANOUT`` (an integer of at least 2), else 2."""
+    raw = os.environ.get("DBSPARK_COMPACTION_FANOUT", "").strip()
+    if not raw:
+        return DEFAULT_COMPACTION_FANOUT
+    if not raw.isdigit() or int(raw) < 2:
+        raise ValueError(f"DBSPARK_COMPACTION_FANOUT must be an integer >= 2, got {raw!r}")
+    return int(raw)
+
+
 def _level(rows: int) -> int:
     """A batch's size class: batches of 2**k to 2**(k+1) - 1 rows are level k."""
     return max(rows, 1).bit_length() - 1
 
 
-def _tiered_choice(batches: list[BatchRecord]) -> list[BatchRecord]:
-    """The batches to merge, as a binary counter carries (Differential Dataflow's spine):
-    the lowest size class that holds two batches, with every smaller batch; then, while
-    the merged size falls in the class of a batch not yet taken, that batch too. Empty
-    when no class holds two. Each class then keeps at most one batch, so the live
+def _tiered_choice(batches: list[BatchRecord], fanout: int = 2) -> list[BatchRecord]:
+    """The batches to merge, as a counter in base ``fanout`` carries (Differential
+    Dataflow's spine is base 2): the lowest size class that holds ``fanout`` batches,
+    with every smaller batch; then, while the merged size falls in a class that the
+    merged batch would fill to ``fanout``, that class's batches too. Empty when no class
+    holds ``fanout``. Each class then keeps fewer than ``fanout`` batches, so the live
     batches stay logarithmic in the rows, and a row is rewritten once per class it
-    climbs. (Taking the smallest batches while each next was no larger than all taken
-    so far left a small first epoch alone and every later batch, a little larger, out:
-    nothing ever merged, one live batch per epoch, which the soak benchmark found.)"""
+    climbs, over ``log2(fanout)`` classes at a time. (Taking the smallest batches while
+    each next was no larger than all taken so far left a small first epoch alone and
+    every later batch, a little larger, out: nothing ever merged, one live batch per
+    epoch, which the soak benchmark found.)"""
     counts: dict[int, int] = {}
     for b in batches:
         counts[_level(b.rows)] = counts.get(_level(b.rows), 0) + 1
-    crowded = [level for level, n in counts.items() if n > 1]
+    crowded = [level for level, n in counts.items() if n >= fanout]
     if not crowded:
         return []
     lowest = min(crowded)
@@ -438,7 +458,7 @@ def _tiered_choice(batches: list[BatchRecord]) -> list[BatchRecord]:
     total = sum(b.rows for b in chosen)
     while True:
         carry = [b for b in batches if b not in chosen and _level(b.rows) <= _level(total)]
-        if not carry:
+        if len(carry) + 1 < fanout:
             break
         chosen += carry
         total += sum(b.rows for b in carry)
