@@ -277,12 +277,11 @@ def test_serving_failures_never_block_epochs_and_maintain_bounds_storage(
     target.engine.dispose()
 
 
-def test_a_task_holds_a_lease_while_its_unit_runs(tmp_path: Path) -> None:
+def _word_count_tasks(tmp_path: Path) -> tuple[Any, Any]:
+    """Word count's task bodies, and a deployment whose warehouse is under ``tmp_path``."""
     from dbspark.examples.circuits import word_count
     from dbspark.orchestration.airflow.deployment import Deployment, DeploymentOptions
     from dbspark.orchestration.airflow.tasks import EpochTasks
-    from dbspark.orchestration.units import StageUnit
-    from dbspark.storage.catalog import DEFAULT_LEASE_SECONDS, Catalog
 
     tasks = EpochTasks(
         circuit=word_count(),
@@ -292,8 +291,15 @@ def test_a_task_holds_a_lease_while_its_unit_runs(tmp_path: Path) -> None:
         iteration_tasks=1,
     )
     where = tmp_path / "warehouse"
-    deployment = Deployment(where, tmp_path / "out", None, None, None, None, "dbspark_")
-    catalog = Catalog.for_warehouse(where)
+    return tasks, Deployment(where, tmp_path / "out", None, None, None, None, "dbspark_")
+
+
+def test_a_task_holds_a_lease_while_its_unit_runs(tmp_path: Path) -> None:
+    from dbspark.orchestration.units import StageUnit
+    from dbspark.storage.catalog import DEFAULT_LEASE_SECONDS, Catalog
+
+    tasks, deployment = _word_count_tasks(tmp_path)
+    catalog = Catalog.for_warehouse(deployment.warehouse)
     catalog.register_circuit("word_count", "fp")
     with tasks._lease(deployment, StageUnit(3, 1)):
         (lease,) = catalog.leases("word_count")
@@ -307,24 +313,14 @@ def test_a_task_holds_a_lease_while_its_unit_runs(tmp_path: Path) -> None:
 def _retried_tasks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, try_number: int) -> Any:
     """Word count's task bodies in try ``try_number`` of a task, the catalog of their
     warehouse, and the context of a run for ``day(0)`` whose epoch 0 is committed."""
-    from dbspark.examples.circuits import word_count
     from dbspark.orchestration.airflow import tasks as tasks_module
-    from dbspark.orchestration.airflow.deployment import Deployment, DeploymentOptions
     from dbspark.storage.catalog import Catalog
 
-    tasks = tasks_module.EpochTasks(
-        circuit=word_count(),
-        sources={},
-        options=DeploymentOptions(),
-        start_date=START,
-        iteration_tasks=1,
-    )
-    where = tmp_path / "warehouse"
-    deployment = Deployment(where, tmp_path / "out", None, None, None, None, "dbspark_")
+    tasks, deployment = _word_count_tasks(tmp_path)
     tasks._deployment = lambda: deployment  # type: ignore[method-assign]
     ti = SimpleNamespace(dag_id="d", run_id="r", task_id="t", map_index=-1, try_number=try_number)
     monkeypatch.setattr(tasks_module, "_task_instance", lambda: ti)
-    catalog = Catalog.for_warehouse(where)
+    catalog = Catalog.for_warehouse(deployment.warehouse)
     catalog.register_circuit("word_count", "fp")
     catalog.open_epoch("word_count", 0, day(0).label)
     catalog.commit_epoch("word_count", 0)

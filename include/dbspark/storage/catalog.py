@@ -1346,13 +1346,7 @@ class Catalog:
             raise ValueError(f"a lease lasts a positive number of seconds, got {seconds}")
         with self._write() as conn:
             self._lock_circuit(conn, circuit, exclusive=True)
-            lt = leases_table
-            for prefix in replaces:
-                conn.execute(
-                    lt.delete().where(
-                        lt.c.circuit == circuit, lt.c.holder.startswith(prefix, autoescape=True)
-                    )
-                )
+            _delete_leases(conn, circuit, replaces)
             if self._server_clock:
                 started: Any = sa.func.clock_timestamp()
                 expires: Any = started + sa.func.make_interval(0, 0, 0, 0, 0, 0, float(seconds))
@@ -1382,14 +1376,8 @@ class Catalog:
         left to do)."""
         if not prefixes:
             return
-        lt = leases_table
         with self._write() as conn:
-            for prefix in prefixes:
-                conn.execute(
-                    lt.delete().where(
-                        lt.c.circuit == circuit, lt.c.holder.startswith(prefix, autoescape=True)
-                    )
-                )
+            _delete_leases(conn, circuit, prefixes)
 
     def release_lease(self, lease: int) -> None:
         """End a lease (a no-op if it expired and was removed)."""
@@ -1870,3 +1858,14 @@ def _remove_empty_dirs(base: Path) -> None:
             continue
         with contextlib.suppress(OSError):
             p.rmdir()
+
+
+def _delete_leases(conn: Any, circuit: str, prefixes: Sequence[str]) -> None:
+    """Delete ``circuit``'s leases whose holder starts with one of ``prefixes``."""
+    for prefix in prefixes:
+        conn.execute(
+            leases_table.delete().where(
+                leases_table.c.circuit == circuit,
+                leases_table.c.holder.startswith(prefix, autoescape=True),
+            )
+        )

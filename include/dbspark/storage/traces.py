@@ -16,7 +16,6 @@ a compaction's batch time is the meet of its rows' advanced times). A read up to
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -24,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from dbspark.core import timestamps
 from dbspark.core.antichain import Antichain
 from dbspark.core.columns import WEIGHT, time_columns
+from dbspark.core.settings import int_setting
 from dbspark.storage.catalog import BatchRecord, Catalog, CatalogError, encode_time
 from dbspark.storage.warehouse import BUCKET_COLUMN, DEFAULT_BUCKETS, KeySet, Warehouse, bucketed
 
@@ -423,12 +423,7 @@ DEFAULT_COMPACTION_FANOUT = 2
 
 def compaction_fanout() -> int:
     """``DBSPARK_COMPACTION_FANOUT`` (an integer of at least 2), else 2."""
-    raw = os.environ.get("DBSPARK_COMPACTION_FANOUT", "").strip()
-    if not raw:
-        return DEFAULT_COMPACTION_FANOUT
-    if not raw.isdigit() or int(raw) < 2:
-        raise ValueError(f"DBSPARK_COMPACTION_FANOUT must be an integer >= 2, got {raw!r}")
-    return int(raw)
+    return int_setting("DBSPARK_COMPACTION_FANOUT", DEFAULT_COMPACTION_FANOUT, minimum=2)
 
 
 def _level(rows: int) -> int:

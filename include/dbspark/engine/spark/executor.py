@@ -39,6 +39,7 @@ from dbspark.circuit.builder import Circuit, Node
 from dbspark.circuit.fingerprint import circuit_fingerprint  # noqa: F401 (units, tasks)
 from dbspark.circuit.planner import Plan, Stage, plan
 from dbspark.core.columns import WEIGHT, time_columns, time_fields
+from dbspark.core.settings import int_setting
 from dbspark.core.timestamps import Time
 from dbspark.core.zset import ZSet
 from dbspark.engine.api import (
@@ -59,7 +60,7 @@ from dbspark.engine.spark.gateway import remember_jvm_lookups
 from dbspark.engine.spark.ingest import Ingest
 from dbspark.engine.spark.loops import Loops
 from dbspark.engine.spark.maintenance import Maintenance
-from dbspark.engine.spark.session import int_setting, spark_session
+from dbspark.engine.spark.session import spark_session
 from dbspark.engine.spark.tier import SparkTier, spark_struct
 from dbspark.engine.spark.unit import Frame, Tier, Unit, records_rows
 from dbspark.engine.spark.upserts import default_driver_rows

@@ -37,6 +37,7 @@ from typing import Any, cast
 
 from pyspark.sql import SparkSession
 
+from dbspark.core.settings import int_setting
 from dbspark.engine.spark.class_archive import with_archive
 
 log = logging.getLogger(__name__)
@@ -72,21 +73,6 @@ CLASSIC_STATIC_DEFAULTS = {
 def shuffle_partitions() -> int:
     """``spark.sql.shuffle.partitions`` for new sessions: ``DBSPARK_SHUFFLE_PARTITIONS`` or 4."""
     return int_setting("DBSPARK_SHUFFLE_PARTITIONS", DEFAULT_SHUFFLE_PARTITIONS, minimum=1)
-
-
-def int_setting(name: str, default: int, *, minimum: int) -> int:
-    """The integer in environment variable ``name`` (``default`` when unset or blank); a
-    value that is not an integer of at least ``minimum`` is a ``ValueError`` naming it."""
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        value = minimum - 1
-    if value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {raw!r}")
-    return value
 
 
 def _ui_enabled() -> bool:

@@ -29,6 +29,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame
 
 from dbspark.core.columns import WEIGHT
+from dbspark.core.settings import int_setting
 from dbspark.core.types import Schema
 from dbspark.core.upsert import BadUpsertRow, UpsertConflict, UpsertSpec, updates_against
 from dbspark.core.zset import ZSet
@@ -36,7 +37,6 @@ from dbspark.engine import kernels
 from dbspark.engine.local.tier import arrow_table
 from dbspark.engine.spark.compile import struct_type
 from dbspark.engine.spark.frames import frame_to_zset, from_spark_value, to_spark_value
-from dbspark.engine.spark.session import int_setting
 from dbspark.storage.driver_plans import one_job
 from dbspark.storage.warehouse import DEFAULT_BUCKETS, KeySet, known_keys
 

@@ -128,7 +128,7 @@ class TableSettings:
         (``DBSPARK_TABLE_RETENTION_HOURS``, ``DBSPARK_TABLE_MAINTAIN_EVERY``,
         ``DBSPARK_TABLE_TARGET_FILE_BYTES``), else the field's default. A value that is
         not an integer in range is a ``ValueError`` naming the key or variable."""
-        from dbspark.engine.spark.session import int_setting
+        from dbspark.core.settings import int_setting
 
         configured = configured or {}
         default = cls()

@@ -1,0 +1,24 @@
+"""Settings read from environment variables, checked where they are read.
+
+Every layer reads some (the storage layer its compaction fanout, the Spark engine its
+row thresholds), so the reader lives below them all.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def int_setting(name: str, default: int, *, minimum: int) -> int:
+    """The integer in environment variable ``name`` (``default`` when unset or blank); a
+    value that is not an integer of at least ``minimum`` is a ``ValueError`` naming it."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = minimum - 1
+    if value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {raw!r}")
+    return value
