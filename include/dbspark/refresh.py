@@ -5,6 +5,7 @@ This is the second way to every answer (ARCHITECTURE.md, "Two ways to every answ
     python -m dbspark.refresh verify CIRCUIT --warehouse DIR [--tier local|spark]
     python -m dbspark.refresh rebuild CIRCUIT --warehouse DIR [--view NAME ...]
                                   [--outputs DIR]
+    python -m dbspark.refresh compact-logs CIRCUIT --warehouse DIR [--keep-epochs N]
 
 ``CIRCUIT`` is a named example circuit (``orders``, ``reachability``, ...) or
 ``package.module:function`` returning a ``Circuit``. ``verify`` recomputes every
@@ -17,6 +18,10 @@ process, a larger one by Spark; ``--tier`` chooses instead.
 Delta tables there (the ``DBSPARK_TABLE_*`` variables locate and keep the tables),
 as a DAG run's ``rebuild`` task does. The serving tables take the correction at the
 DAG's next ``serve``.
+``compact-logs`` merges the raw input logs of all but the last ``N`` committed epochs
+(default 0: as far as the circuit's delays allow), as the DAG's ``maintain`` task does
+past ``input_log_retention_hours``: ``verify`` and ``rebuild`` then replay as of a later
+epoch only.
 """
 
 from __future__ import annotations
@@ -53,7 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from dbspark.engine.spark.views import VERIFY_TIERS
 
     parser = argparse.ArgumentParser(prog="python -m dbspark.refresh", description=__doc__)
-    parser.add_argument("action", choices=("verify", "rebuild"))
+    parser.add_argument("action", choices=("verify", "rebuild", "compact-logs"))
     parser.add_argument("circuit", help="a named example circuit or module:function")
     parser.add_argument("--warehouse", type=Path, required=True)
     parser.add_argument("--view", action="append", help="rebuild only these views")
@@ -65,7 +70,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         choices=VERIFY_TIERS,
         help="verify: recompute in this process (local) or with Spark (default: by log size)",
     )
+    parser.add_argument(
+        "--keep-epochs",
+        type=int,
+        help="compact-logs: leave the raw input logs of this many last epochs as they are",
+    )
     args = parser.parse_args(argv)
+    if args.keep_epochs is not None and (args.action != "compact-logs" or args.keep_epochs < 0):
+        parser.error("--keep-epochs applies to compact-logs only, and is 0 or more")
     if args.tier is not None and args.action != "verify":
         parser.error("--tier applies to verify only")
     if args.outputs is not None and args.action != "rebuild":
@@ -88,6 +100,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(engine: Any, args: argparse.Namespace) -> int:
     epoch = engine.last_committed_epoch()
+    if args.action == "compact-logs":
+        through = min(epoch - (args.keep_epochs or 0), engine.latest_mergeable_epoch())
+        done = (
+            [c for c in engine.compact_input_logs(through) if c.committed] if through >= 0 else []
+        )
+        print(
+            f"raw input logs of {engine.circuit.name!r} up to epoch {through}: {len(done)} "
+            f"merges replaced {sum(len(c.inputs) for c in done)} batches; full refresh "
+            f"replays from epoch {engine.replayable_from()}"
+        )
+        return 0
     if args.action == "verify":
         tier = args.tier or engine.verify_tier()
         where = "in this process" if tier == "local" else "with Spark"

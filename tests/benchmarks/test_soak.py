@@ -17,7 +17,13 @@ pytestmark = pytest.mark.slow
 def test_a_short_soak_verifies_and_reports(postgres_url: str, tmp_path: Path) -> None:
     with scratch_database(postgres_url, "soak") as catalog_url:
         verdicts = soak.run(
-            tmp_path, epochs=16, size=12, seed=1, maintain_every=5, catalog_url=catalog_url
+            tmp_path,
+            epochs=16,
+            size=12,
+            seed=1,
+            maintain_every=5,
+            catalog_url=catalog_url,
+            log_retention_epochs=3,
         )
     assert verdicts["verify_ok"] and verdicts["verify_differing"] == {}
     assert verdicts["epochs"] == 16
@@ -26,6 +32,10 @@ def test_a_short_soak_verifies_and_reports(postgres_url: str, tmp_path: Path) ->
     assert [r["collected"] for r in written["epochs"]].count(True) == 3
     # Compaction keeps the live batches of a collection about logarithmic in the epochs.
     assert written["epochs"][-1]["live_batches"] < 16 * 4
+    # The raw input logs, merged past the last 3 epochs at each maintenance: two sources,
+    # 16 epochs, but only the unmerged epochs and a few merged runs live.
+    logs = [r["input_log_batches"] for r in written["epochs"]]
+    assert logs[14] < logs[13] and logs[-1] <= 2 * 4 + 2 * 4, logs  # merged at epoch 14
     assert (tmp_path / "soak.png").stat().st_size > 0
     assert "| verify_ok | True |" in (tmp_path / "soak.md").read_text()
 

@@ -134,3 +134,22 @@ def test_a_run_holds_a_lease_until_it_ends(spark: Any, tmp_path: Path, monkeypat
     engine = SparkEngine(NAMED_CIRCUITS["orders"](), root, spark=lambda: spark)
     assert engine.catalog.leases("orders") == []
     engine.catalog.close()
+
+
+def test_compact_logs_then_verify(
+    spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "wh"
+    engine = _warehouse(spark, root)
+    engine.step({"orders": [(3, 7, 5, 1, None)], "customers": [(8, "US", 1, False)]})
+    engine.step({"orders": [(1, 7, 0, 3, 3)]})  # a tombstone
+    args = ["--warehouse", str(root)]
+    assert refresh.main(["compact-logs", "orders", *args, "--keep-epochs", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "raw input logs of 'orders' up to epoch 2: 2 merges replaced 4 batches" in out
+    assert "full refresh replays from epoch 2" in out
+    for tier in ("local", "spark"):
+        assert refresh.main(["verify", "orders", *args, "--tier", tier]) == 0
+    with pytest.raises(SystemExit):
+        refresh.main(["verify", "orders", *args, "--keep-epochs", "1"])
+    assert "--keep-epochs applies to compact-logs only" in capsys.readouterr().err

@@ -35,6 +35,7 @@ from dbspark.orchestration.sinks.files import (
 )
 from dbspark.orchestration.sinks.serving import ServingCatchUpError, ServingTarget, catch_up
 from dbspark.orchestration.sinks.tables import publish_table, table_path
+from dbspark.storage import collection_names as coll
 from dbspark.storage.durability import SYNC_METHOD_SETTING
 
 SCHEMA = Schema.of({"k": "bigint", "s": "string"}, what="test")
@@ -206,6 +207,7 @@ def test_serving_failures_never_block_epochs_and_maintain_bounds_storage(
     monkeypatch.setenv("AIRFLOW__DBSPARK__MAINTAIN_EVERY", "1")
     monkeypatch.setenv("AIRFLOW__DBSPARK__GC_MIN_AGE_HOURS", "0")
     monkeypatch.setenv("AIRFLOW__DBSPARK__CHANGES_RETENTION_HOURS", "0")
+    monkeypatch.setenv("AIRFLOW__DBSPARK__INPUT_LOG_RETENTION_HOURS", "0")
     dag, circuit = test_dags["test_word_count"], circuit_of("test_word_count")
     schemas = {v: circuit.node(n).schema for v, n in circuit.views.items()}
     for n, words in enumerate([["a", "b", "a"], ["b", "c"], ["d"]]):
@@ -248,6 +250,15 @@ def test_serving_failures_never_block_epochs_and_maintain_bounds_storage(
     state, tasks = run(dag, 2)
     assert state == "success", tasks
     assert catalog.last_committed_epoch("word_count") == 2
+    # Input log retention: epochs 0 and 1 merged into one batch at epoch 1, the merged
+    # batches' files deleted by the same maintain task's garbage collection.
+    log_name = coll.input_log(circuit.sources["words"])
+    logs = catalog.batches("word_count", log_name)
+    assert [b.time for b in logs] == [(1,), (2,)], logs
+    assert catalog.frontier("word_count", log_name) == [(1,)]
+    assert sorted(
+        p.name for p in (place.warehouse / "word_count" / log_name).glob("*/*/*")
+    ) == sorted(Path(b.path).name for b in logs)
     assert target.epoch_of("counts") == target.epoch_of("distinct_words") == 2
     assert ZSet(target.contents("word_count", "distinct_words", schemas["distinct_words"])) == ZSet(
         {(w,): 1 for w in "abcd"}

@@ -11,7 +11,7 @@ from dbspark.core.antichain import Antichain
 from dbspark.core.timestamps import less_equal
 from dbspark.core.trace import Trace
 from dbspark.storage import BatchRecord, CatalogError, TraceStore, garbage_collect, time_columns
-from dbspark.storage.traces import _tiered_choice
+from dbspark.storage.traces import _tiered_choice, log_merge_runs
 
 NESTED = StructType(
     [
@@ -254,3 +254,50 @@ def test_the_compaction_fanout_is_a_setting(monkeypatch) -> None:
         monkeypatch.setenv("DBSPARK_COMPACTION_FANOUT", bad)
         with pytest.raises(ValueError, match="DBSPARK_COMPACTION_FANOUT must be an integer >= 2"):
             compaction_fanout()
+
+
+def test_log_merge_runs_keep_epochs_in_order_and_the_log_logarithmic() -> None:
+    """A raw input log's merges take neighbouring epochs only (an upsert replay compares
+    each epoch with the winners before it), whatever the batches' sizes; over many
+    maintenance passes the live batches stay logarithmic and each row is rewritten a
+    logarithmic number of times."""
+    import math
+    import random
+
+    rng = random.Random(5)
+    live: list[BatchRecord] = []
+    rewritten = 0
+    next_id = 0
+    for epoch in range(3000):
+        rows = rng.choice([1, 3, 40, 500, 7]) if epoch else 100_000
+        live.append(
+            BatchRecord("c", "n0.input", "trace", (epoch,), "p", rows=rows, bytes=rows, id=next_id)
+        )
+        next_id += 1
+        if epoch % 10:
+            continue
+        ordered = sorted(live, key=lambda b: b.time)
+        for run in log_merge_runs(live):
+            at = [ordered.index(b) for b in run]
+            assert at == list(range(at[0], at[0] + len(run))), "a run skips an epoch"
+            rows = sum(b.rows for b in run)
+            rewritten += rows
+            merged = BatchRecord(
+                "c", "n0.input", "trace", run[-1].time, "p", rows=rows, bytes=rows, id=next_id
+            )
+            next_id += 1
+            live = [b for b in live if b not in run] + [merged]
+    total = sum(b.rows for b in live)
+    assert len(live) <= 3 * math.log2(total), len(live)
+    assert rewritten <= 3 * total * math.log2(3000)
+    # Sizes fall from the oldest run to the newest, so a new small batch never drags an
+    # old large one into a rewrite.
+    assert (
+        log_merge_runs(
+            [
+                BatchRecord("c", "l", "trace", (0,), "p", rows=1000, bytes=1, id=1),
+                BatchRecord("c", "l", "trace", (1,), "p", rows=10, bytes=1, id=2),
+            ]
+        )
+        == []
+    )

@@ -250,7 +250,41 @@ class VerifyUnit:
         }
 
 
-Unit = IngestUnit | StageUnit | IterateUnit | PublishUnit | CloseUnit | RebuildUnit | VerifyUnit
+@dataclass(frozen=True)
+class CompactLogsUnit:
+    """Merge the sources' raw input log batches of epochs up to ``through_epoch``, or up
+    to the latest the circuit's delays allow (input log retention,
+    ``SparkEngine.compact_input_logs``), for the ``maintain`` task of the run of
+    ``epoch``. Reports the merges, and the batches and rows they replaced."""
+
+    epoch: int
+    through_epoch: int
+    kind: ClassVar[str] = "compact-logs"
+
+    def run(self, engine: Any) -> dict[str, Any]:
+        through = min(self.through_epoch, engine.latest_mergeable_epoch())
+        done = engine.compact_input_logs(through) if through >= 0 else []
+        merged = [c for c in done if c.committed]
+        return {
+            "through_epoch": through,
+            "merges": len(merged),
+            "batches_replaced": sum(len(c.inputs) for c in merged),
+            "rows_replaced": sum(c.input_rows for c in merged),
+            "rows_kept": sum(c.output.rows for c in merged if c.output is not None),
+            "replayable_from": engine.replayable_from(),
+        }
+
+
+Unit = (
+    IngestUnit
+    | StageUnit
+    | IterateUnit
+    | PublishUnit
+    | CloseUnit
+    | RebuildUnit
+    | VerifyUnit
+    | CompactLogsUnit
+)
 
 
 def execute_unit(engine: Any, unit: Unit) -> dict[str, Any]:
@@ -267,7 +301,16 @@ UNIT_FORMAT = "dbspark-unit/1"
 RESULT_FORMAT = "dbspark-unit-result/1"
 UNIT_KINDS: dict[str, type] = {
     cls.kind: cls
-    for cls in (IngestUnit, StageUnit, IterateUnit, PublishUnit, CloseUnit, RebuildUnit, VerifyUnit)
+    for cls in (
+        IngestUnit,
+        StageUnit,
+        IterateUnit,
+        PublishUnit,
+        CloseUnit,
+        RebuildUnit,
+        VerifyUnit,
+        CompactLogsUnit,
+    )
 }
 
 

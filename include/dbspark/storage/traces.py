@@ -259,7 +259,7 @@ class TraceStore:
             record = self._merge_on_spark(
                 collection, chosen, frontier, schema, key_columns, time_cols, out_time
             )
-        return self._finish_compaction(collection, frontier, stage, meet, chosen, record)
+        return self.commit_merge(collection, frontier, stage, meet, chosen, record)
 
     def _checked_frontier(
         self,
@@ -360,7 +360,7 @@ class TraceStore:
             prebucketed=bool(key_columns),
         )
 
-    def _finish_compaction(
+    def commit_merge(
         self,
         collection: str,
         frontier: Antichain,
@@ -369,6 +369,9 @@ class TraceStore:
         chosen: list[BatchRecord],
         record: BatchRecord | None,
     ) -> Compaction:
+        """Commit ``record`` (None: the merge came to nothing) as ``stage`` at ``meet``, in
+        place of ``chosen``, with ``frontier`` as the collection's; a merge that another
+        attempt committed first, or that the catalog refused, has its files deleted."""
         committed = self._commit_or_discard(
             record,
             stage,
@@ -458,3 +461,31 @@ def _tiered_choice(batches: list[BatchRecord], fanout: int = 2) -> list[BatchRec
         chosen += carry
         total += sum(b.rows for b in carry)
     return sorted(chosen, key=lambda b: (b.rows, b.id or 0))
+
+
+def log_merge_runs(batches: Sequence[BatchRecord]) -> list[list[BatchRecord]]:
+    """Of a raw input log's batches, the runs to merge: each run is neighbours in epoch
+    order, and only runs of two or more are returned, oldest batch first.
+
+    A log's merge must keep the epochs in order, unlike a trace's: merged rows move to
+    the run's last epoch, and an upsert source's replay compares each epoch's rows with
+    the winners of the epochs before it, so a run with an unmerged batch inside it would
+    replay that batch against the wrong winners. The runs are kept as Timsort keeps its
+    own: walking the batches oldest first, the two newest runs merge while the older is
+    not larger than the newer, or the third newest is not larger than the two newest
+    together. Run sizes then grow at least as fast as Fibonacci numbers from the newest
+    to the oldest, so the live batches are logarithmic in the rows and a row is
+    rewritten a logarithmic number of times. Merged upsert runs shrink to their winners,
+    which only makes the next plan merge sooner."""
+    runs: list[list[BatchRecord]] = []
+    sizes: list[int] = []
+    for batch in sorted(batches, key=lambda b: (tuple(b.time), b.id or 0)):
+        runs.append([batch])
+        sizes.append(max(batch.rows, 1))
+        while len(runs) >= 2 and (
+            sizes[-2] <= sizes[-1] or (len(runs) >= 3 and sizes[-3] <= sizes[-2] + sizes[-1])
+        ):
+            newer, size = runs.pop(), sizes.pop()
+            runs[-1] += newer
+            sizes[-1] += size
+    return [run for run in runs if len(run) > 1]

@@ -1,6 +1,23 @@
 """Maintenance of the stored traces: after an epoch commits, traces advanced to the
 frontier and merged, and stream deltas no later epoch reads retired; at a worker's
-start, traces loaded into memory. None of it changes an answer.
+start, traces loaded into memory; past a retention, the raw input logs merged. None of
+it changes an answer.
+
+**Input log retention** (``compact_input_logs``). Each ingest appends its batch to its
+source's raw input log, which full refresh, ``verify`` and ``rebuild`` replay; kept
+whole, it grows with every epoch. The batches of epochs up to a given one are merged in
+runs of neighbouring epochs (``traces.log_merge_runs``), each run into one batch at its
+last epoch: a Z-set source's rows consolidated (weights summed, zeros dropped), an
+upsert source's reduced to each key's winner, tombstones kept, as the upsert rule
+(``kernels.upsert_winners``) picks it over the whole run. Both are what a replay of the
+run would end with, so every source is unchanged from the run's last epoch on, and a
+full refresh at an epoch ``e`` is unchanged when the sources it reads, at ``e`` and
+back as far as the circuit's root-level ``delay``s reach, are all at or after the last
+merged epoch (``replayable_from``). Earlier epochs can no longer be replayed: the log's
+frontier in the catalog says how far it was merged, and full refresh refuses an epoch
+before ``replayable_from``. Merged runs keep their epochs' order, so an upsert replay
+compares each later row with the same winners as ingestion did, and a later batch that
+ingestion refused is refused again.
 """
 
 from __future__ import annotations
@@ -11,13 +28,20 @@ from typing import Any
 
 from dbspark.circuit.builder import Node
 from dbspark.circuit.planner import trace_keys
-from dbspark.core.columns import WEIGHT, time_columns
+from dbspark.core.antichain import Antichain
+from dbspark.core.columns import EPOCH, EPOCH_TYPE, TOMBSTONE, WEIGHT, time_columns, time_fields
 from dbspark.core.timestamps import Time
+from dbspark.engine.batches import upsert_spec
 from dbspark.engine.dialect import dialect_of
-from dbspark.engine.kernels import consolidate
+from dbspark.engine.kernels import consolidate, upsert_winners
 from dbspark.storage import collection_names as coll
 from dbspark.storage.catalog import BatchRecord
-from dbspark.storage.traces import CompactionPlanInput, advance_columns
+from dbspark.storage.traces import (
+    Compaction,
+    CompactionPlanInput,
+    advance_columns,
+    log_merge_runs,
+)
 
 log = logging.getLogger("dbspark.engine")
 
@@ -128,4 +152,99 @@ class Maintenance:
             local=rewrite,
             local_rows=self.in_process_merge_rows,
             known=known,
+        )
+
+    # --- input log retention ------------------------------------------------------------
+    def replayable_from(self) -> int:
+        """The first epoch a full refresh can recompute exactly from the raw input logs:
+        0 while no log was merged; else the last merged epoch, plus one epoch for each
+        root-level ``delay`` (a view at ``e`` may read its sources as of ``e - 1``,
+        ``e - 2``, ...), counted over the whole circuit, which is never fewer than a
+        path holds."""
+        merged = [
+            frontier[0][0]
+            for node_id in self.circuit.sources.values()
+            if (frontier := self.catalog.frontier(self.circuit.name, coll.input_log(node_id)))
+        ]
+        if not merged:
+            return 0
+        return max(merged) + self._root_delays()
+
+    def _root_delays(self) -> int:
+        return sum(1 for node in self.circuit.nodes if node.op == "delay" and node.scope == 0)
+
+    def latest_mergeable_epoch(self) -> int:
+        """The last epoch whose raw input log may be merged: a full refresh at the last
+        committed epoch must still read every source as of the epochs it needs."""
+        return self.last_committed_epoch() - self._root_delays()
+
+    def compact_input_logs(self, through_epoch: int) -> list[Compaction]:
+        """Merge each source's raw input log batches of epochs ``0..through_epoch`` in runs
+        of neighbouring epochs (module docstring, "Input log retention"); returns what
+        each merge did. Refused (``ValueError``) when a full refresh at the last
+        committed epoch would then read a merged epoch's sources as of an earlier one.
+        Idempotent: a retry plans again from the live batches."""
+        latest = self.latest_mergeable_epoch()
+        if through_epoch > latest:
+            raise ValueError(
+                f"circuit {self.circuit.name!r}: the raw input logs can be merged up to "
+                f"epoch {latest} at most (the last committed epoch, "
+                f"{self.last_committed_epoch()}, less one per root-level delay), not "
+                f"{through_epoch}"
+            )
+        done = []
+        for node_id in self.circuit.sources.values():
+            node = self.circuit.node(node_id)
+            collection = coll.input_log(node_id)
+            records = self.catalog.batches(self.circuit.name, collection, max_epoch=through_epoch)
+            for run in log_merge_runs(records):
+                done.append(self._merge_log_run(node, collection, run))
+        return done
+
+    def _merge_log_run(self, node: Node, collection: str, run: list[BatchRecord]) -> Compaction:
+        """One run of a raw input log merged into one batch at its last epoch, committed in
+        place of the run."""
+        zset = node.op == "zset_source"
+        user = node.schema if zset else node.params["user_schema"]
+        fields = [*user.fields, *([(WEIGHT, "bigint")] if zset else []), *time_fields(1)]
+        last = tuple(run[-1].time)
+        in_process = sum(b.rows for b in run) <= self.in_process_merge_rows
+        if in_process:
+            frame = self.local.read(run, fields)
+        else:
+            from dbspark.engine.spark.tier import spark_struct
+
+            frame = self.warehouse.read(self.spark, run, spark_struct(fields))
+        F = dialect_of(frame).F
+        if zset:
+            merged = consolidate(frame.drop(EPOCH), list(user.names))
+        else:
+            winners = upsert_winners(upsert_spec(node), frame)  # ties: equal rows only
+            merged = winners.drop(TOMBSTONE, EPOCH)
+        merged = merged.withColumn(EPOCH, F.lit(last[0]).cast(EPOCH_TYPE))
+        merged = merged.select(*[name for name, _ in fields])
+        if in_process:
+            record = self.local.write(merged, self.circuit.name, collection, "trace", last, fields)
+        else:
+            self.catalog.flush()  # a commit group must not hold the write lock over a job
+            record = self.warehouse.write(merged, self.circuit.name, collection, "trace", last)
+        stored = self.catalog.frontier(self.circuit.name, collection)
+        frontier = max([last, *(tuple(f) for f in stored or [])])
+        first = min(int(b.id or 0) for b in run)
+        log.info(
+            "%s: raw input log of epochs %s-%s merged, %s batches of %s rows into %s rows",
+            self.circuit.name,
+            run[0].time[0],
+            last[0],
+            len(run),
+            sum(b.rows for b in run),
+            0 if record is None else record.rows,
+        )
+        return self.traces.commit_merge(
+            collection,
+            Antichain([frontier]),
+            f"compact-log:{collection}@{first}",
+            last,
+            run,
+            record,
         )

@@ -164,7 +164,20 @@ class Views:
         epoch = self.last_committed_epoch() if epoch is None else epoch
         if epoch < 0:
             raise ValueError(f"circuit {self.circuit.name!r} has no committed epoch yet")
+        self._require_replayable(epoch)
         return evaluate(self.spark, self.circuit, self.input_frames(epoch), epoch)
+
+    def _require_replayable(self, epoch: int) -> None:
+        """Refuse a full refresh at ``epoch`` when the raw input logs were merged past it
+        (input log retention, ``Maintenance.compact_input_logs``)."""
+        first = self.replayable_from()
+        if epoch < first:
+            raise ValueError(
+                f"circuit {self.circuit.name!r}: a full refresh at epoch {epoch} needs the "
+                f"raw input logs as they were then, but they are merged up to epoch "
+                f"{first - self._root_delays()} (input log retention); a full refresh "
+                f"is possible as of epoch {first} or later"
+            )
 
     def verify(self, tier: str | None = None) -> dict[str, list[tuple]]:
         """Per view, the rows (with ``__w`` = full refresh minus maintained) that differ
@@ -204,6 +217,7 @@ class Views:
     def _verify_locally(self, epoch: int) -> dict[str, list[tuple]]:
         from dbspark.engine.reference.full_refresh import full_refresh
 
+        self._require_replayable(epoch)
         history = self._input_history(epoch)
         log.info(
             "verify %s at epoch %s: full refresh of %s input rows with the reference engine "

@@ -22,6 +22,7 @@ exists) may hold the warehouse, the outputs and the catalog's connection id, und
 | maintenance (``maintain``) | | ``maintain_every`` | every 10th epoch |
 | | | ``gc_min_age_hours`` | 6 |
 | | | ``changes_retention_hours`` | 168 |
+| | | ``input_log_retention_hours`` | 168 |
 | SQLite on NFS, CIFS, FUSE | | ``sqlite_on_shared_filesystem`` | refused (``allow``) |
 | making commits durable | | ``sync_method`` | ``DBSPARK_SYNC_METHOD``, or ``auto`` |
 | a long-lived unit worker | | ``worker_socket`` | none: each task runs its unit |
@@ -277,17 +278,22 @@ class MaintenanceSettings:
     """How the ``maintain`` task keeps storage bounded (issue 18, finding 14): it runs
     after every ``every``-th epoch's close; garbage collection deletes nothing younger
     than ``gc_min_age_hours``; change and snapshot directories of epochs committed more
-    than ``changes_retention_hours`` ago are removed (the last epoch's always stays).
-    Ages are on the catalog database's clock."""
+    than ``changes_retention_hours`` ago are removed (the last epoch's always stays); the
+    raw input logs of epochs committed more than ``input_log_retention_hours`` ago are
+    merged (``SparkEngine.compact_input_logs``), so full refresh, ``verify`` and
+    ``rebuild`` still replay them, but only as of a later epoch. Ages are on the catalog
+    database's clock."""
 
     every: int = 10
     gc_min_age_hours: float = 6.0
     changes_retention_hours: float = 168.0
+    input_log_retention_hours: float = 168.0
 
 
 def maintenance_settings() -> MaintenanceSettings:
-    """The ``[dbspark]`` keys ``maintain_every``, ``gc_min_age_hours`` and
-    ``changes_retention_hours``, checked; a bad value is an error naming its key."""
+    """The ``[dbspark]`` keys ``maintain_every``, ``gc_min_age_hours``,
+    ``changes_retention_hours`` and ``input_log_retention_hours``, checked; a bad value
+    is an error naming its key."""
     defaults = MaintenanceSettings()
     values: dict[str, Any] = {}
     for key, raw, field_name, kind, minimum in (
@@ -297,6 +303,13 @@ def maintenance_settings() -> MaintenanceSettings:
             "changes_retention_hours",
             dbspark_setting("changes_retention_hours"),
             "changes_retention_hours",
+            float,
+            0,
+        ),
+        (
+            "input_log_retention_hours",
+            dbspark_setting("input_log_retention_hours"),
+            "input_log_retention_hours",
             float,
             0,
         ),

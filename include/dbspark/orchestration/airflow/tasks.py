@@ -80,6 +80,7 @@ from dbspark.orchestration.units import (
     UNIT_KEY_VARIABLE,
     CircuitRecipe,
     CloseUnit,
+    CompactLogsUnit,
     IngestUnit,
     IterateUnit,
     PublishUnit,
@@ -885,6 +886,7 @@ class EpochTasks:
 
         deployment = self._deployment()
         settings = maintenance_settings()
+        logs = self._retain_input_logs(deployment, settings.input_log_retention_hours)
         catalog = self._catalog(deployment)
         try:
             report = garbage_collect(
@@ -913,6 +915,7 @@ class EpochTasks:
             horizon.isoformat(),
         )
         return {
+            "input_logs": logs,
             "unregistered_dirs": len(report.unregistered_dirs),
             "superseded_batches": len(report.superseded_batches),
             "unit_files": len(report.unit_files),
@@ -920,6 +923,44 @@ class EpochTasks:
             "kept": len(report.kept),
             "exports_removed": len(pruned),
         }
+
+    def _retain_input_logs(self, deployment: Deployment, hours: float) -> dict[str, Any] | None:
+        """Merge the raw input logs of the epochs committed more than ``hours`` ago (on the
+        catalog's clock) and before the last (input log retention); None when no such
+        epoch exists. Before garbage collection, which deletes the merged-away batches
+        once they are ``gc_min_age_hours`` old."""
+        catalog = self._catalog(deployment)
+        try:
+            horizon = catalog.clock() - timedelta(hours=hours)
+            committed = [e for e in catalog.epochs(self.name) if e.committed_at is not None]
+        finally:
+            catalog.close()
+        last = max((e.epoch for e in committed), default=-1)
+        old = [e.epoch for e in committed if e.epoch < last and _aware(e.committed_at) <= horizon]
+        if not old:
+            log.info(
+                "circuit %s: no epoch committed before %s (input_log_retention_hours = %s): "
+                "the raw input logs stay as they are",
+                self.name,
+                horizon.isoformat(),
+                hours,
+            )
+            return None
+        result = self._execute(deployment, CompactLogsUnit(last, max(old)))
+        log.info(
+            "circuit %s: raw input logs of epochs up to %s (committed before %s) merged: "
+            "%s merges replaced %s batches of %s rows by %s rows; full refresh can replay "
+            "from epoch %s",
+            self.name,
+            result["through_epoch"],
+            horizon.isoformat(),
+            result["merges"],
+            result["batches_replaced"],
+            result["rows_replaced"],
+            result["rows_kept"],
+            result["replayable_from"],
+        )
+        return result
 
     def _last_committed(self, deployment: Deployment) -> int:
         catalog = self._catalog(deployment)
