@@ -5,6 +5,9 @@ fingerprint in every process."""
 
 from __future__ import annotations
 
+import functools
+import importlib.util
+import operator
 import subprocess
 import sys
 import textwrap
@@ -161,3 +164,198 @@ def test_circuits_without_python_code_keep_their_stored_fingerprints():
     assert circuit_fingerprint(word_count()) == "9ebff8d032462353"
     assert circuit_fingerprint(orders()) == "e2c0d4d813226b64"
     assert circuit_fingerprint(reachability()) == "8e8be8c2a0747e66"
+
+
+# ------------------------------------------------ the user's code the callable reaches
+# A user-defined aggregate in a DAG file that calls helpers of the user's own modules:
+# a function read as a module's attribute, a class's methods (its own, its base's, and
+# a module function they call) and an object of such a class held by the module.
+USER_CODE = {
+    "more.py": """
+        def offset():
+            return 0
+        """,
+    "helpers.py": """
+        import dataclasses
+        import enum
+
+        import more
+
+        SCALE = 2
+
+
+        class Mode(enum.Enum):
+            ROUND = 1
+
+
+        @dataclasses.dataclass(frozen=True)
+        class Options:
+            digits: int = 0
+            mode: Mode = Mode.ROUND
+
+
+        def widen(v):
+            return v * SCALE + more.offset()
+
+
+        def _digits(rounder):
+            return rounder.digits
+
+
+        class Base:
+            def clamp(self, v):
+                return max(v, 0)
+
+
+        class Rounder(Base):
+            def __init__(self, digits):
+                self.digits = digits
+
+            def apply(self, v):
+                return round(self.clamp(v), _digits(self))
+
+
+        class Shift:
+            def by(self, v):
+                return v + 0
+
+
+        SHIFT = Shift()
+        """,
+    "udas.py": """
+        import helpers
+        from helpers import Rounder
+
+
+        def spread(values):
+            width = helpers.widen(max(values) - min(values))
+            return helpers.SHIFT.by(Rounder(helpers.Options().digits).apply(width))
+        """,
+}
+
+
+def user_code_fingerprint(tmp_path: Path, changes: dict[str, tuple[str, str]]) -> str:
+    """The fingerprint of a circuit with ``udas.spread``, with the user's modules of
+    :data:`USER_CODE` (``changes``: file -> text replaced by another) written to a folder
+    of their own and imported by a new interpreter."""
+    folder = tmp_path / f"version{len(list(tmp_path.iterdir()))}"
+    folder.mkdir()
+    for name, source in USER_CODE.items():
+        source = textwrap.dedent(source)
+        if name in changes:
+            old, new = changes[name]
+            assert old in source, (name, old)
+            source = source.replace(old, new)
+        (folder / name).write_text(source)
+    script = f"""
+import sys
+sys.path[:0] = [{str(folder)!r}, {str(Path(__file__).parent)!r}]
+from test_fingerprint import circuit_with
+from dbspark.circuit.fingerprint import circuit_fingerprint
+import udas
+print(circuit_fingerprint(circuit_with(udas.spread)))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=folder
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        pytest.param({"helpers.py": ("return v * SCALE", "return v * SCALE + 1")}, id="module"),
+        pytest.param({"helpers.py": ("SCALE = 2", "SCALE = 3")}, id="module's constant"),
+        pytest.param({"more.py": ("return 0", "return 1")}, id="module of a module"),
+        pytest.param({"helpers.py": ("_digits(self))", "_digits(self) + 1)")}, id="method"),
+        pytest.param({"helpers.py": ("max(v, 0)", "max(v, 1)")}, id="base class's method"),
+        pytest.param({"helpers.py": ("return rounder.digits", "return 1")}, id="method's helper"),
+        pytest.param({"helpers.py": ("return v + 0", "return v + 1")}, id="object's class"),
+        pytest.param({"helpers.py": ("digits: int = 0", "digits: int = 1")}, id="dataclass"),
+    ],
+)
+def test_a_changed_helper_in_the_users_modules_changes_the_fingerprint(
+    tmp_path: Path, changes: dict[str, tuple[str, str]]
+):
+    """Only a helper the aggregate reaches changed, in another module than the
+    aggregate's: the circuit's fingerprint changes. The same files give the same
+    fingerprint in two processes, and changed line numbers none."""
+    before = user_code_fingerprint(tmp_path, {})
+    assert user_code_fingerprint(tmp_path, {}) == before
+    moved = {"helpers.py": ("import more\n", "import more\n\n\n\n")}
+    assert user_code_fingerprint(tmp_path, moved) == before
+    assert user_code_fingerprint(tmp_path, changes) != before
+
+
+def test_classes_and_modules_that_reach_themselves_are_hashed_once(tmp_path, monkeypatch):
+    """Cycles end: a module that imports itself, classes that name each other, methods
+    and functions that call each other. Two copies of the module (other objects, the
+    same code) give one fingerprint, and a change inside the cycle another."""
+    source = """
+        import cycle as me
+
+
+        def ping(n):
+            return 0 if n <= 0 else me.Pong().pong(n - 1)
+
+
+        class Ping:
+            other = None
+
+            def ping(self, n):
+                return Pong().pong(n) + me.ping(n) + {k}
+
+
+        class Pong:
+            def pong(self, n):
+                return 0 if n <= 0 else Ping().ping(n - 1)
+
+
+        Ping.other = Pong
+        Pong.other = Ping
+        """
+
+    def fingerprint(copy: str, k: int) -> str:
+        path = tmp_path / copy / "cycle.py"
+        path.parent.mkdir()
+        path.write_text(textwrap.dedent(source.format(k=k)))
+        spec = importlib.util.spec_from_file_location("cycle", path)
+        module = importlib.util.module_from_spec(spec)
+        monkeypatch.setitem(sys.modules, "cycle", module)
+        spec.loader.exec_module(module)
+        function = defined("def spread(vs):\n    return helpers.Ping().ping(len(vs))\n")
+        function.__globals__["helpers"] = module
+        found = callable_fingerprint(function)
+        assert callable_fingerprint(function) == found
+        return found
+
+    first = fingerprint("first", 1)
+    assert fingerprint("again", 1) == first
+    assert fingerprint("changed", 2) != first
+
+
+def test_code_reaching_no_user_class_or_module_keeps_its_stored_fingerprint():
+    # As computed before the user's classes and modules were hashed: a catalog written
+    # then must still accept these circuits (functions alone, the standard library's
+    # modules and classes by name).
+    assert circuit_fingerprint(circuit_with(defined(SPREAD))) == "327e10a23ce27108"
+    stdlib = """
+        import statistics, collections
+        def spread(values):
+            return statistics.median(values) + collections.Counter(values).most_common(1)[0][1]
+        """
+    assert circuit_fingerprint(circuit_with(defined(stdlib))) == "4e853dd63365f551"
+
+
+def test_callables_in_c_are_fingerprinted_by_name_and_state():
+    # Their class's __call__ is no Python code: once an endless recursion.
+    assert callable_fingerprint(operator.itemgetter(1)) != callable_fingerprint(
+        operator.itemgetter(2)
+    )
+    assert callable_fingerprint(str.upper) != callable_fingerprint(str.lower)
+    assert callable_fingerprint((1).__add__) != callable_fingerprint((2).__add__)
+    cached = functools.cache(defined(SPREAD))
+    changed = functools.cache(defined("def spread(values):\n    return max(values)\n"))
+    assert callable_fingerprint(cached) != callable_fingerprint(changed)
+    assert callable_fingerprint(cached) == callable_fingerprint(functools.cache(defined(SPREAD)))

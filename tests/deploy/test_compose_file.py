@@ -38,6 +38,8 @@ What is checked, against what:
   without them), are exactly what ``bin/make-env`` generates, and every setting that
   holds a password, secret, key or token (or a URL with a password) comes from one;
 * published ports are bound to the host's loopback unless a variable says otherwise;
+  Airflow asks for a login (SimpleAuthManager with ``SIMPLE_AUTH_MANAGER_ALL_ADMINS``
+  false: true would make every visitor an admin);
 * Spark publishes nothing (neither Spark Connect, which has no authentication of its
   own here, nor the UIs), and every Spark daemon and the driver run with one
   ``spark.authenticate`` secret.
@@ -131,6 +133,7 @@ OPTIONAL_DBSPARK_KEYS = {
     "maintain_every": "the maintain task runs after every 10th epoch by default",
     "gc_min_age_hours": "garbage collection keeps what is younger than 6 hours by default",
     "changes_retention_hours": "change directories are kept 168 hours by default",
+    "input_log_retention_hours": "raw input logs are merged after 168 hours by default",
     "sqlite_on_shared_filesystem": "compose's catalog is PostgreSQL; only SQLite reads it",
     "sync_method": "DBSPARK_SYNC_METHOD, else syncfs where Linux reports its errors and "
     "little else is dirty",
@@ -1108,6 +1111,13 @@ def check_airflow_settings(deployment: Deployment) -> list[str]:
         ):
             if not env.get(key):
                 problems.append(f"{where}: {key} is unset")
+        # "true" makes every visitor an admin without logging in (UI and REST API alike).
+        all_admins = "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS"
+        if env.get(all_admins, "").strip().lower() != "false":
+            problems.append(f"{where}: {all_admins} is not false: everyone would be admin")
+        for suffix in ("_CMD", "_SECRET"):  # Airflow reads these in its place
+            if all_admins + suffix in env:
+                problems.append(f"{where}: {all_admins}{suffix} is set")
         dags = env.get("AIRFLOW__CORE__DAGS_FOLDER", "/opt/airflow/dags")
         if not any(m.target == dags for m in mounts(deployment.service(name))):
             problems.append(f"{where}: nothing is mounted at the DAG folder {dags}")
@@ -1477,6 +1487,22 @@ MUTATIONS: dict[str, tuple[Check, Callable[[Deployment], None], str]] = {
         check_dependencies,
         lambda d: d.services["airflow-init"].update({"restart": "always"}),
         "waits for airflow-init to complete, but airflow-init restarts",
+    ),
+    "everyone an admin without logging in": (
+        check_airflow_settings,
+        lambda d: [
+            _env(d, n).update({"AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "true"})
+            for n in AIRFLOW_SERVICES
+        ],
+        "airflow-apiserver: AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS is not false",
+    ),
+    "everyone an admin by a command": (
+        check_airflow_settings,
+        lambda d: [
+            _env(d, n).update({"AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS_CMD": "echo true"})
+            for n in AIRFLOW_SERVICES
+        ],
+        "airflow-apiserver: AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS_CMD is set",
     ),
     "a worker with its own JWT secret": (
         check_airflow_settings,

@@ -4,13 +4,16 @@ The repo's ``dags/`` are parsed by a real dag-processor and served by a real
 api-server (``devtools/airflow.py``); the test asks for what the Graph and Grid views
 load. An ``epoch`` task group holding both ``open`` and ``close`` once made the Graph
 view answer HTTP 500 ("A cyclic dependency occurred") for every dbspark DAG. The
-installed package adds the dbspark page, which must answer only a logged-in user.
+installed package adds the dbspark page, which must answer only a logged-in user, as
+Airflow's own REST API must.
 """
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -112,3 +115,54 @@ def test_the_dbspark_page_answers_a_logged_in_user_only(airflow):
     assert anonymous.status_code == 303
     assert anonymous.headers["location"].startswith("/auth/login?next=")
     assert httpx.post(f"{airflow.url}/dbspark/api/circuits", headers=login).status_code == 405
+
+
+def test_airflows_own_rest_api_answers_a_logged_in_user_only(airflow):
+    """Airflow's REST API (``/api/v2``) refuses requests without a valid token (none, or
+    one signed with another secret) and does nothing for them; the same requests with the
+    user's token work, so the refusals are not those of a wrong path or body."""
+    import jwt
+
+    dag = "region_totals_report"  # asset-scheduled and paused: a run of it stays queued
+    runs = f"/api/v2/dags/{dag}/dagRuns"
+    token = airflow.api.token()
+    claims = jwt.decode(token, options={"verify_signature": False})
+    forged = jwt.encode(claims, "not-the-deployment-secret-" * 2, algorithm="HS512")
+    assert jwt.get_unverified_header(token)["alg"] == "HS512", "forge it like the real one"
+
+    def send(method: str, path: str, body: Any = None, bearer: str | None = None):
+        headers = {"Accept": "application/json"}
+        if bearer is not None:
+            headers["Authorization"] = f"Bearer {bearer}"
+        return httpx.request(method, airflow.url + path, json=body, headers=headers, timeout=30)
+
+    def refused(method: str, path: str, body: Any = None) -> None:
+        for bearer in (None, forged):
+            status = send(method, path, body, bearer).status_code
+            assert status in (401, 403), (method, path, bearer is not None, status)
+
+    def works(method: str, path: str, body: Any = None) -> Any:
+        answer = send(method, path, body, token)
+        assert answer.status_code == 200, (method, path, answer.text)
+        return answer.json()
+
+    trigger = {"conf": {}, "logical_date": None, "note": "by the REST API test"}
+    reads = ("/api/v2/dags", runs, "/api/v2/connections", "/api/v2/variables")
+    for path in reads:
+        refused("GET", path)
+    refused("POST", runs, trigger)
+    refused("PATCH", f"/api/v2/dags/{dag}", {"is_paused": True})
+    assert works("GET", runs)["dag_runs"] == [], "a refused trigger created a run"
+    for path in reads:
+        works("GET", path)
+    assert dag in [d["dag_id"] for d in works("GET", "/api/v2/dags?limit=100")["dags"]]
+    assert works("PATCH", f"/api/v2/dags/{dag}", {"is_paused": True})["is_paused"] is True
+
+    run_id = works("POST", runs, trigger)["dag_run_id"]
+    task = f"{runs}/{quote(run_id, safe='')}/taskInstances/report"
+    mark = {"new_state": "success", "include_upstream": False, "include_downstream": False}
+    refused("PATCH", task, mark)
+    assert works("GET", task)["state"] is None, "a refused PATCH changed the task's state"
+    (marked,) = works("PATCH", task, mark)["task_instances"]
+    assert marked["state"] == "success"
+    assert works("GET", task)["state"] == "success"
