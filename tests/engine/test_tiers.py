@@ -326,6 +326,7 @@ def test_with_the_local_tier_off_small_batches_and_merges_stay_on_the_driver(
     same answers."""
     from dbspark.storage import traces, warehouse
 
+    monkeypatch.setenv("DBSPARK_COMPACTION_FANOUT", "2")  # merges within four epochs
     calls: dict[str, int] = {"write": 0, "merge": 0}
 
     def counting(name: str, original: Any) -> Any:

@@ -247,9 +247,9 @@ def test_the_compaction_fanout_is_a_setting(monkeypatch) -> None:
     from dbspark.storage.traces import compaction_fanout
 
     monkeypatch.delenv("DBSPARK_COMPACTION_FANOUT", raising=False)
-    assert compaction_fanout() == 2
-    monkeypatch.setenv("DBSPARK_COMPACTION_FANOUT", "4")
     assert compaction_fanout() == 4
+    monkeypatch.setenv("DBSPARK_COMPACTION_FANOUT", "2")
+    assert compaction_fanout() == 2
     for bad in ("1", "four", "-3"):
         monkeypatch.setenv("DBSPARK_COMPACTION_FANOUT", bad)
         with pytest.raises(ValueError, match="DBSPARK_COMPACTION_FANOUT must be an integer >= 2"):
