@@ -421,6 +421,7 @@ def test_upsert_problems_in_files_name_the_files(
     with pytest.raises(BadUpsertRow, match="NULL in a key column") as caught:
         engine.run_epoch(1, {"orders": FileBatch(null_key, "jsonl")})
     assert str(null_key) in str(caught.value)
+    assert "(line 1 of the file)" in str(caught.value)  # on either tier (issue 18)
     # Two files with different rows for order 3 at one watermark: both files are named.
     c = write(tmp_path / "c.csv", "csv", [GOOD_ORDERS[2]], ORDER_TYPES)
     d = write(tmp_path / "d.csv", "csv", [{**GOOD_ORDERS[2], "amount": 60}], ORDER_TYPES)
@@ -428,6 +429,7 @@ def test_upsert_problems_in_files_name_the_files(
     with pytest.raises(UpsertConflict, match="same watermark in one batch") as caught:
         engine.run_epoch(1, {"orders": FileBatch([c, e, d], "csv")})
     assert f"{c}, {d}" in str(caught.value) and str(e) not in str(caught.value)
+    assert f"(line 2 of {c}; line 2 of {d})" in str(caught.value)
     assert engine.catalog.stage_runs(engine.circuit.name, epoch=1) == []
     # A conflict with the stored version (order 1 stored at ts 200 with amount 9) is found
     # at ingest and names the file that holds it.

@@ -50,7 +50,11 @@ from dbspark.engine.file_batches import (
     FileBatch,
     check_names,
     declared_columns,
+    jsonl_row_lines,
     local_path,
+    located,
+    located_rows,
+    tied_rows,
     wrong_type,
 )
 from dbspark.engine.local.dialect import arrow_type
@@ -79,9 +83,24 @@ class CheckedFiles:
     batch: CheckedTable | CheckedRows | ZSet
     files: tuple[str, ...]
     row_files: tuple[str, ...]
+    format: str = "parquet"
 
     def file_label(self) -> str:
         return ", ".join(self.files)
+
+    def where_holding(
+        self, key_columns: Sequence[str], keys: Sequence[tuple | None], files: Sequence[str]
+    ) -> str:
+        """Where in ``files`` the rows with one of ``keys`` are (their rows, or a JSON-lines
+        file's lines), worded for an error found at ingest; ``""`` if not known."""
+        if isinstance(self.batch, ZSet):
+            return ""
+        rows = self.batch.rows() if isinstance(self.batch, CheckedTable) else self.batch
+        index = [list(self.batch.schema.names).index(c) for c in key_columns]
+        wanted = {k for k in keys if k is not None}
+        found = [i for i, row in enumerate(rows) if tuple(row[j] for j in index) in wanted]
+        lead = "the offending keys are on "
+        return located_rows(self.format, found, self.row_files, files, lead)
 
     def files_holding(self, key_columns: Sequence[str], keys: Sequence[tuple | None]) -> list[str]:
         """The files that hold rows with one of ``keys`` (for errors found at ingest)."""
@@ -131,24 +150,28 @@ def read_files(
         path for table, path in zip(tables, batch.paths, strict=True) for _ in range(table.num_rows)
     )
     if upsert is not None:
-        # JSON lines have no row position to give (as on the Spark tier).
-        _check_null_keys(source, upsert, tables, batch.paths, batch.format == "parquet")
+        _check_null_keys(source, upsert, tables, batch.paths, batch.format)
     table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
     label = ", ".join(batch.paths)
     if upsert is not None:
         typed = checked_table(schema, table)
         if typed is not None and not _has_ties(upsert, table):
-            return CheckedFiles(typed, batch.paths, row_files)
+            return CheckedFiles(typed, batch.paths, row_files, batch.format)
     rows = arrow_rows(source, table, schema, weighted=weighted)
     if weighted:
-        return CheckedFiles(zset_batch(source, schema, rows, label), batch.paths, row_files)
+        zset = zset_batch(source, schema, rows, label)
+        return CheckedFiles(zset, batch.paths, row_files, batch.format)
     checked = upsert_batch(source, schema, rows, label)
-    result = CheckedFiles(checked, batch.paths, row_files)
+    result = CheckedFiles(checked, batch.paths, row_files, batch.format)
     assert upsert is not None
     try:  # ties within the batch, worded by core's rule, before the epoch opens
         upserts_to_updates(upsert, checked, lambda key: None, label)
     except UpsertError as error:
-        raise error.in_files(result.files_holding(error.key_columns, error.keys)) from None
+        holding = result.files_holding(error.key_columns, error.keys)
+        rows = tied_rows(upsert, checked, error.keys)
+        where = located_rows(batch.format, rows, result.row_files, holding)
+        args = (error.source, ", ".join(holding), error.keys, error.detail + where)
+        raise type(error)(*args, error.positions, error.key_columns) from None
     return result
 
 
@@ -217,7 +240,7 @@ def _check_null_keys(
     spec: UpsertSpec,
     tables: Sequence[pa.Table],
     paths: Sequence[str],
-    positions: bool = True,
+    fmt: str = "parquet",
 ) -> None:
     """Rows with a NULL in a key column, reported as the Spark tier reports them."""
     keys = list(spec.key)
@@ -230,10 +253,13 @@ def _check_null_keys(
         return
     path, position, table = found[0]
     first = [table.column(c)[position].as_py() for c in spec.columns]
-    where = f" (row {position} of the file)" if positions else ""
+    files = sorted({p for p, _, _ in found})
+    where = located({path: [position]}, "row", files)
+    if fmt == "jsonl":  # its line (the file read again, on this error's path only)
+        where = located({path: list(jsonl_row_lines(path, [position]).values())}, "line", files)
     raise BadUpsertRow(
         source,
-        ", ".join(sorted({p for p, _, _ in found})),
+        ", ".join(files),
         [tuple(t.column(k)[i].as_py() for k in keys) for _, i, t in found[:_MAX_SHOWN]],
         detail=f"NULL in a key column{where}: {shown(first)}",
         key_columns=keys,

@@ -29,10 +29,19 @@ DOUBLE, a column of NULLs (Spark's NullType) to any type. Per format:
   key that is absent is NULL, as in a Python mapping row; an unknown key, a line that is
   not a JSON object and a key that appears twice are bad.
 
+A CSV header that names a column twice (Spark would rename the repeats ``id0``, ``id2``)
+or has a field with no name is refused as such. A text file that
+:func:`~dbspark.engine.file_batches.check_utf8` did not read (one on another file system)
+is checked for UTF-8 by the check of every row that runs anyway: a JSON line's bytes
+(``is_valid_utf8``), a CSV row's U+FFFD (which Spark's CSV reader makes of bytes that
+are not UTF-8, and which such a file therefore may not hold).
+
 ``DataFrame`` batches get the same check of names and types (:func:`check_frame`), not
 of values. Rows read from files then pass the same checks as Python rows: for upsert
 sources NULL keys and two different rows of one key with one watermark are found here
-(naming the files that hold them), conflicts with the stored state at ingest.
+(naming the files that hold them), conflicts with the stored state at ingest. Spark's
+text readers give no line numbers, so a text file's offending line is found only when
+the error is raised: the file is read again as lines (:func:`_lines_holding`).
 
 Spark's errors (a missing path, an unreadable Parquet footer) are turned into one line
 that names the file instead of a Java stack trace.
@@ -46,9 +55,9 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import reduce
-from typing import Any
+from typing import Any, NoReturn
 
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -73,10 +82,16 @@ from dbspark.engine.api import InputError
 from dbspark.engine.file_batches import (
     FILE,
     POSITION,
+    TEXT_FORMATS,
     FileBatch,
+    check_header_fields,
     check_names,
     declared_columns,
     json_line_error,
+    located,
+    not_utf8,
+    renamed_by_reader,
+    utf8_checked,
     wrong_type,
 )
 from dbspark.engine.spark.compile import spark_type
@@ -84,6 +99,18 @@ from dbspark.engine.spark.compile import spark_type
 _CORRUPT = "__corrupt"
 _PROBLEM = "__problem"
 _MAX_SHOWN = 5
+#: What Spark's CSV reader makes of bytes that are not UTF-8.
+_FFFD = "\ufffd"
+#: The problem of a row of a text file that :func:`~dbspark.engine.file_batches.check_utf8`
+#: did not read (one on another file system) and that is not UTF-8: the file is read
+#: again to say where (:func:`_refuse_not_utf8`).
+_NOT_UTF8 = "utf8\x00"
+#: Why a line of such a CSV file that is UTF-8 but holds U+FFFD is refused all the same.
+_HOLDS_FFFD = (
+    "the line holds U+FFFD, which Spark's CSV reader also makes of bytes that are not "
+    "UTF-8: a text file read without a UTF-8 check (one on another file system) must not "
+    "hold it"
+)
 
 
 @dataclass(frozen=True)
@@ -101,6 +128,10 @@ class CheckedFrame:
     #: An upsert batch's NULL keys and ties were looked for (``check_rows``): ingest
     #: does not look again.
     rows_checked: bool = False
+    #: The files' format (``""`` for a DataFrame) and their declared columns' types: how
+    #: to find a row's line, when an error needs it.
+    format: str = ""
+    declared: tuple[tuple[str, str], ...] = ()
 
     def rows(self) -> DataFrame:
         """The rows without the locating columns (what the source ingests)."""
@@ -115,18 +146,74 @@ class CheckedFrame:
         wanted = [k for k in keys if k is not None][:50]
         if not self.files or not wanted:
             return list(self.files)
-        match = reduce(
-            lambda a, b: a | b,
-            [
-                reduce(
-                    lambda a, b: a & b,
-                    [F.col(c).eqNullSafe(F.lit(v)) for c, v in zip(key_columns, key, strict=True)],
-                )
-                for key in wanted
-            ],
-        )
+        match = _key_match(key_columns, wanted)
         found = {r[0] for r in self.frame.where(match).select(FILE).distinct().collect()}
         return [f for f in self.files if f in found] or list(self.files)
+
+    def where_holding(
+        self, key_columns: Sequence[str], keys: Sequence[tuple | None], files: Sequence[str]
+    ) -> str:
+        """Where in ``files`` the rows with one of ``keys`` are, worded for an error found
+        after reading (``""`` if not known): their rows, or lines (:meth:`where`)."""
+        wanted = [k for k in keys if k is not None][:50]
+        if not self.files or not wanted:
+            return ""
+        rows = self.frame.where(_key_match(key_columns, wanted))
+        return self.where(rows, key_columns, files, "the offending keys are on ")
+
+    def where(
+        self, rows: DataFrame, on: Sequence[str], files: Sequence[str], lead: str = ""
+    ) -> str:
+        """Where in ``files`` the batch's rows that match a row of ``rows`` in the columns
+        ``on`` are, as :func:`~dbspark.engine.file_batches.located` words it: a Parquet
+        file's rows are in the batch; a text file is read again for its lines (an error's
+        path only)."""
+        if not self.files:
+            return ""
+        if self.format in TEXT_FORMATS:
+            spark, fmt, declared = self.frame.sparkSession, self.format, dict(self.declared)
+            found = {
+                f: [n for n, _ in _lines_holding(spark, f, fmt, declared, rows, on, _MAX_SHOWN + 1)]
+                for f in files
+            }
+            return located(found, "line", files, lead)
+        match = reduce(
+            lambda a, b: a & b,
+            [F.col(f"__f{i}").eqNullSafe(F.col(f"__t{i}")) for i in range(len(on))],
+        )
+        positions = (
+            self.frame.select(
+                FILE, POSITION, *[F.col(c).alias(f"__f{i}") for i, c in enumerate(on)]
+            )
+            .join(
+                F.broadcast(rows.select(*[F.col(c).alias(f"__t{i}") for i, c in enumerate(on)])),
+                match,
+                "left_semi",
+            )
+            .select(FILE, POSITION)
+            .withColumn("__n", F.row_number().over(Window.partitionBy(FILE).orderBy(POSITION)))
+            .where(F.col("__n") <= _MAX_SHOWN + 1)
+            .collect()
+        )
+        found = {f: [] for f in files}
+        for row in positions:
+            if row[FILE] in found and row[POSITION] is not None:
+                found[row[FILE]].append(int(row[POSITION]))
+        return located(found, "row", files, lead)
+
+
+def _key_match(key_columns: Sequence[str], keys: Sequence[tuple]) -> Column:
+    """Whether a row's ``key_columns`` are one of ``keys`` (NULL matching NULL)."""
+    return reduce(
+        lambda a, b: a | b,
+        [
+            reduce(
+                lambda a, b: a & b,
+                [F.col(c).eqNullSafe(F.lit(v)) for c, v in zip(key_columns, key, strict=True)],
+            )
+            for key in keys
+        ],
+    )
 
 
 # ==================================================================================== types
@@ -249,10 +336,12 @@ def load_files(
     except Exception as error:  # a file that fails only when its data is read
         _blame_unreadable(source, parts, batch.paths, error)
         raise AssertionError("unreachable") from error
+    declared = declared_columns(schema, weighted)
     problems = frame.where(F.col(_PROBLEM).isNotNull()).limit(_MAX_SHOWN).collect()
     if problems:
-        _raise_problem(spark, source, problems[0], declared_columns(schema, weighted))
-    checked = CheckedFrame(frame.drop(_PROBLEM), batch.paths)
+        _raise_problem(spark, source, problems[0], declared, frame, batch.format)
+    typed = tuple(declared.items())
+    checked = CheckedFrame(frame.drop(_PROBLEM), batch.paths, False, batch.format, typed)
     if upsert is not None:
         check_rows(source, checked, upsert)
         checked = replace(checked, rows_checked=True)
@@ -315,6 +404,13 @@ def _read_csv(
     header = _open(source, path, lambda: _reader(spark).option("header", True).csv(path).columns)
     if not header:
         raise InputError(source, "the CSV file has no header line", path)
+    if renamed_by_reader(header):  # a repeated or empty field? Ask the header line itself.
+        case_sensitive = str(spark.conf.get("spark.sql.caseSensitive", "false")).lower()
+        check_header_fields(
+            source, _header_fields(spark, path), path, case_sensitive=case_sensitive == "true"
+        )
+    if not utf8_checked(path) and any(_FFFD in name for name in header):
+        _refuse_not_utf8(spark, source, path)
     check_names(source, schema, header, weighted, path, "the header")
     declared = declared_columns(schema, weighted)
     # Read in the header's order: Spark applies a CSV schema by position.
@@ -332,10 +428,21 @@ def _read_csv(
             .csv(path)
         ),
     )
-    located = raw.withColumn(POSITION, F.lit(None).cast("bigint"))
-    shaped = _shaped(located, schema, weighted, keep=[POSITION, _CORRUPT])
+    lined = raw.withColumn(POSITION, F.lit(None).cast("bigint"))
+    shaped = _shaped(lined, schema, weighted, keep=[POSITION, _CORRUPT])
     bad = F.when(F.col(_CORRUPT).isNotNull(), F.concat(F.lit("csv\x00"), F.col(_CORRUPT)))
+    if not utf8_checked(path):  # Spark read U+FFFD for what is not UTF-8: refuse it
+        texts = [_CORRUPT, *(n for n, t in schema.fields if t == STRING)]
+        mangled = reduce(lambda a, b: a | b, [F.col(n).contains(_FFFD) for n in texts])
+        bad = F.when(mangled, F.lit(_NOT_UTF8)).otherwise(bad)
     return _with_problems(shaped, path, weighted, bad).drop(_CORRUPT)
+
+
+def _header_fields(spark: SparkSession, path: str) -> list[str | None]:
+    """The fields of a CSV file's header line as Spark's parser splits them (its first
+    non-blank line, read with no header), not as its reader renames them."""
+    first = _reader(spark).option("header", False).csv(path).limit(1).collect()
+    return list(first[0]) if first else []
 
 
 def _json_type_pattern(type_name: str) -> str:
@@ -367,7 +474,7 @@ def _read_jsonl(
     lines = text.where(F.trim("value") != "").select(
         "value", F.expr("try_parse_json(value)").alias("__v")
     )
-    kinds = {name: F.expr(f"schema_of_variant(variant_get(__v, '$.{name}'))") for name in declared}
+    kinds = _json_kinds(declared)
     keys = F.expr("json_object_keys(value)")
     unknown = F.array_except(keys, F.array(*[F.lit(n) for n in declared]))
     problem = (
@@ -398,21 +505,33 @@ def _read_jsonl(
         )
     if weighted:
         problem = problem.when(kinds[WEIGHT] == "VOID", F.lit(f"the weight {WEIGHT!r} is null"))
+    bad = F.when(problem.isNotNull(), F.concat(F.lit("json\x00"), "value", F.lit("\x00"), problem))
+    if not utf8_checked(path):  # the text reader keeps the bytes: are they UTF-8?
+        bad = F.when(~F.expr("is_valid_utf8(value)"), F.lit(_NOT_UTF8)).otherwise(bad)
+    parsed = lines.select(
+        *_json_values(declared, weighted),
+        F.lit(None).cast("bigint").alias(POSITION),
+        bad.alias(_CORRUPT),
+    )
+    shaped = _shaped(parsed, schema, weighted, keep=[POSITION, _CORRUPT])
+    return _with_problems(shaped, path, weighted, F.col(_CORRUPT)).drop(_CORRUPT)
+
+
+def _json_kinds(declared: dict[str, str]) -> dict[str, Column]:
+    """Each declared column's JSON type in the line's ``__v`` (``schema_of_variant``)."""
+    return {n: F.expr(f"schema_of_variant(variant_get(__v, '$.{n}'))") for n in declared}
+
+
+def _json_values(declared: dict[str, str], weighted: bool) -> list[Column]:
+    """The declared columns' values out of a JSON line's ``__v`` (``try_parse_json``)."""
     values = [
         F.expr(f"try_variant_get(__v, '$.{n}', '{spark_type(t).simpleString()}')").alias(n)
         for n, t in declared.items()
     ]
-    if weighted:  # an absent weight is 1 (an explicit null is a problem above)
-        values[-1] = F.when(kinds[WEIGHT].isNull(), F.lit(1)).otherwise(values[-1]).alias(WEIGHT)
-    parsed = lines.select(
-        *values,
-        F.lit(None).cast("bigint").alias(POSITION),
-        F.when(
-            problem.isNotNull(), F.concat(F.lit("json\x00"), "value", F.lit("\x00"), problem)
-        ).alias(_CORRUPT),
-    )
-    shaped = _shaped(parsed, schema, weighted, keep=[POSITION, _CORRUPT])
-    return _with_problems(shaped, path, weighted, F.col(_CORRUPT)).drop(_CORRUPT)
+    if weighted:  # an absent weight is 1 (an explicit null is a problem, see _read_jsonl)
+        absent = _json_kinds({WEIGHT: BIGINT})[WEIGHT].isNull()
+        values[-1] = F.when(absent, F.lit(1)).otherwise(values[-1]).alias(WEIGHT)
+    return values
 
 
 def _with_problems(frame: DataFrame, path: str, weighted: bool, bad: Column) -> DataFrame:
@@ -427,7 +546,14 @@ def _with_problems(frame: DataFrame, path: str, weighted: bool, bad: Column) -> 
     return frame.withColumn(FILE, F.lit(path)).withColumn(_PROBLEM, problem)
 
 
-def _raise_problem(spark: SparkSession, source: str, row: Any, declared: dict[str, str]) -> None:
+def _raise_problem(
+    spark: SparkSession,
+    source: str,
+    row: Any,
+    declared: dict[str, str],
+    frame: DataFrame,
+    fmt: str,
+) -> None:
     file = row[FILE]
     kind, _, rest = row[_PROBLEM].partition("\x00")
     if kind == "json":
@@ -441,22 +567,191 @@ def _raise_problem(spark: SparkSession, source: str, row: Any, declared: dict[st
         header = _reader(spark).option("header", True).csv(file).columns
         detail = csv_column_detail(header, declared, rest) or "malformed CSV line"
         raise InputError(source, f"{where}: {detail}: {shown_text(rest)}", file)
+    if row[_PROBLEM] == _NOT_UTF8:
+        _refuse_not_utf8(spark, source, file)
     position = row[POSITION]
     where = f"row {position}" if position is not None else "a row"
+    if position is None and fmt in TEXT_FORMATS:  # find its line (this error's path only)
+        same = frame.where((F.col(FILE) == file) & (F.col(_PROBLEM) == row[_PROBLEM]))
+        hits = _lines_holding(spark, file, fmt, declared, same, list(declared), limit=1)
+        where = f"line {hits[0][0]}" if hits else "a line"
     raise InputError(source, f"{where}: {rest}", file)
+
+
+def _refuse_not_utf8(spark: SparkSession, source: str, file: str) -> NoReturn:
+    """Refuse a text file Spark read without a UTF-8 check, whose rows showed bytes that
+    are not UTF-8 (or U+FFFD, what the CSV reader makes of them), naming its first such
+    line as :func:`~dbspark.engine.file_batches.check_utf8` would: the file is read again,
+    as lines of bytes, on this error's path only."""
+    found = None
+    try:
+        lines = _text_lines(spark, file)
+        bad = ~F.expr("is_valid_utf8(value)") | F.col("value").contains(_FFFD)
+        hits = (
+            lines.where(bad)
+            .select(_BLOCK, _ID, F.col("value").cast("binary").alias("bytes"))
+            .orderBy(_BLOCK, _ID)
+            .limit(1)
+            .collect()
+        )
+        if hits:
+            line, _ = _line_numbers(lines, F.lit(False))
+            found = int(line(hits[0][_BLOCK], hits[0][_ID])), bytes(hits[0]["bytes"])
+    except Exception:  # worth raising without its line
+        pass
+    if found is None:
+        raise InputError(
+            source, "a line is not UTF-8 or holds U+FFFD; text files must be UTF-8", file
+        )
+    number, text = found
+    error = not_utf8(source, file, number, text)
+    raise error or InputError(source, f"line {number}: {_HOLDS_FFFD}", file)
+
+
+# Where a row of a text file is. Spark's text readers give no line number, so on an error's
+# path only the file is read again as lines, each with its block's start and an id that
+# rises along the block, and parsed as the reader parsed it; the lines that make the
+# offending rows are found by a join on their values.
+_BLOCK = "__block"
+_ID = "__id"
+
+
+def _text_lines(spark: SparkSession, path: str) -> DataFrame:
+    """The lines of ``path`` as Spark's readers split them (at ``\\n``, ``\\r\\n`` or
+    ``\\r``), each with the start of its block and an id rising along the block."""
+    return (
+        _reader(spark)
+        .text(path)
+        .select(
+            "value",
+            F.col("_metadata.file_block_start").alias(_BLOCK),
+            F.monotonically_increasing_id().alias(_ID),
+        )
+    )
+
+
+def _line_numbers(lines: DataFrame, text: Column) -> Any:
+    """A function of ``(block, id)`` to the 1-based line, and the line of the file's
+    first line for which ``text`` holds (None if none does). Within a block's task ids
+    are consecutive, so a line is the lines of the blocks before it, plus its place in
+    its own block."""
+    blocks = (
+        lines.groupBy(_BLOCK)
+        .agg(
+            F.count(F.lit(1)).alias("n"),
+            F.min(_ID).alias("first"),
+            F.min(F.when(text, F.col(_ID))).alias("text"),
+        )
+        .orderBy(_BLOCK)
+        .collect()
+    )
+    before: dict[int, tuple[int, int]] = {}
+    seen = 0
+    for block in blocks:
+        before[block[_BLOCK]] = (seen, block["first"])
+        seen += block["n"]
+
+    def line(block: int, id_: int) -> int:
+        lines_before, first = before[block]
+        return lines_before + (id_ - first) + 1
+
+    firsts = [line(b[_BLOCK], b["text"]) for b in blocks if b["text"] is not None]
+    return line, (firsts[0] if firsts else None)
 
 
 def _line_of(spark: SparkSession, file: str, record: str) -> int | None:
     """The 1-based line of ``file`` that holds ``record`` (read again only on this error path)."""
-    whole = _reader(spark).text(file, wholetext=True)
-    found = (
-        whole.select(F.posexplode(F.split("value", "\n")).alias("pos", "line"))
-        .where(F.regexp_replace("line", "\r$", "") == F.lit(record))
-        .agg(F.min("pos"))
-        .collect()
-    )
-    value = found[0][0] if found else None
-    return None if value is None else int(value) + 1
+    lines = _text_lines(spark, file)
+    hits = lines.where(F.col("value") == F.lit(record)).orderBy(_BLOCK, _ID).limit(1).collect()
+    if not hits:
+        return None
+    line, _ = _line_numbers(lines, F.lit(False))
+    return int(line(hits[0][_BLOCK], hits[0][_ID]))
+
+
+def _not_blank(fmt: str) -> Column:
+    """Whether a line holds a row (or the header) for the reader of ``fmt``: JSON lines
+    skip lines of spaces, CSV lines of nothing but control characters and spaces."""
+    if fmt == "jsonl":
+        return F.trim("value") != ""
+    return F.regexp_replace("value", "[\\x00-\\x20]", "") != ""
+
+
+def _parsed_lines(
+    lines: DataFrame, fmt: str, declared: dict[str, str], header: Sequence[str]
+) -> DataFrame:
+    """Each row-holding line's values as the reader of ``fmt`` makes them, with
+    ``__block`` and ``__id`` (a CSV file's header line parses too: see _lines_holding)."""
+    rows = lines.where(_not_blank(fmt))
+    weighted = WEIGHT in declared
+    if fmt == "jsonl":
+        parsed = rows.select(_BLOCK, _ID, F.expr("try_parse_json(value)").alias("__v"))
+        values = _json_values(declared, weighted)
+    else:
+        ddl = ", ".join(
+            f"`{n.replace('`', '``')}` {spark_type(declared[n]).simpleString()}" for n in header
+        )
+        parsed = rows.select(_BLOCK, _ID, F.from_csv(F.col("value"), ddl).alias("__r"))
+        values = [
+            F.col("__r").getField(n).alias(n)
+            if n in header
+            else F.lit(1).cast("bigint").alias(n)  # a weight column left out is 1
+            for n in declared
+        ]
+    return parsed.select(
+        _BLOCK,
+        _ID,
+        *[v.cast(spark_type(t)) for v, t in zip(values, declared.values(), strict=True)],
+    ).toDF(_BLOCK, _ID, *declared)
+
+
+def _lines_holding(
+    spark: SparkSession,
+    file: str,
+    fmt: str,
+    declared: dict[str, str],
+    wanted: DataFrame,
+    on: Sequence[str],
+    limit: int = _MAX_SHOWN,
+) -> list[tuple[int, Any]]:
+    """The first ``limit`` lines of the text ``file`` (1-based, as ``(line, row)`` where
+    ``row`` holds the line's values) whose values in the columns ``on`` are those of a
+    row of ``wanted`` (NULL matching NULL). Reads the file again: an error's path only.
+    Nothing found, or a file that cannot be read again, is ``[]`` (the error is raised
+    without the line)."""
+    try:
+        header: Sequence[str] = ()
+        if fmt == "csv":
+            header = _reader(spark).option("header", True).csv(file).columns
+        lines = _text_lines(spark, file)
+        parsed = _parsed_lines(lines, fmt, declared, header)
+        left = parsed.select(
+            _BLOCK, _ID, *[F.col(f"`{c}`").alias(f"__l{i}") for i, c in enumerate(declared)]
+        )
+        index = {c: i for i, c in enumerate(declared)}
+        right = wanted.select(*[F.col(f"`{c}`").alias(f"__r{index[c]}") for c in on]).distinct()
+        match = reduce(
+            lambda a, b: a & b,
+            [F.col(f"__l{index[c]}").eqNullSafe(F.col(f"__r{index[c]}")) for c in on],
+        )
+        hits = (
+            left.join(F.broadcast(right), match, "left_semi")
+            .orderBy(_BLOCK, _ID)
+            .limit(limit + 1)
+            .collect()
+        )
+        if not hits:
+            return []
+        line, header_line = _line_numbers(lines, _not_blank(fmt))
+    except Exception:  # the error is worth raising without its line
+        return []
+    found = []
+    for hit in hits:
+        number = int(line(hit[_BLOCK], hit[_ID]))
+        if fmt == "csv" and number == header_line:
+            continue  # the header line, parsed as a row by chance
+        found.append((number, {c: hit[f"__l{index[c]}"] for c in declared}))
+    return found[:limit]
 
 
 _TOKEN_OK = {
@@ -501,8 +796,9 @@ def csv_column_detail(header: Sequence[str], declared: dict[str, str], record: s
 # ==================================================================================== upserts
 def check_rows(source: str, checked: CheckedFrame, spec: UpsertSpec) -> None:
     """NULL keys and ties (two different rows of one key and one watermark) in a batch,
-    naming the files that hold them: the same checks Python rows get at ingest, here
-    before the epoch opens."""
+    naming the files that hold them and where in them (a Parquet file's rows; a text
+    file's lines, found again on this error's path only): the same checks Python rows get
+    at ingest, here before the epoch opens."""
     frame = checked.frame
     keys, marks, cols = list(spec.key), list(spec.watermark), list(spec.columns)
     null_key = reduce(lambda a, b: a | b, [F.col(k).isNull() for k in keys])
@@ -510,28 +806,37 @@ def check_rows(source: str, checked: CheckedFrame, spec: UpsertSpec) -> None:
     if nulls:
         files = sorted({r[FILE] for r in nulls if r[FILE] is not None})
         first = nulls[0]
-        where = "" if first[POSITION] is None else f" (row {first[POSITION]} of the file)"
+        values = [first[c] for c in cols]
+        where = ""
+        of = "the file" if len(files) <= 1 else first[FILE]
+        if first[POSITION] is not None:
+            where = f" (row {first[POSITION]} of {of})"
+        elif first[FILE] is not None and checked.format in TEXT_FORMATS:
+            declared = dict(checked.declared) or dict(zip(cols, spec.types, strict=True))
+            same = frame.where(null_key & (F.col(FILE) == first[FILE]))
+            spark = frame.sparkSession
+            hits = _lines_holding(spark, first[FILE], checked.format, declared, same, cols, 1)
+            if hits:  # the file's first such line, and the row it holds
+                where = f" (line {hits[0][0]} of {of})"
+                values = [hits[0][1][c] for c in cols]
         raise BadUpsertRow(
             source,
             ", ".join(files) or checked.file_label(),
             [tuple(r[k] for k in keys) for r in nulls],
-            detail=f"NULL in a key column{where}: {shown([first[c] for c in cols])}",
+            detail=f"NULL in a key column{where}: {shown(values)}",
             key_columns=keys,
         )
-    ties = (
-        frame.dropDuplicates(cols)
-        .groupBy(*keys, *marks)
-        .count()
-        .where(F.col("count") > 1)
-        .limit(_MAX_SHOWN)
-        .collect()
-    )
+    tied = frame.dropDuplicates(cols).groupBy(*keys, *marks).count().where(F.col("count") > 1)
+    ties = tied.limit(_MAX_SHOWN).collect()
     if ties:
         offending = [tuple(r[k] for k in keys) for r in ties]
+        holding = checked.files_holding(keys, offending)
+        on = [*keys, *(m for m in marks if m not in keys)]
+        where = checked.where(tied, on, holding)
         raise UpsertConflict(
             source,
-            ", ".join(checked.files_holding(keys, offending)) or checked.file_label(),
+            ", ".join(holding) or checked.file_label(),
             offending,
-            detail="two different rows with the same watermark in one batch",
+            detail=f"two different rows with the same watermark in one batch{where}",
             key_columns=keys,
         )

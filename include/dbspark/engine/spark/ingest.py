@@ -173,11 +173,13 @@ class Ingest:
                 )
             except UpsertError as error:
                 unit.discard()
-                if from_files is None or len(from_files.files) < 2:
+                if from_files is None:
                     raise
-                # Name only the files that hold the offending keys.
+                # Name only the files that hold the offending keys, and where in them.
                 holding = from_files.files_holding(error.key_columns, error.keys)
-                raise error.in_files(holding) from None
+                where = from_files.where_holding(error.key_columns, error.keys, holding)
+                args = (error.source, ", ".join(holding), error.keys, error.detail + where)
+                raise type(error)(*args, error.positions, error.key_columns) from None
         frames = {(node.id, t): delta}
         report = UnitReport(unit_name, t, rows_in=rows_in, tier=unit.tier.name)
         self._finish_stage(stage, t, frames, unit, report, start=1, fingerprint=fingerprint)
