@@ -10,7 +10,9 @@ warehouse, outputs and catalog database of its own. Units run on the local tier 
 data is tiny), so no Spark is started. Every case ends with the published views (the
 Delta table as of the epoch, and the epoch's change feed) equal to the reference full
 refresh, and with no orphaned file after garbage collection: every batch directory in
-the warehouse is registered, every registered batch is on disk, no unit file is left.
+the warehouse is registered, every registered batch is on disk, no unit file is left;
+and after the maintenance task, every directory in the outputs' change, snapshot and
+correction folders is a complete export (no killed export's ``.tmp-``/``.stale-``).
 
 Cases, in order (one deployment for all; each case's DAG is independent of the others,
 except that the GC case continues the outage case's DAG at epoch 1, and the late-file
@@ -30,11 +32,13 @@ case the mark-success case's DAG):
    three runs ingest three contiguous intervals, the last 23 h long, each from the
    partition named by its start in UTC;
 6. task processes killed (SIGKILL) at every kind of task in one epoch of a recursive
-   circuit: an ingest and a loop iteration (a mapped task) at their catalog commits,
-   the publish at its catalog commit and, in its retry, after the view's table
-   committed the epoch (the export), the close before the epoch's commit and, in its
-   retry, at the compaction after it, and the maintenance task's garbage collection
-   after its first deletion: Airflow's retries complete the run;
+   circuit: an ingest, a stage and a loop iteration (a mapped task) at their catalog
+   commits, the publish at its catalog commit, in its retry with the change directory
+   written and not renamed into place (the hidden directory stays), and in the next
+   after the view's table committed the epoch (the export), the close before the
+   epoch's commit and, in its retry, at the compaction after it, and the maintenance
+   task's garbage collection after its first deletion: Airflow's retries complete the
+   run, and the maintenance task's retry removes the killed export's directory;
 7. a failed ingest marked success through the REST API, as the UI does: the stage after
    it refuses to run, and with the publish marked success too the close refuses to
    commit, each naming the units that never ran; the epoch stays open until the input
@@ -68,7 +72,14 @@ from dbspark.devtools.postgres import LocalPostgres, PostgresUnavailable
 from dbspark.engine.reference.full_refresh import full_refresh
 from dbspark.examples.circuits import orders, reachability, word_count
 from dbspark.orchestration.intervals import Interval
-from dbspark.orchestration.sinks.files import CHANGES, output_dir, read_change_rows
+from dbspark.orchestration.sinks.files import (
+    CHANGES,
+    CORRECTIONS,
+    SNAPSHOT,
+    output_dir,
+    read_change_rows,
+    read_marker,
+)
 from dbspark.orchestration.sinks.tables import table_path, table_rows, table_versions
 from dbspark.orchestration.sources import LandingDirectory
 from dbspark.storage.catalog import UNITS_FOLDER, Catalog, garbage_collect, stage_runs_table
@@ -267,9 +278,26 @@ def committed_once(where, circuit, epochs: int) -> None:
         assert [it.converged for it in done] == [False] * (len(done) - 1) + [True], (key, done)
 
 
+def unfinished_exports(where, circuit) -> list[str]:
+    """The directories in the views' change, snapshot and correction folders that are
+    not a complete export: a killed export's ``.epoch=<n>.tmp-<id>``, a ``.stale-<id>``
+    moved aside, a directory without its marker."""
+    found = []
+    for view in circuit.views:
+        for kind in (CHANGES, SNAPSHOT, CORRECTIONS):
+            folder = where.outputs / circuit.name / view / kind
+            for child in sorted(folder.iterdir()) if folder.is_dir() else []:
+                complete = child.name.startswith(("epoch=", "rebuild=")) and read_marker(child)
+                if not complete:
+                    found.append(child.relative_to(where.outputs).as_posix())
+    return found
+
+
 def no_orphans(where, circuit) -> None:
-    """Maintenance (garbage collection, no minimum age: no unit is at work) leaves every
-    batch directory registered, every live batch on disk, and no unit file."""
+    """The outputs as the maintenance task (or no task) left them hold complete exports
+    only; maintenance (garbage collection, no minimum age: no unit is at work) leaves
+    every batch directory registered, every live batch on disk, and no unit file."""
+    assert unfinished_exports(where, circuit) == []
     catalog = catalog_of(where)
     try:
         assert catalog.leases(circuit.name) == [], "a lease outlived its unit"
@@ -513,18 +541,21 @@ def test_a_berlin_schedule_across_the_dst_change_ingests_every_interval_once(dep
 
 # ----------------------------------------------------------------------------- 6. kills
 def test_a_task_killed_at_every_kind_of_task_is_retried_to_the_full_refresh(deployment):
-    """One epoch of reachability, whose task processes are killed at seven points. Each
+    """One epoch of reachability, whose task processes are killed at nine points. Each
     kill is a SIGKILL (no handler runs, no lease is released); the retries, one second
     apart, complete the run. Garbage collection runs with no minimum age here, so that
-    its kill falls between deletions."""
+    its kill falls between deletions, and so that the maintenance task removes the
+    hidden directory of the export killed before its rename."""
     place, dag_id = deployment, "fault_kills"
     where, circuit = place.dags[dag_id], reachability()
     settings(place, dag_id, gc_min_age_hours="0")
     kills = {  # kill marker -> the task it kills
         f"{dag_id}.ingest_edges@0": "ingest.edges",  # wrote its files, not committed
+        f"{dag_id}.leave_9@0": "leave_9",  # a root stage (the loop's result), ditto
         f"{dag_id}.loop:reach@0.1": "loop_reach.iterate",  # iteration 1, ditto
         f"{dag_id}.publish@0": "publish",  # the view's delta written, not committed
-        f"{dag_id}.export@0": "publish",  # its retry: the table holds the epoch
+        f"{dag_id}.changes.tmp@0": "publish",  # its retry: the feed written, not renamed
+        f"{dag_id}.export@0": "publish",  # the next: the table holds the epoch
         f"{dag_id}.close@0": "close_epoch",  # before the epoch's commit
         f"{dag_id}.compact@0": "close_epoch",  # its retry: committed, compacting
         f"{dag_id}.gc": "maintain",  # one path deleted of several
@@ -537,7 +568,7 @@ def test_a_task_killed_at_every_kind_of_task_is_retried_to_the_full_refresh(depl
     killed = {p.name for p in (place.hooks / "killed").glob(f"{dag_id}.*")}
     assert killed == set(kills), (killed, place.api.explain(dag_id, [run]))
     ti = {(t["task_id"], t["map_index"]): t for t in place.api.task_instances(dag_id, run.run_id)}
-    expected = {"ingest.edges": 2, "publish": 3, "close_epoch": 3, "maintain": 2}
+    expected = {"ingest.edges": 2, "leave_9": 2, "publish": 4, "close_epoch": 3, "maintain": 2}
     for task_id, tries in expected.items():
         states = try_states(place, dag_id, run.run_id, task_id)
         assert states == ["failed"] * (tries - 1) + ["success"], (task_id, states)
@@ -549,6 +580,10 @@ def test_a_task_killed_at_every_kind_of_task_is_retried_to_the_full_refresh(depl
     log = task_log(place, dag_id, run.run_id, "close_epoch", 3)
     assert "was committed by an earlier try of this task" in log, log[-3000:]
     assert ti[("maintain", -1)]["state"] == "success"
+    # The export killed before its rename left its hidden directory; the maintenance
+    # task's retry (garbage collection's minimum age, 0 here) removed it.
+    log = task_log(place, dag_id, run.run_id, "maintain", 2)
+    assert "1 unfinished export directories" in log and ".epoch=0.tmp-" in log, log[-3000:]
     # The iteration task that ran iteration 1 was killed; its retry ran the next
     # pending iteration, or skipped when another slot had carried the loop on.
     retried = [i for (t, i), v in ti.items() if t == "loop_reach.iterate" and v["try_number"] > 1]

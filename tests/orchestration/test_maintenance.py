@@ -441,3 +441,111 @@ def test_a_large_change_is_counted_and_served_a_chunk_at_a_time(
     assert applied == [10, 10, 5]
     assert ZSet(target.contents("c", "v", SCHEMA)) == out.history[1]
     target.engine.dispose()
+
+
+# ============================================================================ killed exports
+def _killed_export(final: Path) -> Path:
+    """What ``_publish_dir`` leaves when its process is SIGKILLed (its ``finally`` does
+    not run) after writing a file into its hidden directory: that directory."""
+    import signal
+
+    def write(tmp: Path) -> dict[str, int]:
+        tmp.mkdir()
+        (tmp / "part-00000.parquet").write_bytes(b"half")
+        os.kill(os.getpid(), signal.SIGKILL)
+        raise AssertionError("not reached")
+
+    pid = os.fork()
+    if pid == 0:  # the exporting process, killed mid-write
+        try:
+            _publish_dir(final, write, {"epoch": 0})
+        finally:
+            os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status), status
+    (left,) = [p for p in final.parent.iterdir() if p.name.startswith(f".{final.name}.tmp-")]
+    return left
+
+
+def _age(path: Path, seconds: float) -> Path:
+    """Date ``path`` and everything under it ``seconds`` back (in the future if < 0)."""
+    import time
+
+    when = time.time() - seconds
+    for entry in [path, *path.rglob("*")]:
+        os.utime(entry, (when, when), follow_symlinks=False)
+    return path
+
+
+def test_killed_exports_hidden_directories_are_swept_once_older_than_the_min_age(
+    tmp_path: Path,
+) -> None:
+    """Issue 18: a SIGKILLed export leaves ``.epoch=<n>.tmp-<id>`` (or a ``.stale-<id>``)
+    in its view's snapshot, changes or corrections folder. The sweep removes those older
+    than the minimum age and nothing else: not complete exports, not a young one (an
+    export in flight), not one with a recent file inside (a long write going on), not
+    one dated in the future (clock skew), not other hidden files."""
+    from dbspark.orchestration.sinks.files import (
+        CORRECTIONS,
+        SNAPSHOT,
+        corrections_dir,
+        read_marker,
+        sweep_unfinished_exports,
+    )
+
+    hours = 3600.0
+    out = Outputs(tmp_path / "published")
+    for n in range(2):
+        out.export({(n, "x"): 1})
+    changes = output_dir(out.root, "c", "v", CHANGES, 2).parent
+    old = [
+        _age(_killed_export(output_dir(out.root, "c", "v", CHANGES, 2)), 7 * hours),
+        _age(_killed_export(output_dir(out.root, "c", "v", SNAPSHOT, 1)), 7 * hours),
+        _age(_killed_export(corrections_dir(out.root, "c", "v") / "rebuild=1"), 7 * hours),
+    ]
+    # Moved aside (a marker-less directory in the way) and not yet deleted.
+    for stale in (changes / ".epoch=0.stale-0123456789ab", old[2].parent / ".rebuild=1.stale-ab"):
+        stale.mkdir()
+        (stale / "part-0.parquet").write_bytes(b"old")
+        old.append(_age(stale, 7 * hours))
+    fresh = _killed_export(output_dir(out.root, "c", "v", CHANGES, 3))  # just written
+    writing = _age(_killed_export(output_dir(out.root, "c", "v", CHANGES, 4)), 7 * hours)
+    (writing / "part-00001.parquet").write_bytes(b"new")  # a file written just now
+    skewed = _age(_killed_export(output_dir(out.root, "c", "v", CHANGES, 5)), -2 * hours)
+    other = changes / ".keep"  # not dbspark's
+    other.mkdir()
+    _age(other, 7 * hours)
+    complete = _age(output_dir(out.root, "c", "v", CHANGES, 0), 7 * hours)
+    elsewhere = _age(_killed_export(output_dir(out.root, "c", "w", CHANGES, 0)), 7 * hours)
+    kept = [fresh, writing, skewed, other, complete, elsewhere]
+
+    removed = sweep_unfinished_exports(out.root, "c", ["v"], min_age_seconds=6 * hours)
+    assert sorted(removed) == sorted(old)
+    assert not any(p.exists() for p in old)
+    assert all(p.exists() for p in kept)
+    assert exported_epochs(out.root, "c", "v") == [0, 1]
+    assert read_marker(complete) is not None
+    assert {p.name for p in out.root.glob(f"c/v/{CORRECTIONS}/*")} == set()
+    # Once old enough (here: no minimum age), the young and the skewed go too.
+    again = sweep_unfinished_exports(out.root, "c", ["v", "w"], min_age_seconds=0)
+    assert sorted(again) == sorted([fresh, writing, elsewhere])  # skewed: in the future
+    assert skewed.exists() and other.exists()
+
+
+def test_maintain_sweeps_killed_exports_older_than_gc_min_age(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The maintenance task removes a killed export's hidden directory as old as garbage
+    collection's minimum age (``gc_min_age_hours``, default 6 h) and keeps a young one,
+    and says how many it removed."""
+    monkeypatch.delenv("AIRFLOW__DBSPARK__GC_MIN_AGE_HOURS", raising=False)
+    tasks, catalog, context = _retried_tasks(tmp_path, monkeypatch, try_number=1)
+    outputs = tmp_path / "out"
+    old = _age(_killed_export(output_dir(outputs, "word_count", "counts", CHANGES, 0)), 7 * 3600)
+    young = _age(
+        _killed_export(output_dir(outputs, "word_count", "distinct_words", CHANGES, 0)), 5 * 3600
+    )
+    result = tasks.maintain(context)
+    assert result["unfinished_exports_removed"] == 1, result
+    assert not old.exists() and young.exists()
+    catalog.close()

@@ -28,8 +28,11 @@ catalog commits and the epoch:
   ``loop:<name>@<epoch>.<iteration>``) after the unit wrote its files;
   ``<db>.compact@<epoch>`` at the epoch's first compaction commit (after its close);
   ``<db>.close@<epoch>`` before ``Catalog.commit_epoch``; ``<dag>.export@<epoch>`` after
-  a view's Delta table committed the epoch (``publish_table``); ``<dag>.gc`` after
-  garbage collection deleted its first path.
+  a view's Delta table committed the epoch (``publish_table``);
+  ``<dag>.<kind>.tmp@<n>`` (``<kind>``: ``changes``, ``snapshot``, ``corrections``) after
+  an export wrote its hidden directory (``.epoch=<n>.tmp-<id>``) and before it renames
+  it into place (``files._publish_dir``); ``<dag>.gc`` after garbage collection deleted
+  its first path.
 - ``settings/<dag>`` (JSON: variable -> value): set in the environment of that DAG's task
   processes, as ``airflow.cfg`` would set ``[dbspark]`` keys (``late_files``,
   ``gc_min_age_hours``); a variable no longer listed is unset again.
@@ -100,7 +103,7 @@ dst_dag = _fault_dag(
 
 # Task processes killed (SIGKILL) at every kind of task, retried: a recursive circuit, so
 # that an iteration (a mapped task) is killed too; three iteration tasks, the last
-# carrying on inline. Three retries: publish and close are killed twice each.
+# carrying on inline. Three retries: publish is killed three times, close twice.
 kills_dag = _fault_dag(
     "fault_kills", reachability, ["edges", "roots"], retries=3, iteration_tasks=3
 )

@@ -159,6 +159,19 @@ def _install_hooks() -> None:
 
     catalog_module._remove_tree = remove_tree_then_die
 
+    from dbspark.orchestration.sinks import files
+
+    sync_tree = files.sync_tree
+
+    def sync_tree_then_die(path: Any, *args: Any, **kw: Any) -> None:
+        sync_tree(path, *args, **kw)  # the hidden directory is written, not yet renamed
+        where = Path(os.fspath(path))
+        if where.name.startswith("."):  # ".epoch=<n>.tmp-<id>": <kind>.tmp@<n>
+            number = where.name.split(".")[1].split("=")[-1]
+            _kill_if_armed(f"{_dag_of(where)}.{where.parent.name}.tmp@{number}")
+
+    files.sync_tree = sync_tree_then_die
+
     import pyarrow.parquet as pq
 
     write_table = pq.write_table

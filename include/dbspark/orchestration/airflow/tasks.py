@@ -878,10 +878,11 @@ class EpochTasks:
     def maintain(self, context: Mapping[str, Any]) -> dict[str, Any]:
         """Keep storage bounded (issue 18, finding 14): garbage-collect the warehouse
         (crashed units' files, superseded batches, leftover unit files; leases keep what
-        units at work use) and remove exported change directories past their retention.
-        Compaction already runs in ``close_epoch``, table compaction and vacuum in
-        ``publish``."""
-        from dbspark.orchestration.sinks.files import prune_exports
+        units at work use), remove exported change directories past their retention, and
+        the hidden directories killed exports left in the outputs, as old as garbage
+        collection's minimum age. Compaction already runs in ``close_epoch``, table
+        compaction and vacuum in ``publish``."""
+        from dbspark.orchestration.sinks.files import prune_exports, sweep_unfinished_exports
         from dbspark.storage.catalog import garbage_collect
 
         deployment = self._deployment()
@@ -914,6 +915,20 @@ class EpochTasks:
             len(pruned),
             horizon.isoformat(),
         )
+        unfinished = sweep_unfinished_exports(
+            deployment.outputs,
+            self.name,
+            self.circuit.views,
+            min_age_seconds=settings.gc_min_age_hours * 3600,
+        )
+        log.info(
+            "circuit %s: %s unfinished export directories (killed exports' .tmp-/.stale-) "
+            "older than %s h removed%s",
+            self.name,
+            len(unfinished),
+            settings.gc_min_age_hours,
+            "".join(f"\n  {path}" for path in unfinished),
+        )
         return {
             "input_logs": logs,
             "unregistered_dirs": len(report.unregistered_dirs),
@@ -922,6 +937,7 @@ class EpochTasks:
             "bytes_freed": report.bytes_freed,
             "kept": len(report.kept),
             "exports_removed": len(pruned),
+            "unfinished_exports_removed": len(unfinished),
         }
 
     def _retain_input_logs(self, deployment: Deployment, hours: float) -> dict[str, Any] | None:

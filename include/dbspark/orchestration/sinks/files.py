@@ -26,14 +26,18 @@ marker (epoch, rows, columns) is added, and one ``rename`` makes data and marker
 visible together. A directory with its marker is complete, so a retried task skips
 it; readers must likewise only trust directories that have the marker
 (:func:`read_changes`, :func:`read_snapshot`, :func:`read_change_rows`). Reading
-``<view>/changes`` as one dataset gives an ``epoch`` partition column.
+``<view>/changes`` as one dataset gives an ``epoch`` partition column. A hidden
+sibling left by a killed process (no ``finally`` runs on SIGKILL) is removed by the
+maintenance task once older than ``gc_min_age_hours`` (:func:`sweep_unfinished_exports`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -59,6 +63,9 @@ SNAPSHOT = "snapshot"
 CHANGES = "changes"
 KINDS = (SNAPSHOT, CHANGES)
 CORRECTIONS = "corrections"
+#: The hidden siblings :func:`_publish_dir` writes into (``.epoch=3.tmp-<id>``,
+#: ``.rebuild=2.tmp-<id>``) or moves a marker-less directory aside to (``.stale-<id>``).
+UNFINISHED = re.compile(r"\.(?:epoch|rebuild)=\d+\.(?:tmp|stale)-[0-9a-f]+")
 
 #: One row of a view in schema order, and its weight (a multiplicity or a change).
 WeightedRow = tuple[tuple[Any, ...], int]
@@ -350,6 +357,67 @@ def prune_exports(
             shutil.rmtree(where, ignore_errors=True)
             removed.append(where)
     return removed
+
+
+def sweep_unfinished_exports(
+    root: str | os.PathLike[str],
+    circuit: str,
+    views: Iterable[str],
+    *,
+    min_age_seconds: float,
+    now: float | None = None,
+) -> list[Path]:
+    """Remove the hidden directories of ``views`` (snapshot, changes and corrections) that
+    :func:`_publish_dir` leaves behind when its process is killed (a ``finally`` does not
+    run on SIGKILL): ``.epoch=<n>.tmp-<id>`` and ``.rebuild=<n>.tmp-<id>`` written and
+    never renamed, ``.stale-<id>`` moved aside and not yet deleted. Only those older than
+    ``min_age_seconds``; returns the directories removed.
+
+    No reader looks at them (readers trust only directories named ``epoch=<n>`` or
+    ``rebuild=<n>`` with their marker), and a retried export writes a new one. What is
+    spared is an export still writing: its directory is renamed (or removed) seconds
+    after its last file is written. A directory's age is that of its newest entry, the
+    files and folders within included (a long write keeps making new ones), on this
+    host's clock (``now``, default ``time.time()``) against the modification times the
+    exporting host's file system set: an entry dated in the future (clock skew) is
+    younger than any minimum age. With the maintenance task's default minimum age
+    (``gc_min_age_hours``, 6 h) only a skew of hours could touch a live export; a
+    minimum age of 0 is for when nothing exports (tests), as for garbage collection."""
+    now = time.time() if now is None else now
+    removed = []
+    for view in views:
+        for kind in (SNAPSHOT, CHANGES, CORRECTIONS):
+            base = Path(root) / circuit / view / kind
+            try:
+                children = list(base.iterdir())
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            for child in sorted(children):
+                if not UNFINISHED.fullmatch(child.name):
+                    continue
+                newest = _newest_mtime(child)
+                if newest is None or now - newest < min_age_seconds:
+                    continue  # gone meanwhile (renamed into place), or young
+                shutil.rmtree(child, ignore_errors=True)
+                if not child.exists():
+                    removed.append(child)
+    return removed
+
+
+def _newest_mtime(path: Path) -> float | None:
+    """The latest modification time of ``path`` and everything under it (symlinks not
+    followed); None when ``path`` is gone. Entries vanishing meanwhile are skipped."""
+    try:
+        newest = path.lstat().st_mtime
+    except FileNotFoundError:
+        return None
+    for folder, dirs, files in os.walk(path):
+        for name in (*dirs, *files):
+            try:
+                newest = max(newest, os.lstat(os.path.join(folder, name)).st_mtime)
+            except FileNotFoundError:
+                continue
+    return newest
 
 
 def _view(engine: SparkEngine, view: str, epoch: int, *, change: bool = False) -> Any:
