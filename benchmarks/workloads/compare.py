@@ -75,8 +75,13 @@ class Series:
     @property
     def engine(self) -> SparkEngine:
         if self._engine is None:
+            # Compaction in the background, as the unit worker runs it (a long-lived
+            # process); each epoch's own time includes any wait for the one before.
             self._engine = SparkEngine(
-                self.circuit, self.root / "warehouse", spark=self.bench.spark
+                self.circuit,
+                self.root / "warehouse",
+                spark=self.bench.spark,
+                background_compaction=True,
             )
         return self._engine
 
@@ -183,6 +188,7 @@ class Series:
     def _copy(self, name: str) -> Path:
         """A copy of the warehouse as it stands (the state the epoch starts from), made
         outside any timing."""
+        self.engine.wait_for_compaction()  # its catalog is not being written meanwhile
         copy = self.root / name / "warehouse"
         shutil.rmtree(copy.parent, ignore_errors=True)
         shutil.copytree(self.root / "warehouse", copy)

@@ -105,6 +105,9 @@ class ResidentEngines:
                 spark=self.spark,
                 catalog_url=catalog_url,
                 resident_bytes=self.resident_bytes,
+                # A close returns once its epoch committed; the compaction after it runs
+                # on in this process, the next close waiting for it.
+                background_compaction=True,
             )
             self.built += 1
             # Its traces into memory now, as the engine's own long-lived use does: the
@@ -112,7 +115,7 @@ class ResidentEngines:
             try:
                 resident = engine.warm()
             except BaseException:
-                engine.catalog.close()
+                _retire(engine)
                 raise
             log.info(
                 "an engine for circuit %s on %s, with %.1f MB of traces resident: kept "
@@ -125,14 +128,14 @@ class ResidentEngines:
             yield engine
         except BaseException:
             # What a failed unit leaves in the engine's memory is not worth trusting.
-            engine.catalog.close()
+            _retire(engine)
             raise
         self._engines[key] = engine  # the most recently used last
         while len(self._engines) > 1 and (
             len(self._engines) > ENGINES_KEPT or self.resident() > self.resident_bytes
         ):
             oldest = next(iter(self._engines))
-            self._engines.pop(oldest).catalog.close()
+            _retire(self._engines.pop(oldest))
 
     def resident(self) -> int:
         """The bytes of decoded traces the kept engines hold."""
@@ -140,8 +143,19 @@ class ResidentEngines:
 
     def close(self) -> None:
         for engine in self._engines.values():
-            engine.catalog.close()
+            _retire(engine)
         self._engines.clear()
+
+
+def _retire(engine: Any) -> None:
+    """Close an engine this worker no longer keeps, once its compaction in the background
+    has finished (a new engine for the circuit would otherwise compact beside it)."""
+    try:
+        engine.wait_for_compaction()
+    except Exception:  # already logged where it failed; the next close compacts again
+        log.warning("circuit %s: its last compaction failed", engine.circuit.name)
+    finally:
+        engine.catalog.close()
 
 
 def serve(socket_path: str | os.PathLike[str], engines: ResidentEngines) -> None:

@@ -974,12 +974,48 @@ class Catalog:
         Anything invalid (a superseded batch that is missing, already superseded or of
         another circuit; a batch of another circuit) raises and rolls everything back.
         """
-        time_text = encode_time(time)
-        epoch = int(next(iter(time)))
         batches = list(new_batches)
         supersede_ids = list(dict.fromkeys(int(i) for i in supersede))
         _check_new_batches(circuit, batches)
         self._make_durable(batches)
+        committed = False
+        try:
+            committed = self._commit_stage(
+                circuit,
+                stage,
+                time,
+                batches,
+                supersede_ids,
+                loop_iteration,
+                frontiers,
+                input_fingerprint,
+            )
+            return committed
+        finally:
+            if not committed:
+                self._forget_pending(batches)
+
+    def _forget_pending(self, batches: list[BatchRecord]) -> None:
+        """Drop the files of a commit that did not happen from the group's pending fsync
+        pass: their writer deletes them (``TraceStore._commit_or_discard``)."""
+        group = self._own_group()
+        if group is not None and batches and self.warehouse is not None:
+            gone = {self.warehouse / b.path for b in batches}
+            group.paths = [path for path in group.paths if path not in gone]
+
+    def _commit_stage(
+        self,
+        circuit: str,
+        stage: str,
+        time: Sequence[int],
+        batches: list[BatchRecord],
+        supersede_ids: list[int],
+        loop_iteration: LoopIteration | None,
+        frontiers: Mapping[str, Iterable[Sequence[int]]] | None,
+        input_fingerprint: str | None,
+    ) -> bool:
+        time_text = encode_time(time)
+        epoch = int(next(iter(time)))
         try:
             with self._write() as conn:
                 now = _now()  # inside the transaction: SQLite's writers are serialised

@@ -372,13 +372,20 @@ class TraceStore:
         """Commit ``record`` (None: the merge came to nothing) as ``stage`` at ``meet``, in
         place of ``chosen``, with ``frontier`` as the collection's; a merge that another
         attempt committed first, or that the catalog refused, has its files deleted."""
-        committed = self._commit_or_discard(
-            record,
-            stage,
-            meet,
-            supersede=[b.id for b in chosen if b.id is not None],
-            frontiers={collection: frontier.elements},
-        )
+        try:
+            committed = self._commit_or_discard(
+                record,
+                stage,
+                meet,
+                supersede=[b.id for b in chosen if b.id is not None],
+                frontiers={collection: frontier.elements},
+            )
+        except CatalogError:
+            if not self._superseded_meanwhile(collection, chosen):
+                raise
+            # Another compaction (a worker's in the background, another process's) merged
+            # some of these first: its merge holds the same rows; this one's files are gone.
+            committed = False
         return Compaction(
             collection=collection,
             frontier=frontier.elements,
@@ -387,6 +394,10 @@ class TraceStore:
             output=record if committed else None,
             committed=committed,
         )
+
+    def _superseded_meanwhile(self, collection: str, chosen: list[BatchRecord]) -> bool:
+        live = {b.id for b in self.catalog.live_batches(self.circuit, [collection])}
+        return any(b.id is not None and b.id not in live for b in chosen)
 
     def _commit_or_discard(
         self, record: BatchRecord | None, stage: str, time: Sequence[int], **kwargs: Any

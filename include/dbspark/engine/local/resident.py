@@ -32,6 +32,7 @@ code falls back to Arrow's hash ``is_in`` over the column.
 from __future__ import annotations
 
 import os
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -229,15 +230,19 @@ class ResidentFile:
         self.table = table.combine_chunks()
         self.nbytes = self.table.nbytes
         self._indexes: dict[tuple[str, ...], _KeyIndex | None] = {}
+        self._building = threading.Lock()  # an index is built once, by one thread
 
     def index(self, columns: str | Sequence[str]) -> _KeyIndex | None:
         """The index of the key ``columns`` (built now if it was not), or None when the
         first column's type has none."""
         key = (columns,) if isinstance(columns, str) else tuple(columns)
         if key not in self._indexes:
-            index = self._indexes[key] = _KeyIndex.build(self.table, key)
-            if index is not None:
-                self.nbytes += index.nbytes
+            with self._building:
+                if key not in self._indexes:
+                    index = _KeyIndex.build(self.table, key)
+                    if index is not None:
+                        self.nbytes += index.nbytes
+                    self._indexes[key] = index
         return self._indexes[key]
 
     def covers(self, columns: str | Sequence[str]) -> bool:
@@ -265,12 +270,15 @@ class ResidentFile:
 
 class ResidentFiles:
     """Decoded batches (or files) by path, the least recently used dropped beyond
-    ``budget`` bytes."""
+    ``budget`` bytes. Safe to share between threads (the epoch's units and a compaction
+    in the background): the order and the byte count change under a lock; a file is
+    decoded outside it, so two threads that miss one path at once may both decode it."""
 
     def __init__(self, budget: int) -> None:
         self.budget = budget
         self._files: OrderedDict[str, ResidentFile] = OrderedDict()
         self._bytes = 0
+        self._lock = threading.RLock()
         self.loads = 0  # entries decoded from disk (reads the store could not answer)
 
     @property
@@ -288,10 +296,11 @@ class ResidentFiles:
         return path in self._files
 
     def get(self, path: str) -> ResidentFile | None:
-        found = self._files.get(path)
-        if found is not None:
-            self._files.move_to_end(path)
-        return found
+        with self._lock:
+            found = self._files.get(path)
+            if found is not None:
+                self._files.move_to_end(path)
+            return found
 
     def load(
         self, path: str, read: Callable[[], pa.Table | None] | None = None
@@ -313,18 +322,20 @@ class ResidentFiles:
         if not self.enabled or table.nbytes > self.budget:
             return None
         resident = ResidentFile(table)
-        previous = self._files.pop(path, None)
-        if previous is not None:
-            self._bytes -= previous.nbytes
-        self._files[path] = resident
-        self._bytes += resident.nbytes
-        self._shrink()
+        with self._lock:
+            previous = self._files.pop(path, None)
+            if previous is not None:
+                self._bytes -= previous.nbytes
+            self._files[path] = resident
+            self._bytes += resident.nbytes
+            self._shrink()
         return resident
 
     def settle(self) -> None:
         """Account for indexes built since the last call, dropping files over budget."""
-        self._bytes = sum(f.nbytes for f in self._files.values())
-        self._shrink()
+        with self._lock:
+            self._bytes = sum(f.nbytes for f in list(self._files.values()))
+            self._shrink()
 
     def _shrink(self) -> None:
         while self._bytes > self.budget and len(self._files) > 1:
@@ -332,5 +343,6 @@ class ResidentFiles:
             self._bytes -= dropped.nbytes
 
     def clear(self) -> None:
-        self._files.clear()
-        self._bytes = 0
+        with self._lock:
+            self._files.clear()
+            self._bytes = 0

@@ -59,7 +59,7 @@ from dbspark.engine.spark.evaluate import Evaluation, OperatorEvaluation, evalua
 from dbspark.engine.spark.gateway import remember_jvm_lookups
 from dbspark.engine.spark.ingest import Ingest
 from dbspark.engine.spark.loops import Loops
-from dbspark.engine.spark.maintenance import Maintenance
+from dbspark.engine.spark.maintenance import BackgroundCompaction, Maintenance
 from dbspark.engine.spark.session import spark_session
 from dbspark.engine.spark.tier import SparkTier, spark_struct
 from dbspark.engine.spark.unit import Frame, Tier, Unit, records_rows
@@ -102,6 +102,11 @@ def default_local_rows() -> int:
     return int_setting("DBSPARK_LOCAL_ROWS", LOCAL_ROWS, minimum=0)
 
 
+def default_background_compaction() -> bool:
+    """``DBSPARK_BACKGROUND_COMPACTION`` (1 on, 0 off), else off."""
+    return bool(int_setting("DBSPARK_BACKGROUND_COMPACTION", 0, minimum=0))
+
+
 class SparkEngine(Ingest, OperatorEvaluation, Loops, Views, Maintenance):
     """Runs a circuit incrementally on Spark with traces in a warehouse and a SQL catalog."""
 
@@ -116,6 +121,7 @@ class SparkEngine(Ingest, OperatorEvaluation, Loops, Views, Maintenance):
         driver_rows: int | None = None,
         local_rows: int | None = None,
         resident_bytes: int | None = None,
+        background_compaction: bool | None = None,
     ) -> None:
         self.circuit = circuit
         #: On the Spark tier, upsert batches of up to this many rows are decided on the
@@ -132,6 +138,16 @@ class SparkEngine(Ingest, OperatorEvaluation, Loops, Views, Maintenance):
         #: process that runs one unit; None: ``DBSPARK_RESIDENT_BYTES`` or 4 GiB). See
         #: ARCHITECTURE.md, "Resident arrangements".
         self.resident_bytes = default_resident_bytes() if resident_bytes is None else resident_bytes
+        #: The compaction after an epoch's commit runs in a thread of this process while
+        #: the caller goes on, the next close waiting for it (None:
+        #: ``DBSPARK_BACKGROUND_COMPACTION``, else off). For a process that runs epoch
+        #: after epoch: a long-lived worker, a script. See ``BackgroundCompaction``.
+        self.background_compaction = (
+            default_background_compaction()
+            if background_compaction is None
+            else background_compaction
+        )
+        self._background: BackgroundCompaction | None = None
         self.plan: Plan = plan(circuit)
         self._spark = spark
         self._lookups_remembered = False
@@ -301,7 +317,7 @@ class SparkEngine(Ingest, OperatorEvaluation, Loops, Views, Maintenance):
             self.circuit.name, epoch, stages=planned.stages, loops=planned.loops
         )
         self.catalog.flush()  # the epoch is durable before its compaction starts
-        self.compact(epoch)
+        self._compact_after_close(epoch)
         if self._local is not None:
             self._local.forget_files()
 

@@ -22,8 +22,13 @@ ingestion refused is refused again.
 
 from __future__ import annotations
 
+import copy
 import logging
+import os
+import socket
+import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from dbspark.circuit.builder import Node
@@ -34,11 +39,13 @@ from dbspark.core.timestamps import Time
 from dbspark.engine.batches import upsert_spec
 from dbspark.engine.dialect import dialect_of
 from dbspark.engine.kernels import consolidate, upsert_winners
+from dbspark.engine.local.tier import LocalTier
 from dbspark.storage import collection_names as coll
-from dbspark.storage.catalog import BatchRecord
+from dbspark.storage.catalog import BatchRecord, Catalog
 from dbspark.storage.traces import (
     Compaction,
     CompactionPlanInput,
+    TraceStore,
     advance_columns,
     log_merge_runs,
 )
@@ -49,10 +56,30 @@ log = logging.getLogger("dbspark.engine")
 class Maintenance:
     """Compaction, mixed into ``SparkEngine``."""
 
+    def _compact_after_close(self, epoch: int) -> None:
+        """The compaction after ``epoch`` committed: here, or, with
+        ``background_compaction``, in a thread of this process while the caller goes on
+        (``BackgroundCompaction``)."""
+        if not self.background_compaction:
+            self.compact(epoch)
+            return
+        if self._background is None:
+            self._background = BackgroundCompaction(self)
+        self._background.start(epoch)
+
+    def wait_for_compaction(self) -> None:
+        """Until the compaction started in the background by the last close has finished;
+        its error, if it failed, is raised here (its merges are planned again by the
+        next compaction)."""
+        if self._background is not None:
+            self.catalog.flush()  # it may be waiting for the write lock this thread holds
+            self._background.finish()
+
     def compact(self, epoch: int) -> None:
         """Advance every trace by the frontier ``(epoch, 0, ...)`` and merge batches
         (tiered, so old large batches are rewritten only as recent ones grow), then retire
         stream deltas no later epoch reads (``delay`` reads one epoch back)."""
+        self.wait_for_compaction()
         traces = list(self._traces())
         views = [coll.view(name) for name in self.circuit.views]
         # The catalog read once for the whole pass (a pass compacts each trace once).
@@ -248,3 +275,92 @@ class Maintenance:
             run,
             record,
         )
+
+
+class BackgroundCompaction:
+    """A compaction after an epoch's commit, run in a thread of its own so that the
+    epoch's caller (a long-lived worker, a script running epoch after epoch) goes on
+    while it works. It is the same compaction (``Maintenance.compact``), run by a view of
+    the engine with a catalog connection, a DuckDB connection and file listings of its
+    own; the decoded files it reads and the batch it writes are shared with the engine
+    (``ResidentFiles`` is safe between threads), so the next epoch finds the merged
+    batch in memory.
+
+    Sound for the same reasons a compaction by another process is: a compaction only
+    merges batches under the committed epoch's frontier and supersedes them in one
+    catalog commit, so a unit of the next epoch reads either the batches before it or
+    the merged one, the same rows either way; the next epoch's own batches are beyond
+    the frontier and never merged by it. One compaction at a time: the next close waits
+    for this one first, which is also where its error, if any, is raised. It holds a
+    lease from before it writes until it ends, so garbage collection keeps its files.
+    Its commits wait for the engine's commit group to flush (SQLite's write lock), at
+    most ``LOCK_WAIT_SECONDS``."""
+
+    #: How long a commit of the compaction waits for the catalog's write lock, which the
+    #: engine's commit group holds from an epoch's first commit to its flush.
+    LOCK_WAIT_SECONDS = 3600.0
+
+    def __init__(self, engine: Any) -> None:
+        self._engine = engine
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dbspark-compaction")
+        self._pending: Future[None] | None = None
+        self._view: Any = None
+        #: Seconds compactions took in the thread, and seconds closes waited for one.
+        self.seconds = 0.0
+        self.waited = 0.0
+
+    def start(self, epoch: int) -> None:
+        """Compact after ``epoch`` in the thread (after the one before has finished)."""
+        self.finish()
+        if self._view is None:
+            self._view = self._engine_view()
+        self._pending = self._pool.submit(self._compact, epoch)
+
+    def finish(self) -> None:
+        """Wait for the compaction in the thread, raising its error."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        started = time.perf_counter()
+        try:
+            pending.result()
+        finally:
+            self.waited += time.perf_counter() - started
+
+    def _engine_view(self) -> Any:
+        """The engine as the thread sees it: its own catalog connection (waiting long
+        for the write lock) and local tier, the engine's decoded files."""
+        engine = self._engine
+        view = copy.copy(engine)
+        view.background_compaction = False
+        view._background = None
+        wait = self.LOCK_WAIT_SECONDS
+        view.catalog = Catalog(
+            engine.catalog.url, warehouse=engine.root, lock_timeout=wait, statement_timeout=wait
+        )
+        view.traces = TraceStore(
+            lambda: engine.spark,
+            engine.warehouse,
+            view.catalog,
+            engine.circuit.name,
+            buckets=engine.buckets,
+        )
+        view._local = LocalTier(engine.warehouse, buckets=engine.buckets, resident_bytes=0)
+        view._local.resident = engine.local.resident
+        view._key_sets = {}
+        return view
+
+    def _compact(self, epoch: int) -> None:
+        view = self._view
+        started = time.perf_counter()
+        holder = f"compaction after epoch {epoch} ({socket.gethostname()}, pid {os.getpid()})"
+        lease = view.catalog.acquire_lease(view.circuit.name, holder)
+        try:
+            view.compact(epoch)
+        except BaseException:
+            log.exception("%s: compaction after epoch %s failed", view.circuit.name, epoch)
+            raise
+        finally:
+            view.catalog.release_lease(lease)
+            view.local.forget_files()
+            self.seconds += time.perf_counter() - started
