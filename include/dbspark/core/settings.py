@@ -13,8 +13,12 @@ def int_setting(name: str, default: int, *, minimum: int) -> int:
     """The integer in environment variable ``name`` (``default`` when unset or blank); a
     value that is not an integer of at least ``minimum`` is a ``ValueError`` naming it."""
     raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
+    return checked_int(name, raw, minimum=minimum) if raw else default
+
+
+def checked_int(name: str, raw: str, *, minimum: int) -> int:
+    """``raw`` as an integer of at least ``minimum``; otherwise a ``ValueError`` naming
+    the setting ``name`` it was given for."""
     try:
         value = int(raw)
     except ValueError:

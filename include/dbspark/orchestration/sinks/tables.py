@@ -128,7 +128,7 @@ class TableSettings:
         (``DBSPARK_TABLE_RETENTION_HOURS``, ``DBSPARK_TABLE_MAINTAIN_EVERY``,
         ``DBSPARK_TABLE_TARGET_FILE_BYTES``), else the field's default. A value that is
         not an integer in range is a ``ValueError`` naming the key or variable."""
-        from dbspark.core.settings import int_setting
+        from dbspark.core.settings import checked_int, int_setting
 
         configured = configured or {}
         default = cls()
@@ -136,7 +136,7 @@ class TableSettings:
         for name, (key, variable, minimum) in SETTING_KEYS.items():
             raw = (configured.get(key) or "").strip()
             if raw:
-                values[name] = _int_text(f"[dbspark] {key}", raw, minimum)
+                values[name] = checked_int(f"[dbspark] {key}", raw, minimum=minimum)
             else:
                 values[name] = int_setting(variable, getattr(default, name), minimum=minimum)
         for name, (key, variable) in TEXT_KEYS.items():
@@ -203,16 +203,6 @@ def _storage_options(name: str, raw: str) -> dict[str, str]:
             f'"eu-west-1", "timeout": "30s"}}; got {raw!r}'
         )
     return {str(k): (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in parsed.items()}
-
-
-def _int_text(name: str, raw: str, minimum: int) -> int:
-    try:
-        value = int(raw)
-    except ValueError:
-        value = minimum - 1
-    if value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {raw!r}")
-    return value
 
 
 @dataclass
