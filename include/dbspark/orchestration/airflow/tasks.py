@@ -258,6 +258,33 @@ def _lease_names() -> tuple[str, list[str]]:
     return f"{task} {ti.try_number}: ", [f"{task} {n}: " for n in range(1, int(ti.try_number))]
 
 
+@dataclass(frozen=True)
+class _CommittedEpochs:
+    """A circuit's committed epochs as ``maintain`` reads them once: when each committed,
+    the last one, and the catalog's clock when read."""
+
+    now: datetime
+    committed_at: dict[int, datetime]
+
+    @classmethod
+    def read(cls, catalog: Catalog, circuit: str) -> _CommittedEpochs:
+        epochs = catalog.epochs(circuit)
+        return cls(
+            catalog.clock(),
+            {e.epoch: _aware(e.committed_at) for e in epochs if e.committed_at is not None},
+        )
+
+    @property
+    def last(self) -> int:
+        return max(self.committed_at, default=-1)
+
+    def before(self, hours: float) -> tuple[datetime, list[int]]:
+        """The time ``hours`` ago, and the epochs committed by then, the last one never."""
+        horizon = self.now - timedelta(hours=hours)
+        last = self.last
+        return horizon, [e for e, at in self.committed_at.items() if e < last and at <= horizon]
+
+
 def _aware(value: datetime) -> datetime:
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value
 
@@ -887,9 +914,11 @@ class EpochTasks:
 
         deployment = self._deployment()
         settings = maintenance_settings()
-        logs = self._retain_input_logs(deployment, settings.input_log_retention_hours)
         catalog = self._catalog(deployment)
         try:
+            committed = _CommittedEpochs.read(catalog, self.name)
+            hours = settings.input_log_retention_hours
+            logs = self._retain_input_logs(deployment, committed, hours)
             report = garbage_collect(
                 deployment.warehouse,
                 catalog,
@@ -897,15 +926,9 @@ class EpochTasks:
                 min_age_seconds=settings.gc_min_age_hours * 3600,
             )
             log.info("circuit %s, garbage collection: %s", self.name, report.describe())
-            now = catalog.clock()
-            horizon = now - timedelta(hours=settings.changes_retention_hours)
-            committed = [e for e in catalog.epochs(self.name) if e.committed_at is not None]
-            last = max((e.epoch for e in committed), default=-1)
-            old = [
-                e.epoch for e in committed if e.epoch < last and _aware(e.committed_at) <= horizon
-            ]
         finally:
             catalog.close()
+        horizon, old = committed.before(settings.changes_retention_hours)
         pruned = []
         for view in self.circuit.views:
             pruned += prune_exports(deployment.outputs, self.name, view, old)
@@ -940,19 +963,14 @@ class EpochTasks:
             "unfinished_exports_removed": len(unfinished),
         }
 
-    def _retain_input_logs(self, deployment: Deployment, hours: float) -> dict[str, Any] | None:
+    def _retain_input_logs(
+        self, deployment: Deployment, committed: _CommittedEpochs, hours: float
+    ) -> dict[str, Any] | None:
         """Merge the raw input logs of the epochs committed more than ``hours`` ago (on the
         catalog's clock) and before the last (input log retention); None when no such
         epoch exists. Before garbage collection, which deletes the merged-away batches
         once they are ``gc_min_age_hours`` old."""
-        catalog = self._catalog(deployment)
-        try:
-            horizon = catalog.clock() - timedelta(hours=hours)
-            committed = [e for e in catalog.epochs(self.name) if e.committed_at is not None]
-        finally:
-            catalog.close()
-        last = max((e.epoch for e in committed), default=-1)
-        old = [e.epoch for e in committed if e.epoch < last and _aware(e.committed_at) <= horizon]
+        horizon, old = committed.before(hours)
         if not old:
             log.info(
                 "circuit %s: no epoch committed before %s (input_log_retention_hours = %s): "
@@ -962,7 +980,7 @@ class EpochTasks:
                 hours,
             )
             return None
-        result = self._execute(deployment, CompactLogsUnit(last, max(old)))
+        result = self._execute(deployment, CompactLogsUnit(committed.last, max(old)))
         log.info(
             "circuit %s: raw input logs of epochs up to %s (committed before %s) merged: "
             "%s merges replaced %s batches of %s rows by %s rows; full refresh can replay "
