@@ -147,7 +147,8 @@ class Ingest:
         if fingerprint is None:
             observation = Observation(f"dbspark_fingerprint_{uuid.uuid4().hex}")
             logged = frame.observe(observation, *_fingerprint_columns(frame))
-        input_fields = [*self._user_schema(node).fields, *_weight_field(node), *time_fields(1)]
+        user, extra = self._input_log_fields(node)
+        input_fields = [*user.fields, *extra]
         logged = with_time(logged, t)
         small = rows is not None and rows <= self.driver_rows
         if not local and (node.op == "upsert_source" or small):
@@ -187,6 +188,11 @@ class Ingest:
 
     def _user_schema(self, node: Node) -> Any:
         return node.schema if node.op == "zset_source" else node.params["user_schema"]
+
+    def _input_log_fields(self, node: Node) -> tuple[Any, list[tuple[str, str]]]:
+        """A source's raw input log: its user columns, and the fields after them (``__w``
+        of a Z-set source, the epoch)."""
+        return self._user_schema(node), [*_weight_field(node), *time_fields(1)]
 
     def _input_frame(self, node: Node, batch: Any, file: str | None, tier: Tier) -> Any:
         if isinstance(tier, LocalTier):

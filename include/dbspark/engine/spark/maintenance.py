@@ -34,7 +34,7 @@ from typing import Any
 from dbspark.circuit.builder import Node
 from dbspark.circuit.planner import trace_keys
 from dbspark.core.antichain import Antichain
-from dbspark.core.columns import EPOCH, EPOCH_TYPE, TOMBSTONE, WEIGHT, time_columns, time_fields
+from dbspark.core.columns import EPOCH, EPOCH_TYPE, TOMBSTONE, WEIGHT, time_columns
 from dbspark.core.timestamps import Time
 from dbspark.engine.batches import upsert_spec
 from dbspark.engine.dialect import dialect_of
@@ -63,6 +63,7 @@ class Maintenance:
         if not self.background_compaction:
             self.compact(epoch)
             return
+        self.wait_for_compaction()
         if self._background is None:
             self._background = BackgroundCompaction(self)
         self._background.start(epoch)
@@ -188,11 +189,9 @@ class Maintenance:
         root-level ``delay`` (a view at ``e`` may read its sources as of ``e - 1``,
         ``e - 2``, ...), counted over the whole circuit, which is never fewer than a
         path holds."""
-        merged = [
-            frontier[0][0]
-            for node_id in self.circuit.sources.values()
-            if (frontier := self.catalog.frontier(self.circuit.name, coll.input_log(node_id)))
-        ]
+        frontiers = self.catalog.frontiers(self.circuit.name)
+        logs = [coll.input_log(node_id) for node_id in self.circuit.sources.values()]
+        merged = [frontiers[log][0][0] for log in logs if frontiers.get(log)]
         if not merged:
             return 0
         return max(merged) + self._root_delays()
@@ -231,9 +230,8 @@ class Maintenance:
     def _merge_log_run(self, node: Node, collection: str, run: list[BatchRecord]) -> Compaction:
         """One run of a raw input log merged into one batch at its last epoch, committed in
         place of the run."""
-        zset = node.op == "zset_source"
-        user = node.schema if zset else node.params["user_schema"]
-        fields = [*user.fields, *([(WEIGHT, "bigint")] if zset else []), *time_fields(1)]
+        user, extra = self._input_log_fields(node)
+        fields = [*user.fields, *extra]
         last = tuple(run[-1].time)
         in_process = sum(b.rows for b in run) <= self.in_process_merge_rows
         if in_process:
@@ -243,7 +241,7 @@ class Maintenance:
 
             frame = self.warehouse.read(self.spark, run, spark_struct(fields))
         F = dialect_of(frame).F
-        if zset:
+        if node.op == "zset_source":
             merged = consolidate(frame.drop(EPOCH), list(user.names))
         else:
             winners = upsert_winners(upsert_spec(node), frame)  # ties: equal rows only
@@ -305,13 +303,11 @@ class BackgroundCompaction:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dbspark-compaction")
         self._pending: Future[None] | None = None
         self._view: Any = None
-        #: Seconds compactions took in the thread, and seconds closes waited for one.
-        self.seconds = 0.0
-        self.waited = 0.0
+        self.seconds = 0.0  # what the compactions took, in the thread
 
     def start(self, epoch: int) -> None:
-        """Compact after ``epoch`` in the thread (after the one before has finished)."""
-        self.finish()
+        """Compact after ``epoch`` in the thread; the one before must have finished."""
+        assert self._pending is None, "one compaction in the background at a time"
         if self._view is None:
             self._view = self._engine_view()
         self._pending = self._pool.submit(self._compact, epoch)
@@ -319,13 +315,8 @@ class BackgroundCompaction:
     def finish(self) -> None:
         """Wait for the compaction in the thread, raising its error."""
         pending, self._pending = self._pending, None
-        if pending is None:
-            return
-        started = time.perf_counter()
-        try:
+        if pending is not None:
             pending.result()
-        finally:
-            self.waited += time.perf_counter() - started
 
     def _engine_view(self) -> Any:
         """The engine as the thread sees it: its own catalog connection (waiting long

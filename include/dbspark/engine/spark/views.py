@@ -20,7 +20,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame
 
 from dbspark.circuit.builder import Node
-from dbspark.core.columns import WEIGHT, time_columns, time_fields
+from dbspark.core.columns import WEIGHT, time_columns
 from dbspark.core.types import Schema
 from dbspark.core.zset import ZSet
 from dbspark.engine.api import (
@@ -141,10 +141,7 @@ class Views:
         """Per source: its name, its user columns, the log's other fields (``__w`` of a
         Z-set source, the time) and the log's batches of epochs ``0..epoch``."""
         for name, node_id in self.circuit.sources.items():
-            node = self.circuit.node(node_id)
-            zset = node.op == "zset_source"
-            user = node.schema if zset else node.params["user_schema"]
-            extra = [*([(WEIGHT, "bigint")] if zset else []), *time_fields(1)]
+            user, extra = self._input_log_fields(self.circuit.node(node_id))
             records = self.catalog.batches(
                 self.circuit.name, coll.input_log(node_id), max_epoch=epoch
             )
