@@ -101,14 +101,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run(engine: Any, args: argparse.Namespace) -> int:
     epoch = engine.last_committed_epoch()
     if args.action == "compact-logs":
-        through = min(epoch - (args.keep_epochs or 0), engine.latest_mergeable_epoch())
-        done = (
-            [c for c in engine.compact_input_logs(through) if c.committed] if through >= 0 else []
-        )
+        from dbspark.orchestration.units import CompactLogsUnit
+
+        # The maintain task's unit, with the horizon given in epochs.
+        done = CompactLogsUnit(epoch, epoch - (args.keep_epochs or 0)).run(engine)
         print(
-            f"raw input logs of {engine.circuit.name!r} up to epoch {through}: {len(done)} "
-            f"merges replaced {sum(len(c.inputs) for c in done)} batches; full refresh "
-            f"replays from epoch {engine.replayable_from()}"
+            f"raw input logs of {engine.circuit.name!r} up to epoch {done['through_epoch']}: "
+            f"{done['merges']} merges replaced {done['batches_replaced']} batches; full "
+            f"refresh replays from epoch {done['replayable_from']}"
         )
         return 0
     if args.action == "verify":
