@@ -386,8 +386,8 @@ def sweep_unfinished_exports(
     now = time.time() if now is None else now
     removed = []
     for view in views:
-        for kind in (SNAPSHOT, CHANGES, CORRECTIONS):
-            base = Path(root) / circuit / view / kind
+        kinds = [output_dir(root, circuit, view, kind, 0).parent for kind in KINDS]
+        for base in [*kinds, corrections_dir(root, circuit, view)]:
             try:
                 children = list(base.iterdir())
             except (FileNotFoundError, NotADirectoryError):
