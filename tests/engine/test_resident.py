@@ -40,14 +40,20 @@ def expected_rows(table: pa.Table, column: str, wanted: pa.Array) -> pa.Table:
     values=st.lists(st.one_of(st.none(), st.integers(-20, 20)), max_size=60),
     wanted=st.lists(st.one_of(st.none(), st.integers(-25, 25)), max_size=12),
     presorted=st.booleans(),
+    distinct=st.booleans(),
 )
 def test_integer_index_finds_exactly_the_rows_of_a_filter(
-    values: list, wanted: list, presorted: bool
+    values: list, wanted: list, presorted: bool, distinct: bool
 ) -> None:
+    """Also with a probe said to hold each key once, whose codes are sorted, not
+    deduplicated."""
     if presorted:
         values = sorted(v for v in values if v is not None) + [None] * values.count(None)
+    if distinct:
+        wanted = list(dict.fromkeys(wanted))
     table = pa.table({"k": pa.array(values, pa.int64()), "row": pa.array(range(len(values)))})
-    probe = KeyProbe(pa.array(wanted, pa.int32()))  # another width: cast to the column's
+    # Another width: cast to the column's.
+    probe = KeyProbe(pa.array(wanted, pa.int32()), distinct=distinct)
     got = ResidentFile(table).rows_with("k", probe)
     assert got.to_pylist() == expected_rows(table, "k", pa.array(wanted, pa.int64())).to_pylist()
 
@@ -90,12 +96,18 @@ KEY_PAIRS = st.lists(st.tuples(ORIGINS, HOURS), max_size=40)
 
 
 @settings(max_examples=150, deadline=None)
-@given(stored=KEY_PAIRS, wanted=st.lists(st.tuples(ORIGINS, HOURS), max_size=10))
+@given(
+    stored=KEY_PAIRS,
+    wanted=st.lists(st.tuples(ORIGINS, HOURS), max_size=10),
+    distinct=st.booleans(),
+)
 def test_a_composite_index_finds_exactly_the_rows_of_every_key_column(
-    stored: list, wanted: list
+    stored: list, wanted: list, distinct: bool
 ) -> None:
     """A key that leads with a column of few values (``origin``) is matched on all its
     columns at once, NULL equal to NULL, with nothing left for the caller to check."""
+    if distinct:
+        wanted = list(dict.fromkeys(wanted))
     origins, hours = (list(c) for c in zip(*stored, strict=True)) if stored else ([], [])
     table = pa.table(
         {
@@ -105,7 +117,9 @@ def test_a_composite_index_finds_exactly_the_rows_of_every_key_column(
         }
     )
     w_origins, w_hours = (list(c) for c in zip(*wanted, strict=True)) if wanted else ([], [])
-    probe = KeyProbe(pa.array(w_origins, pa.string()), pa.array(w_hours, pa.int32()))
+    probe = KeyProbe(
+        pa.array(w_origins, pa.string()), pa.array(w_hours, pa.int32()), distinct=distinct
+    )
     resident = ResidentFile(table)
     got = resident.rows_with(("origin", "hour"), probe)
     assert resident.covers(("origin", "hour"))

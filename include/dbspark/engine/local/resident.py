@@ -64,10 +64,14 @@ def default_resident_bytes() -> int:
 
 class KeyProbe:
     """The wanted keys of a lookup, one array per key column, cast once per type for the
-    many files (one per bucket) a lookup searches."""
+    many files (one per bucket) a lookup searches. ``distinct``: no key occurs twice (a
+    gathered key set), so a file whose index covers every column can sort the probe's
+    codes instead of deduplicating them (``np.unique`` hashes, then sorts: four times a
+    sort's cost at a 1% W1 change, once per batch searched)."""
 
-    def __init__(self, *columns: pa.Array | pa.ChunkedArray) -> None:
+    def __init__(self, *columns: pa.Array | pa.ChunkedArray, distinct: bool = False) -> None:
         self.columns = columns
+        self.distinct = distinct
         self._as: dict[tuple[int, pa.DataType], pa.Array | pa.ChunkedArray] = {}
 
     @property
@@ -180,7 +184,11 @@ class _KeyIndex:
         """Rows (ascending) whose covered key columns equal a probe key's (NULL = NULL)."""
         codes = [e.probe(probe.cast(i, e.kind)) for i, e in enumerate(self.encoders)]
         held = np.logical_and.reduce([c >= 0 for c in codes])
-        wanted = np.unique(_combine([c[held] for c in codes], self.strides))
+        combined = _combine([c[held] for c in codes], self.strides)
+        # Codes are exact: distinct keys over every column give distinct codes. Sorted,
+        # the probes also search the sorted codes several times faster.
+        exact = probe.distinct and len(self.encoders) == len(probe.columns)
+        wanted = np.sort(combined) if exact else np.unique(combined)
         if not len(wanted):
             return np.empty(0, np.int64)
         lo = np.searchsorted(self.sorted_codes, wanted, side="left")

@@ -300,8 +300,12 @@ class LocalTier:
             parts = [f.table for f in loaded]
         else:
             types = [arrow_type(dict(fields)[k]) for k in key_cols]
-            wanted_keys = keys.frame.toArrow()
-            probe = KeyProbe(*[wanted_keys.column(i).cast(t) for i, t in enumerate(types)])
+            # A key set's table holds its keys once each (``KeySet``).
+            wanted_keys = keys.table if keys.table is not None else keys.frame.toArrow()
+            probe = KeyProbe(
+                *[wanted_keys.column(i).cast(t) for i, t in enumerate(types)],
+                distinct=keys.table is not None,
+            )
             # The key columns too: a partial index leaves some for the semi-join below.
             wanted = list(dict.fromkeys([*names, *key_cols]))
             parts = [f.rows_with(key_cols, probe, wanted) for f in loaded]
