@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as dt
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -135,6 +136,26 @@ def test_a_float_key_column_is_left_to_the_caller() -> None:
     assert not resident.covers(("k", "v")) and resident.covers("k")
     got = resident.rows_with(("k", "v"), KeyProbe(pa.array([2]), pa.array([-0.0])))
     assert got.column("k").to_pylist() == [2, 2]
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    keys=st.lists(st.integers(-50, 50), unique=True, max_size=40),
+    wanted=st.lists(st.one_of(st.none(), st.integers(-60, 60)), max_size=12),
+    shuffle=st.randoms(),
+)
+def test_a_file_of_unique_keys_is_searched_once_per_probe(
+    keys: list, wanted: list, shuffle: Any
+) -> None:
+    """Where no key occurs twice (one search per probe key), every match and no other row
+    is found, in file order, whatever the file's order, the empty file included."""
+    shuffle.shuffle(keys)
+    table = pa.table({"k": pa.array(keys, pa.int64()), "row": pa.array(range(len(keys)))})
+    resident = ResidentFile(table)
+    index = resident.index("k")
+    assert index is not None and index.unique
+    got = resident.rows_with("k", KeyProbe(pa.array(wanted, pa.int64())))
+    assert got.to_pylist() == expected_rows(table, "k", pa.array(wanted, pa.int64())).to_pylist()
 
 
 def test_probe_values_outside_an_integer_range_find_nothing() -> None:

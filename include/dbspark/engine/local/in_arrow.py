@@ -657,4 +657,5 @@ def _key_values(values: ArrowValues) -> ArrowValues:
 
 
 def _rows(table: pa.Table) -> pa.Array:
-    return pa.array(range(table.num_rows), pa.int64())
+    # From numpy without a copy: from a Python range, each number is a Python object.
+    return pa.array(np.arange(table.num_rows, dtype=np.int64))

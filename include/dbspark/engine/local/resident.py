@@ -146,6 +146,7 @@ class _KeyIndex:
     strides: list[int]
     sorted_codes: np.ndarray
     positions: np.ndarray | None  # the row of each sorted code; None when rows are sorted
+    unique: bool = False  # no code twice (a key's one row): one search per probe, not two
 
     @classmethod
     def build(cls, table: pa.Table, columns: tuple[str, ...]) -> _KeyIndex | None:
@@ -173,7 +174,8 @@ class _KeyIndex:
             positions = np.argsort(combined, kind="stable")
             combined = combined[positions]
         covered = tuple(columns[: len(encoders)])
-        return cls(covered, encoders, strides, combined, positions)
+        unique = len(combined) < 2 or bool(np.all(combined[1:] != combined[:-1]))
+        return cls(covered, encoders, strides, combined, positions, unique)
 
     @property
     def nbytes(self) -> int:
@@ -192,6 +194,12 @@ class _KeyIndex:
         if not len(wanted):
             return np.empty(0, np.int64)
         lo = np.searchsorted(self.sorted_codes, wanted, side="left")
+        if self.unique:
+            if not len(self.sorted_codes):
+                return np.empty(0, np.int64)
+            found = np.minimum(lo, len(self.sorted_codes) - 1)
+            ranks = lo[self.sorted_codes[found] == wanted]
+            return ranks if self.positions is None else np.sort(self.positions[ranks])
         hi = np.searchsorted(self.sorted_codes, wanted, side="right")
         hit = hi > lo
         lo, hi = lo[hit], hi[hit]
