@@ -25,6 +25,7 @@ epoch after epoch pays once. The warm-up's time is kept (``first_s``) and report
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from collections.abc import Callable, Sequence
@@ -62,6 +63,7 @@ class Series:
     ) -> None:
         self.bench = bench
         self.workload = workload
+        self.name = name
         self.root = bench.work / workload / name
         shutil.rmtree(self.root, ignore_errors=True)
         self.landing = self.root / "landing"
@@ -104,6 +106,36 @@ class Series:
         measurement.params["resident_bytes"] = resident
         self.loaded = self.bench.results.add(measurement)
         return measurement
+
+    def warm(self) -> None:
+        """Load the engine's traces into memory (``SparkEngine.warm``), untimed."""
+        self.engine.warm()
+
+    def branch(self, name: str) -> Series:
+        """Another series (``name``) over a copy of this one's warehouse as it stands and
+        its landed batches so far (linked, not copied): epochs that must start from this
+        state. Its engine is built, and warmed, when asked for (``warm``)."""
+        other = Series(
+            self.bench,
+            self.workload,
+            name,
+            self.circuit,
+            self.size,
+            self.params,
+            self.warm_batch,
+        )
+        self.engine.wait_for_compaction()  # its catalog is not being written meanwhile
+        shutil.copytree(self.root / "warehouse", other.root / "warehouse")
+        shutil.copytree(self.landing, other.landing, copy_function=os.link)
+        other.loaded = self.loaded
+        return other
+
+    def close(self) -> None:
+        """Let the engine go, its compaction finished: its resident traces with it."""
+        if self._engine is not None:
+            self._engine.wait_for_compaction()
+            self._engine.catalog.close()
+            self._engine = None
 
     def spent(self) -> float:
         """Seconds this series has measured so far (load, epochs and refreshes)."""

@@ -4,8 +4,11 @@ Per scale factor: the base load (epoch 0), then epochs that change about 0.1% an
 of every table (updates, deletes, new orders): per size a warm-up epoch and three more,
 whose median is compared against a full refresh of the same snapshot and against a warm
 batch of Q3 over the current tables. For alpha (with more
-than one scale factor), one more epoch per scale factor changes a fixed number of rows
-(0.1% of the smallest scale factor), so only the base size varies. The largest scale
+than one scale factor), epochs of each scale factor change a fixed number of rows (0.1%
+of the smallest scale factor), so only the base size varies. They run on a copy of the
+warehouse made right after the load, so that their traces hold the load and nothing
+else at every scale factor (after the 1% epochs, they would also hold batches of 1% of
+each base), and their median is of ``ALPHA_RUNS`` epochs. The largest scale
 factor also runs the sweep's larger deltas (default 5%, past the local tier's
 threshold), for the plot of epoch time against delta size.
 """
@@ -29,6 +32,9 @@ SEED = 20261123
 WARM_BATCH = WarmBatch(TPCH_KEYS, queries.TPCH_Q3)
 #: Epochs of each size after the warm-up one; the median is compared (as the warm batch).
 RUNS = 3
+#: Epochs of the fixed delta after its warm-up: one point of a slope across scale
+#: factors, and a small epoch's time varies more than a large one's.
+ALPHA_RUNS = 5
 
 
 def run(
@@ -70,35 +76,43 @@ def run(
             loaded = bench.work / WORKLOAD / "airflow-base"
             shutil.rmtree(loaded, ignore_errors=True)
             shutil.copytree(series.root / "warehouse", loaded)
-        plan = [(f, False) for f in fractions]
+        plan = [(series, f, False) for f in fractions]
         if len(scale_factors) > 1:
-            plan.append((fractions[0] * smallest_rows / rows, True))
+            alpha = series.branch(f"sf{sf:g}-alpha")
+            plan.append((alpha, fractions[0] * smallest_rows / rows, True))
         if largest:
-            plan.extend((f, False) for f in sweep_fractions)
-        last = 0
-        for step, (fraction, fixed_delta) in enumerate(plan):
+            plan.extend((series, f, False) for f in sweep_fractions)
+        last: dict[str, int] = {}  # each series' last epoch
+        for step, (on, fraction, fixed_delta) in enumerate(plan):
             if not series.fits(f"SF {sf:g}: epochs from fraction {fraction:g} on", 2.5):
                 break
-            epochs = range(last + 1, last + 2 + runs)
-            last = epochs[-1]
+            size_runs = max(runs, ALPHA_RUNS) if fixed_delta else runs
+            first = last.get(on.name, 0) + 1
+            epochs = range(first, first + 1 + size_runs)
+            last[on.name] = epochs[-1]
             for epoch in epochs:
-                series.land(epoch, tpch.change_tables(base, fraction, epoch, SEED))
+                on.land(epoch, tpch.change_tables(base, fraction, epoch, SEED))
             params = {"fraction": fraction, "fixed_delta": fixed_delta}
+            if fixed_delta:
+                on.warm()
             earlier = []
             for epoch in epochs[:-1]:
-                earlier.append(series.advance(epoch, **params))
-            series.compare(
+                earlier.append(on.advance(epoch, **params))
+            on.compare(
                 epochs[-1],
                 earlier=earlier,
                 # The first size at the largest SF also runs with the local tier off.
                 spark_only=spark_only_first and largest and step == 0,
-                not_resident=largest,
+                not_resident=largest and not fixed_delta,
                 **params,
             )
+            if fixed_delta:
+                on.close()  # its resident traces are not needed again
             if loaded is not None and step == 0:
                 # After the size's measurements, so that Airflow's processes slow none.
                 from benchmarks.workloads import w1_airflow
 
                 w1_airflow.run(bench, series, loaded, list(epochs))
+        series.close()  # the next scale factor's traces take its memory
         landings[sf] = series.landing
     return landings
