@@ -109,7 +109,7 @@ def test_compare_names_each_kind_of_change() -> None:
     assert rekeyed.sources == {"orders": ["key ['order_id'] -> ['order_id', 'cust_id']"]}
     assert rekeyed.source_semantics_changed == ["orders"]
     assert rekeyed.changed == ["orders_current", "region_totals"]
-    with pytest.raises(ValueError, match="signature of format 7"):
+    with pytest.raises(ValueError, match="signature of format 7; this version reads formats 1, 2"):
         compare({**kept, "format": 7}, orders())
 
 
@@ -121,12 +121,12 @@ def test_compare_names_each_kind_of_change() -> None:
             [
                 "views added: big_orders\n",
                 "views unchanged: customers_current, orders_current, region_totals",
-                "does not yet evolve a circuit in place",
+                "It can evolve in place (views added or changed rebuilt",
             ],
         ),
         (
             lambda: orders(without_totals=True),
-            ["views removed: region_totals\n", "does not yet evolve"],
+            ["views removed: region_totals\n", "open the engine with evolve=True"],
         ),
         (
             lambda: orders(key=("order_id", "cust_id")),

@@ -17,7 +17,12 @@ a fingerprint of what it computes, independent of its position in the circuit:
   distance to the node it reads.
 
 :func:`signature` is what a warehouse keeps of a definition; :func:`compare` says how a
-new definition differs from a kept signature (:class:`Evolution`).
+new definition differs from a kept signature (:class:`Evolution`), and :func:`map_nodes`
+which of the new definition's nodes compute what a kept node computed, so that their
+stored state (named by node id) carries over when the circuit evolves in place
+(``engine/spark/evolve.py``). Since signature format 2 the signature keeps every node's
+fingerprint, by id, for that mapping; a format 1 signature can say what changed, but
+its circuit cannot evolve.
 """
 
 from __future__ import annotations
@@ -31,7 +36,9 @@ from typing import Any
 from dbspark.circuit.builder import Circuit
 from dbspark.circuit.fingerprint import _normal
 
-SIGNATURE_FORMAT = 1
+SIGNATURE_FORMAT = 2
+#: Formats ``compare`` reads (format 1 lacks the nodes' fingerprints).
+READABLE_FORMATS = (1, 2)
 SOURCE_OPS = ("zset_source", "upsert_source")
 #: What an upsert source's stored state depends on, beyond its schema.
 SOURCE_SEMANTICS = ("key", "watermark", "tombstone", "tombstone_value")
@@ -78,6 +85,7 @@ def signature(circuit: Circuit) -> dict[str, Any]:
         "circuit": circuit.name,
         "views": {name: prints[node_id] for name, node_id in sorted(circuit.views.items())},
         "sources": sources,
+        "nodes": [prints[node.id] for node in circuit.nodes],
     }
 
 
@@ -124,9 +132,10 @@ class Evolution:
             lines.append(f"source {name!r}: {'; '.join(what)}")
         return "\n".join(lines) if lines else "no difference in views or sources"
 
-    def refusal(self) -> str:
-        """Why a warehouse kept for the old definition cannot run the new one yet, what
-        changed, and what to do."""
+    def refusal(self, obstacles: list[str] | None = None) -> str:
+        """Why a warehouse kept for the old definition cannot run the new one, what
+        changed, and what to do. ``obstacles``: why it cannot evolve in place
+        (:func:`evolution_obstacles`); None when evolving was not asked for."""
         text = (
             f"the definition of circuit {self.circuit!r} changed since its warehouse's "
             f"state was kept:\n  " + self.describe().replace("\n", "\n  ")
@@ -141,22 +150,29 @@ class Evolution:
                 f"a new circuit name or on a new warehouse, whose first epoch ingests the "
                 f"input again (or restore the old definition)."
             )
+        elif obstacles:
+            text += (
+                "\nIt cannot evolve in place: "
+                + "; ".join(obstacles)
+                + ". Restore the old definition, or run the new one as a new circuit name "
+                "or on a new warehouse."
+            )
         else:
             text += (
-                "\nThis version of dbspark does not yet evolve a circuit in place (issue "
-                "16: views added or changed would be rebuilt from the raw input log and "
-                "the others continue). Restore the old definition, or run the new one as "
-                "a new circuit name or on a new warehouse."
+                "\nIt can evolve in place (views added or changed rebuilt from the raw "
+                "input log, views removed retired, the others continuing): open the engine "
+                "with evolve=True (an Airflow DAG run does so in its open_epoch task), or "
+                "restore the old definition."
             )
         return text
 
 
 def compare(kept: Mapping[str, Any], circuit: Circuit) -> Evolution:
     """How ``circuit`` differs from the ``kept`` signature of its earlier definition."""
-    if kept.get("format") != SIGNATURE_FORMAT:
+    if kept.get("format") not in READABLE_FORMATS:
         raise ValueError(
             f"a circuit signature of format {kept.get('format')!r}; this version reads "
-            f"format {SIGNATURE_FORMAT}"
+            f"formats {', '.join(map(str, READABLE_FORMATS))}"
         )
     new = signature(circuit)
     evolution = Evolution(circuit.name)
@@ -191,3 +207,75 @@ def _source_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]
     if old.get("schema") != new.get("schema"):
         changes.append(f"schema {old.get('schema')} -> {new.get('schema')}")
     return changes or ["definition changed"]
+
+
+@dataclass
+class NodeMapping:
+    """Where an evolved circuit's stored state comes from. ``kept`` maps each new node
+    id whose node computes what a kept node computed (the same fingerprint) to the old
+    id its state is stored under; ``fresh`` new nodes compute something no old node did;
+    ``retired`` old ids no new node keeps."""
+
+    kept: dict[int, int]
+    fresh: list[int]
+    retired: list[int]
+
+
+def map_nodes(kept: Mapping[str, Any], circuit: Circuit) -> NodeMapping | None:
+    """Each node of ``circuit`` matched to a node of the ``kept`` signature's definition
+    computing the same thing (nodes of one fingerprint matched in id order); None when
+    the signature predates the nodes' fingerprints (format 1)."""
+    old = kept.get("nodes")
+    if kept.get("format") != SIGNATURE_FORMAT or not isinstance(old, list):
+        return None
+    unused: dict[str, list[int]] = {}
+    for old_id, fingerprint in enumerate(old):
+        unused.setdefault(fingerprint, []).append(old_id)
+    mapping = NodeMapping({}, [], [])
+    for new_id, fingerprint in sorted(node_fingerprints(circuit).items()):
+        candidates = unused.get(fingerprint)
+        if candidates:
+            mapping.kept[new_id] = candidates.pop(0)
+        else:
+            mapping.fresh.append(new_id)
+    mapping.retired = sorted(i for ids in unused.values() for i in ids)
+    return mapping
+
+
+#: Operators whose state a full refresh at one epoch does not give: what a ``delay``
+#: holds is its input's last change, and a ``join_function`` may hold rows due later.
+UNSEEDABLE_OPS = frozenset({"delay", "join_function"})
+
+
+def evolution_obstacles(
+    evolution: Evolution, mapping: NodeMapping | None, circuit: Circuit
+) -> list[str]:
+    """Why ``circuit`` cannot evolve in place from the kept definition (empty: it can):
+    a source changed in anything but being added or removed, a signature too old to map
+    nodes, a new or changed node inside a loop (its trace holds every iteration's
+    differences, which a full refresh at one epoch does not give), or a new node whose
+    state is a pending change (``UNSEEDABLE_OPS``)."""
+    reasons = []
+    for name, what in sorted(evolution.sources.items()):
+        if what not in (["added"], ["removed"]):
+            reasons.append(f"source {name!r} changed ({'; '.join(what)})")
+    if mapping is None:
+        reasons.append(
+            "the warehouse's signature was kept by an older version of dbspark, without "
+            "the nodes' fingerprints"
+        )
+        return reasons
+    for node_id in mapping.fresh:
+        node = circuit.node(node_id)
+        scope = circuit.scope(node.scope)
+        if scope.depth > 1:
+            reasons.append(
+                f"node {node.label!r} ({node.op}) inside loop {scope.name!r} is new or "
+                "changed: a loop's traces are not rebuilt in place"
+            )
+        elif node.op in UNSEEDABLE_OPS:
+            reasons.append(
+                f"node {node.label!r} ({node.op}) is new or changed: its pending changes "
+                "are not rebuilt in place"
+            )
+    return list(dict.fromkeys(reasons))

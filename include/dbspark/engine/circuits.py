@@ -37,9 +37,22 @@ class CircuitChangedError(CircuitDefinitionChanged):
     """A circuit's definition differs from the one its warehouse's state was kept for;
     ``evolution`` says how."""
 
-    def __init__(self, message: str, evolution: Evolution) -> None:
+    def __init__(
+        self,
+        message: str,
+        evolution: Evolution,
+        *,
+        kept: dict[str, Any] | None = None,
+        stored: str | None = None,
+        fingerprint: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.evolution = evolution
+        #: The kept definition's signature, its fingerprint (the catalog's) and the new
+        #: definition's: what an evolution in place needs (``engine/spark/evolve.py``).
+        self.kept = kept
+        self.stored = stored
+        self.fingerprint = fingerprint
 
 
 def signature_path(warehouse: str | os.PathLike[str], circuit: str) -> Path:
@@ -65,6 +78,9 @@ def register(catalog: Catalog, warehouse: str | os.PathLike[str], circuit: Circu
             f"{evolution.refusal()}\n(circuit {circuit.name!r}: fingerprint {fingerprint}, "
             f"the warehouse's {stored})",
             evolution,
+            kept=kept["signature"],
+            stored=stored,
+            fingerprint=fingerprint,
         ) from None
     kept = _read(path)
     if kept is None or kept.get("fingerprint") != fingerprint:

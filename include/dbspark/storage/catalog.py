@@ -54,6 +54,10 @@ KINDS = ("delta", "trace", "view", "changes")
 EPOCH_STATES = ("open", "committed")
 
 
+#: A collection's name in the middle of an evolution's renames (never seen outside it).
+_EVOLVING = "~evolving~"
+
+
 class CatalogError(RuntimeError):
     """The catalog refuses an operation that would leave it inconsistent."""
 
@@ -715,6 +719,106 @@ class Catalog:
                 "Use a new circuit name or a new warehouse, or rebuild with a full refresh."
             )
 
+    def evolve_circuit(
+        self,
+        circuit: str,
+        *,
+        old_fingerprint: str,
+        new_fingerprint: str,
+        stage: str,
+        epoch: int,
+        renames: Mapping[str, str],
+        new_batches: Iterable[BatchRecord] = (),
+        supersede: Iterable[int] = (),
+        retire: Iterable[str] = (),
+    ) -> bool:
+        """Carry a circuit's state over to a new definition, in one transaction, as the
+        commit ``stage`` at ``(epoch,)``: rename collections (``renames``, old name -> new:
+        a node that computes the same thing under another id), register ``new_batches``
+        (the new nodes' state, written already), supersede the batches ``supersede`` and
+        forget the compaction frontiers of the collections ``retire``, then record
+        ``new_fingerprint``. Returns False, changing nothing, when the circuit already has
+        ``new_fingerprint`` (another process evolved it). Refused while an epoch is open
+        (its units ran under the old definition), and when the stored fingerprint is
+        neither ``old_fingerprint`` nor the new one."""
+        batches = list(new_batches)
+        supersede_ids = list(dict.fromkeys(int(i) for i in supersede))
+        _check_new_batches(circuit, batches)
+        self._make_durable(batches)
+        committed = False
+        bt, ft, et = batches_table, frontiers_table, epochs_table
+        try:
+            with self._write() as conn:
+                self._lock_circuit(conn, circuit, exclusive=True)
+                stored = self._fingerprint(conn, circuit)
+                if stored == new_fingerprint:
+                    return False
+                if stored != old_fingerprint:
+                    raise CircuitDefinitionChanged(
+                        f"circuit {circuit!r} changed while evolving: its fingerprint is "
+                        f"{stored}, expected {old_fingerprint} (or {new_fingerprint})"
+                    )
+                open_epochs = (
+                    conn.execute(
+                        sa.select(et.c.epoch).where(et.c.circuit == circuit, et.c.state == "open")
+                    )
+                    .scalars()
+                    .all()
+                )
+                if open_epochs:
+                    raise CatalogError(
+                        f"circuit {circuit!r} cannot take a new definition while epoch "
+                        f"{min(open_epochs)} is open: its units ran under the old one. "
+                        "Finish (or clear) that epoch's run with the old definition first."
+                    )
+                run_id = conn.execute(
+                    stage_runs_table.insert().values(
+                        circuit=circuit,
+                        stage=stage,
+                        time=encode_time((epoch,)),
+                        epoch=epoch,
+                        finished_at=self._stamp(),
+                    )
+                ).inserted_primary_key[0]
+                gone = list(dict.fromkeys(retire))
+                for start in range(0, len(gone), 500):
+                    conn.execute(
+                        ft.delete().where(
+                            ft.c.circuit == circuit, ft.c.collection.in_(gone[start : start + 500])
+                        )
+                    )
+                # In two steps: a new name may be the old name of another node kept.
+                steps = [
+                    {old: f"{_EVOLVING}{new}" for old, new in renames.items()},
+                    {f"{_EVOLVING}{new}": new for new in renames.values()},
+                ]
+                for step in steps:
+                    for before, after in step.items():
+                        for table in (bt, ft):
+                            conn.execute(
+                                table.update()
+                                .where(table.c.circuit == circuit, table.c.collection == before)
+                                .values(collection=after)
+                            )
+                if supersede_ids:
+                    self._supersede(conn, circuit, supersede_ids, run_id, f"evolution {stage!r}")
+                if batches:
+                    now = _now()
+                    conn.execute(
+                        _INSERT_BATCHES,
+                        [{**_batch_values(b, now), "created_by": run_id} for b in batches],
+                    )
+                conn.execute(
+                    circuits_table.update()
+                    .where(circuits_table.c.name == circuit)
+                    .values(fingerprint=new_fingerprint)
+                )
+                committed = True
+                return True
+        finally:
+            if not committed:
+                self._forget_pending(batches)
+
     def circuit_fingerprint(self, name: str) -> str | None:
         with self._read() as conn:
             return self._fingerprint(conn, name)
@@ -963,6 +1067,7 @@ class Catalog:
         loop_iteration: LoopIteration | None = None,
         frontiers: Mapping[str, Iterable[Sequence[int]]] | None = None,
         input_fingerprint: str | None = None,
+        supersede_in: str | None = None,
     ) -> bool:
         """Commit one stage's work at ``time`` in one transaction.
 
@@ -972,7 +1077,8 @@ class Catalog:
         batch an ingest unit consumed, and inserts the ``stage_runs`` row.
         Returns False, changing nothing, when this stage already committed at ``time``.
         Anything invalid (a superseded batch that is missing, already superseded or of
-        another circuit; a batch of another circuit) raises and rolls everything back.
+        another circuit; a batch of another circuit; with ``supersede_in``, one no longer
+        in that collection, which an evolution renamed) raises and rolls everything back.
         """
         batches = list(new_batches)
         supersede_ids = list(dict.fromkeys(int(i) for i in supersede))
@@ -989,6 +1095,7 @@ class Catalog:
                 loop_iteration,
                 frontiers,
                 input_fingerprint,
+                supersede_in,
             )
             return committed
         finally:
@@ -1013,6 +1120,7 @@ class Catalog:
         loop_iteration: LoopIteration | None,
         frontiers: Mapping[str, Iterable[Sequence[int]]] | None,
         input_fingerprint: str | None,
+        supersede_in: str | None = None,
     ) -> bool:
         time_text = encode_time(time)
         epoch = int(next(iter(time)))
@@ -1044,7 +1152,12 @@ class Catalog:
                     )
                 if supersede_ids:
                     self._supersede(
-                        conn, circuit, supersede_ids, run_id, f"stage {stage!r} at {time_text}"
+                        conn,
+                        circuit,
+                        supersede_ids,
+                        run_id,
+                        f"stage {stage!r} at {time_text}",
+                        collection=supersede_in,
                     )
                 if loop_iteration is not None:
                     self._insert_loop_iteration(conn, circuit, loop_iteration, now)
@@ -1079,16 +1192,22 @@ class Catalog:
 
     @staticmethod
     def _supersede(
-        conn: Connection, circuit: str, batch_ids: list[int], run_id: int, by: str
+        conn: Connection,
+        circuit: str,
+        batch_ids: list[int],
+        run_id: int,
+        by: str,
+        *,
+        collection: str | None = None,
     ) -> None:
-        """Mark the live batches ``batch_ids`` of ``circuit`` replaced by stage run
-        ``run_id`` (``by`` names it in the error when one is missing or already gone)."""
+        """Mark the live batches ``batch_ids`` of ``circuit`` (of ``collection``, if given)
+        replaced by stage run ``run_id`` (``by`` names it in the error when one is
+        missing or already gone)."""
         bt = batches_table
-        done = conn.execute(
-            bt.update()
-            .where(bt.c.id.in_(batch_ids), bt.c.circuit == circuit, bt.c.superseded_by.is_(None))
-            .values(superseded_by=run_id)
-        ).rowcount
+        where = [bt.c.id.in_(batch_ids), bt.c.circuit == circuit, bt.c.superseded_by.is_(None)]
+        if collection is not None:
+            where.append(bt.c.collection == collection)
+        done = conn.execute(bt.update().where(*where).values(superseded_by=run_id)).rowcount
         if done != len(batch_ids):
             raise CatalogError(
                 f"{by} supersedes batches {batch_ids} of circuit {circuit!r}, but only {done} "
@@ -1208,6 +1327,22 @@ class Catalog:
         q = sa.select(t.c.collection).where(t.c.circuit == circuit).distinct()
         with self._read() as conn:
             return sorted(r.collection for r in conn.execute(q))
+
+    def all_collections(self, circuit: str) -> set[str]:
+        """Every collection name ``circuit`` has a batch (live or not) or a frontier of."""
+        bt, ft = batches_table, frontiers_table
+        with self._read() as conn:
+            names = set(
+                conn.execute(sa.select(bt.c.collection).where(bt.c.circuit == circuit).distinct())
+                .scalars()
+                .all()
+            )
+            names.update(
+                conn.execute(sa.select(ft.c.collection).where(ft.c.circuit == circuit))
+                .scalars()
+                .all()
+            )
+        return names
 
     def all_batches(self, circuit: str | None = None) -> list[BatchRecord]:
         q = sa.select(batches_table).order_by(batches_table.c.id)

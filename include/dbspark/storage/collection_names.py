@@ -78,6 +78,32 @@ def parse(collection: str) -> CollectionName | None:
     return CollectionName(match["part"] or "delta", node)
 
 
+def renumbered(collection: str, node_id: int) -> str:
+    """``collection``'s name for the same kind of state of node ``node_id`` (an evolved
+    circuit's node that computes what another id's node did)."""
+    parsed = parse(collection)
+    if parsed is None or parsed.node is None:
+        raise ValueError(f"collection {collection!r} does not belong to a node")
+    if parsed.kind == "arranged":
+        assert parsed.port is not None
+        return arranged(node_id, parsed.port)
+    named = {
+        "delta": delta,
+        "state": state,
+        "input": input_log,
+        "scheduled": scheduled,
+    }[parsed.kind]
+    return named(node_id)
+
+
+EVOLVE_PREFIX = "evolve:"
+
+
+def evolve_stage(fingerprint: str) -> str:
+    """The stage an evolution to the definition ``fingerprint`` commits as."""
+    return f"{EVOLVE_PREFIX}{fingerprint}"
+
+
 def view_name(collection: str) -> str | None:
     """The view whose published changes ``collection`` holds, or None."""
     parsed = parse(collection)

@@ -379,6 +379,8 @@ class TraceStore:
                 meet,
                 supersede=[b.id for b in chosen if b.id is not None],
                 frontiers={collection: frontier.elements},
+                # A circuit evolved meanwhile may have renamed the collection.
+                supersede_in=collection,
             )
         except CatalogError:
             if not self._superseded_meanwhile(collection, chosen):

@@ -51,11 +51,12 @@ from dbspark.engine.api import (
     require_sources,
 )
 from dbspark.engine.batches import upsert_spec
-from dbspark.engine.circuits import register
+from dbspark.engine.circuits import CircuitChangedError, register
 from dbspark.engine.epoch_units import Units, epoch_units, stage_inputs
 from dbspark.engine.local.resident import default_resident_bytes
 from dbspark.engine.local.tier import LocalTier
 from dbspark.engine.spark.evaluate import Evaluation, OperatorEvaluation, evaluate
+from dbspark.engine.spark.evolve import EvolutionReport, Evolve
 from dbspark.engine.spark.gateway import remember_jvm_lookups
 from dbspark.engine.spark.ingest import Ingest
 from dbspark.engine.spark.loops import Loops
@@ -107,8 +108,13 @@ def default_background_compaction() -> bool:
     return bool(int_setting("DBSPARK_BACKGROUND_COMPACTION", 0, minimum=0))
 
 
-class SparkEngine(Ingest, OperatorEvaluation, Loops, Views, Maintenance):
-    """Runs a circuit incrementally on Spark with traces in a warehouse and a SQL catalog."""
+class SparkEngine(Ingest, OperatorEvaluation, Loops, Views, Maintenance, Evolve):
+    """Runs a circuit incrementally on Spark with traces in a warehouse and a SQL catalog.
+
+    A warehouse kept for another definition of the circuit is refused, saying what
+    changed (``CircuitChangedError``); with ``evolve``, the new definition takes the
+    state over instead, the views added or changed rebuilt from the raw input log and
+    the rest continuing (``evolve.py``; what it did is ``evolved``)."""
 
     def __init__(
         self,
@@ -122,6 +128,7 @@ class SparkEngine(Ingest, OperatorEvaluation, Loops, Views, Maintenance):
         local_rows: int | None = None,
         resident_bytes: int | None = None,
         background_compaction: bool | None = None,
+        evolve: bool = False,
     ) -> None:
         self.circuit = circuit
         #: On the Spark tier, upsert batches of up to this many rows are decided on the
@@ -167,11 +174,18 @@ class SparkEngine(Ingest, OperatorEvaluation, Loops, Views, Maintenance):
         )
         self._local: LocalTier | None = None
         self._spark_tier: SparkTier | None = None
-        # A changed definition is refused saying what changed (engine/circuits.py).
-        register(self.catalog, self.root, circuit)
         self._specs = {n.id: upsert_spec(n) for n in circuit.nodes if n.op == "upsert_source"}
         self._stored = _stored_deltas(circuit, self.plan)
         self._key_sets: dict[tuple[Any, ...], KeySet] = {}  # see _keys_of
+        #: What evolving to this definition did, if this engine did it (``evolve``).
+        self.evolved: EvolutionReport | None = None
+        # A changed definition is refused saying what changed (engine/circuits.py).
+        try:
+            register(self.catalog, self.root, circuit)
+        except CircuitChangedError as changed:
+            if not evolve:
+                raise
+            self.evolved = self._evolve(changed)
 
     @property
     def spark(self) -> SparkSession:

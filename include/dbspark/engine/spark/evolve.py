@@ -1,0 +1,232 @@
+"""Evolving a circuit in place: a new definition takes over its warehouse's state.
+
+When a circuit's definition changes, the views added or changed are rebuilt from the
+raw input log and everything else continues incrementally (issue 16). State is stored
+by node id (``storage/collection_names.py``), and ids shift when nodes are added or
+removed, so the new definition's nodes are first matched to the old ones by what they
+compute (``circuit/evolution.py``, ``map_nodes``):
+
+- a **kept** node (same fingerprint: same operator, parameters and inputs, at any
+  distance) keeps its state: its collections are renamed to its new id;
+- a **fresh** node (new, or reading something that changed) at the root clock gets its
+  state from a full refresh of the kept input logs as of the last committed epoch: a
+  join's, distinct's or aggregate's arranged inputs are the accumulated values of its
+  inputs, one batch each at ``(epoch,)``; a new or changed view's published collection
+  is its accumulated value (as ``rebuild`` writes it);
+- a **retired** old node's state, and the removed and changed views', is superseded
+  (garbage collection deletes it later).
+
+All of it is one catalog transaction with the new fingerprint (``Catalog.evolve_circuit``),
+refused while an epoch is open, and recorded as the commit ``evolve:<fingerprint>`` at
+the last committed epoch. Not evolved in place (refused, saying why): a source whose
+definition changed (its stored state or log means something else), a new node inside a
+loop (a loop's traces hold every iteration's differences, which one full refresh does
+not give) or a new ``delay`` or ``join_function`` (their state is a pending change).
+
+The published outputs (change feeds, tables) of the views added or changed take the
+rebuild's correction, and the removed views' are retired, where the orchestration runs
+the evolution (``orchestration/units.py``, ``EvolveUnit``).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from dbspark.circuit.builder import STATEFUL_OPS
+from dbspark.circuit.evolution import Evolution, evolution_obstacles, map_nodes
+from dbspark.circuit.planner import trace_keys
+from dbspark.engine.kernels import consolidate
+from dbspark.engine.spark.compile import struct_type
+from dbspark.storage import collection_names as coll
+from dbspark.storage.catalog import BatchRecord
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from dbspark.engine.circuits import CircuitChangedError
+
+log = logging.getLogger("dbspark.engine")
+
+
+@dataclass
+class EvolutionReport:
+    """What an evolution in place did: ``evolution`` says which views were added,
+    changed, removed or kept; ``epoch`` is the last committed epoch it rebuilt as of
+    (-1: none yet); ``kept_nodes`` / ``fresh_nodes`` count the new definition's nodes by
+    where their state came from; ``seeded`` is each rebuilt collection's rows;
+    ``committed`` is False when another process had evolved the circuit first."""
+
+    circuit: str
+    fingerprint: str
+    epoch: int
+    evolution: Evolution
+    kept_nodes: int
+    fresh_nodes: int
+    renamed: int
+    seeded: dict[str, int] = field(default_factory=dict)
+    committed: bool = True
+
+    @property
+    def rebuilt_views(self) -> list[str]:
+        return sorted([*self.evolution.added, *self.evolution.changed])
+
+    def describe(self) -> str:
+        seeded = ", ".join(f"{name} {rows} rows" for name, rows in sorted(self.seeded.items()))
+        return (
+            f"circuit {self.circuit!r} evolved in place at epoch {self.epoch} "
+            f"(definition {self.fingerprint}): "
+            + self.evolution.describe().replace("\n", "; ")
+            + f"; {self.kept_nodes} nodes kept their state ({self.renamed} collections "
+            f"renamed), {self.fresh_nodes} new or changed"
+            + (f"; rebuilt from the raw input log: {seeded}" if seeded else "")
+            + ("" if self.committed else " (by another process first)")
+        )
+
+
+class Evolve:
+    """Evolution in place, mixed into ``SparkEngine``."""
+
+    def _evolve(self, changed: CircuitChangedError) -> EvolutionReport:
+        from dbspark.engine.circuits import CircuitChangedError, register
+
+        evolution = changed.evolution
+        kept = changed.kept or {}
+        mapping = map_nodes(kept, self.circuit)
+        obstacles = evolution_obstacles(evolution, mapping, self.circuit)
+        if obstacles or mapping is None or changed.stored is None:
+            raise CircuitChangedError(
+                f"{evolution.refusal(obstacles)}\n(circuit {self.circuit.name!r}: "
+                f"fingerprint {changed.fingerprint}, the warehouse's {changed.stored})",
+                evolution,
+                kept=changed.kept,
+                stored=changed.stored,
+                fingerprint=changed.fingerprint,
+            ) from None
+        name = self.circuit.name
+        epoch = self.last_committed_epoch()
+        renames: dict[str, str] = {}
+        retire: list[str] = []
+        supersede: list[int] = []
+        old_to_new = {old: new for new, old in mapping.kept.items()}
+        live = [b for b in self.catalog.all_batches(name) if b.live]
+        for collection in sorted(self.catalog.all_collections(name)):
+            parsed = coll.parse(collection)
+            if parsed is None or parsed.node is None:
+                continue
+            if parsed.node in old_to_new:
+                new_id = old_to_new[parsed.node]
+                if new_id != parsed.node:
+                    renames[collection] = coll.renumbered(collection, new_id)
+            else:
+                retire.append(collection)
+                supersede += [b.id for b in live if b.collection == collection and b.id]
+        for view in [*evolution.removed, *evolution.changed]:
+            supersede += [b.id for b in live if b.collection == coll.view(view) and b.id]
+        retire += [coll.view(view) for view in evolution.removed]
+        written: list[BatchRecord] = []
+        seeded: dict[str, int] = {}
+        if epoch >= 0:
+            written, seeded = self._seed(mapping.kept, mapping.fresh, evolution, epoch)
+        try:
+            committed = self.catalog.evolve_circuit(
+                name,
+                old_fingerprint=changed.stored,
+                new_fingerprint=str(changed.fingerprint),
+                stage=coll.evolve_stage(str(changed.fingerprint)),
+                epoch=max(epoch, 0),
+                renames=renames,
+                new_batches=written,
+                supersede=supersede,
+                retire=retire,
+            )
+        except BaseException:
+            for record in written:
+                self.warehouse.delete(record)
+            raise
+        if not committed:
+            for record in written:
+                self.warehouse.delete(record)
+        register(self.catalog, self.root, self.circuit)  # keeps the new signature
+        report = EvolutionReport(
+            name,
+            str(changed.fingerprint),
+            epoch,
+            evolution,
+            kept_nodes=len(mapping.kept),
+            fresh_nodes=len(mapping.fresh),
+            renamed=len(renames),
+            seeded=seeded if committed else {},
+            committed=committed,
+        )
+        log.info("%s", report.describe())
+        return report
+
+    def _seed(
+        self,
+        kept: dict[int, int],
+        fresh: list[int],
+        evolution: Evolution,
+        epoch: int,
+    ) -> tuple[list[BatchRecord], dict[str, int]]:
+        """The fresh nodes' traces and the new or changed views' collections, written (not
+        committed) from a full refresh at ``epoch`` of the input logs the kept sources
+        hold under their old ids."""
+        from dbspark.engine.spark.full_refresh import Refresh
+
+        wanted = [
+            node
+            for node in (self.circuit.node(i) for i in fresh)
+            if node.op in STATEFUL_OPS and node.scope == 0
+        ]
+        views = [*evolution.added, *evolution.changed]
+        if not wanted and not views:
+            return [], {}
+        refresh = Refresh(
+            self.spark, self.circuit, self._old_input_frames(kept, epoch), checkpoint=True
+        )
+        written: list[BatchRecord] = []
+        seeded: dict[str, int] = {}
+
+        def write(collection: str, frame: DataFrame, bucket_by: list[str] | None) -> None:
+            record = self.traces.write(collection, frame, (epoch,), bucket_by=bucket_by)
+            seeded[collection] = record.rows if record is not None else 0
+            if record is not None:
+                written.append(record)
+
+        try:
+            for node in wanted:
+                for port, keys in enumerate(trace_keys(self.circuit, node)):
+                    source = self.circuit.node(node.inputs[port])
+                    value = consolidate(refresh.value(source.id, (epoch,)), source.schema.names)
+                    write(coll.arranged(node.id, port), value, list(keys))
+            for view in views:
+                node = self.circuit.node(self.circuit.views[view])
+                value = consolidate(refresh.value(node.id, (epoch,)), node.schema.names)
+                write(coll.view(view), value, None)
+        except BaseException:
+            for record in written:
+                self.warehouse.delete(record)
+            raise
+        return written, seeded
+
+    def _old_input_frames(self, kept: dict[int, int], epoch: int) -> dict[str, Any]:
+        """Each source's raw input log through ``epoch`` as full refresh reads it, from the
+        collection its kept node has under its old id (a source added has none)."""
+        frames = {}
+        for source, node_id in self.circuit.sources.items():
+            user, extra = self._input_log_fields(self.circuit.node(node_id))
+            schema = struct_type(user, extra=extra)
+            old = kept.get(node_id)
+            records = (
+                []
+                if old is None
+                else self.catalog.batches(self.circuit.name, coll.input_log(old), max_epoch=epoch)
+            )
+            frames[source] = (
+                self.warehouse.read(self.spark, records, schema)
+                if records
+                else self.spark.createDataFrame([], schema)
+            )
+        return frames

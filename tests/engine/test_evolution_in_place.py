@@ -1,0 +1,257 @@
+"""A circuit evolved in place (``engine/spark/evolve.py``): views added or changed are
+rebuilt from the raw input log, the others continue from their state, removed views'
+state is retired, and every view then equals a full refresh of the new definition, in
+the epochs after as well. Changes that cannot evolve in place are refused, saying why,
+and leave the warehouse as it was."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dbspark.circuit.aggregations import count, max_, sum_
+from dbspark.circuit.builder import Circuit, Stream
+from dbspark.circuit.expressions import col
+from dbspark.engine.circuits import CircuitChangedError
+from dbspark.engine.spark.executor import SparkEngine
+from dbspark.storage import collection_names as coll
+from dbspark.storage.catalog import CatalogError
+
+
+def shop(
+    *,
+    big_first: bool = False,
+    big_last: bool = False,
+    total: str = "amount",
+    without_totals: bool = False,
+    with_returns: bool = False,
+    key: tuple[str, ...] = ("order_id",),
+    loop_limit: int | None = None,
+) -> Circuit:
+    """Orders and customers, with a definition's variations as options."""
+    c = Circuit("shop")
+    customers = c.upsert_source(
+        "customers",
+        {"cust_id": "bigint", "region": "string", "ts": "bigint"},
+        key="cust_id",
+        watermark="ts",
+    )
+    orders = c.upsert_source(
+        "orders",
+        {"order_id": "bigint", "cust_id": "bigint", "amount": "bigint", "ts": "bigint"},
+        key=list(key),
+        watermark="ts",
+    )
+
+    def big(stream: Stream) -> None:
+        c.view("big_orders", stream.filter(col("amount") > 100).select("order_id", "amount"))
+
+    if big_first:
+        big(orders)
+    current = orders.select("order_id", "cust_id", "amount")
+    regions = customers.select("cust_id", "region")
+    c.view("customers_current", regions)
+    c.view("orders_current", current)
+    joined = current.join(regions, on="cust_id")
+    if not without_totals:
+        c.view(
+            "region_totals",
+            joined.aggregate(by="region", orders=count(), total=sum_(col(total))),
+        )
+    c.view("largest_per_customer", current.aggregate(by="cust_id", largest=max_(col("amount"))))
+    if big_last:
+        big(orders)
+    if with_returns:
+        returns = c.zset_source("returns", {"order_id": "bigint"})
+        c.view("returned", returns.join(current, on="order_id").select("order_id", "amount"))
+    if loop_limit is not None:
+        # Customers reachable from customer 1 through shared regions, a step at a time.
+        edges = regions.join(regions.select("region", to=col("cust_id")), on="region").select(
+            "cust_id", "to"
+        )
+        seed = regions.filter(col("cust_id") == 1).select("cust_id")
+
+        def body(reach: Stream) -> Stream:
+            step = reach.join(edges, on="cust_id").select(cust_id=col("to"))
+            step = step.filter(col("cust_id") < loop_limit)
+            return reach.plus(step).distinct()
+
+        c.view("reachable", seed.iterate(body))
+    return c
+
+
+HISTORY: list[dict[str, list[Any]]] = [
+    {
+        "customers": [(1, "north", 1), (2, "south", 1), (3, "north", 1)],
+        "orders": [(10, 1, 50, 1), (11, 2, 150, 1), (12, 3, 120, 1)],
+    },
+    {"orders": [(10, 1, 250, 2), (13, 2, 30, 2)], "customers": [(2, "north", 2)]},
+    {"orders": [(14, 3, 500, 3)], "customers": [(4, "east", 3)]},
+]
+LATER: list[dict[str, list[Any]]] = [
+    {"orders": [(15, 4, 70, 4), (11, 2, 90, 4)], "customers": [(1, "east", 4)]},
+    {"orders": [(10, 1, 5, 5)], "returns": [((13,), 1), ((14,), 1)]},
+    {"orders": [(16, 1, 999, 6)], "returns": [((13,), -1)]},
+]
+
+
+def _run(engine: SparkEngine, history: list[dict[str, list[Any]]]) -> None:
+    sources = set(engine.circuit.sources)
+    for batch in history:
+        engine.step({name: rows for name, rows in batch.items() if name in sources})
+
+
+def _equal_to_full_refresh(engine: SparkEngine) -> None:
+    for tier in ("local", "spark"):
+        assert engine.verify(tier=tier) == {name: [] for name in engine.circuit.views}, tier
+
+
+def _orphans(engine: SparkEngine) -> set[str]:
+    """Live state collections the engine's circuit has no node or view for."""
+    from dbspark.circuit.planner import trace_keys
+
+    c = engine.circuit
+    expected = {coll.view(name) for name in c.views}
+    for node in c.nodes:
+        expected.update(coll.arranged(node.id, p) for p in range(len(trace_keys(c, node))))
+        if node.op == "upsert_source":
+            expected.add(coll.state(node.id))
+    for node_id in c.sources.values():
+        expected.add(coll.input_log(node_id))
+    live = {b.collection for b in engine.catalog.all_batches(c.name) if b.live}
+    kinds = ("arranged", "state", "input", "view")
+    return {
+        n for n in live if (coll.parse(n) and coll.parse(n).kind in kinds) and n not in expected
+    }
+
+
+def _live(engine: SparkEngine, collection: str) -> list[int]:
+    return [b.id for b in engine.catalog.batches(engine.circuit.name, collection)]
+
+
+def test_views_added_changed_and_shifted_are_rebuilt_and_the_others_continue(
+    spark: Any, tmp_path: Path
+) -> None:
+    """A view added first (every node id shifts) and an aggregate changed: those two are
+    rebuilt as of the last epoch; the unchanged views keep their published batches and
+    their operators' state under the new ids; epochs then go on, equal to a full
+    refresh of the new definition throughout."""
+    root = tmp_path / "wh"
+    old = SparkEngine(shop(), root, spark=lambda: spark)
+    _run(old, HISTORY)
+    kept_views = {v: _live(old, coll.view(v)) for v in ("orders_current", "customers_current")}
+    old_largest = old.circuit.views["largest_per_customer"]
+    old_state = _live(old, coll.arranged(old_largest, 0))
+    assert old_state
+    old.catalog.close()
+
+    with pytest.raises(CircuitChangedError, match="It can evolve in place"):
+        SparkEngine(shop(big_first=True, total="order_id"), root, spark=lambda: spark)
+
+    engine = SparkEngine(
+        shop(big_first=True, total="order_id"), root, spark=lambda: spark, evolve=True
+    )
+    report = engine.evolved
+    assert report is not None and report.committed and report.epoch == len(HISTORY) - 1
+    assert report.evolution.added == ["big_orders"]
+    assert report.evolution.changed == ["region_totals"]
+    assert report.rebuilt_views == ["big_orders", "region_totals"]
+    assert report.renamed > 0  # every node id moved by one
+    text = report.describe()
+    assert "views added: big_orders" in text and "rebuilt from the raw input log" in text
+    # Unchanged views and the unchanged aggregate's trace: the same batches, not rebuilt.
+    for view, ids in kept_views.items():
+        assert _live(engine, coll.view(view)) == ids, view
+    largest = engine.circuit.views["largest_per_customer"]
+    assert largest != old_largest
+    assert _live(engine, coll.arranged(largest, 0)) == old_state
+    # The commit is on the catalog's record of the epoch.
+    stage = coll.evolve_stage(report.fingerprint)
+    assert engine.catalog.stage_done("shop", stage, (report.epoch,))
+    assert not _orphans(engine)
+    _equal_to_full_refresh(engine)
+
+    _run(engine, LATER)
+    _equal_to_full_refresh(engine)
+    assert {row[0] for row in engine.view("big_orders").rows()} == {12, 14, 16}
+
+    # Opened again with the same definition: nothing to evolve.
+    again = SparkEngine(
+        shop(big_first=True, total="order_id"), root, spark=lambda: spark, evolve=True
+    )
+    assert again.evolved is None
+
+
+def test_removed_views_retire_their_state_and_a_new_source_starts_empty(
+    spark: Any, tmp_path: Path
+) -> None:
+    root = tmp_path / "wh"
+    old = SparkEngine(shop(), root, spark=lambda: spark)
+    _run(old, HISTORY)
+    totals = old.circuit.views["region_totals"]
+    join = old.circuit.node(totals).inputs[0]
+    retired = [coll.view("region_totals"), coll.arranged(totals, 0)]
+    assert all(_live(old, name) for name in retired)
+    old.catalog.close()
+
+    engine = SparkEngine(
+        shop(without_totals=True, with_returns=True), root, spark=lambda: spark, evolve=True
+    )
+    report = engine.evolved
+    assert report is not None
+    assert report.evolution.removed == ["region_totals"]
+    assert report.evolution.added == ["returned"]
+    assert report.evolution.sources == {"returns": ["added"]}
+    # Nothing of the removed aggregate, its join (no other reader) or its view is live;
+    # the superseded batches stay until garbage collection.
+    assert not _orphans(engine)
+    assert not _live(engine, coll.view("region_totals"))
+    assert {b.collection for b in engine.catalog.all_batches("shop")} >= set(retired)
+    assert join not in engine.circuit.views.values()
+    _equal_to_full_refresh(engine)
+    _run(engine, LATER)
+    _equal_to_full_refresh(engine)
+    assert sorted(engine.view("returned").rows()) == [(14, 500)]
+
+
+@pytest.mark.parametrize(
+    ("variant", "says"),
+    [
+        (lambda: shop(key=("order_id", "cust_id")), "so source 'orders' cannot continue"),
+        (lambda: shop(loop_limit=3), "It cannot evolve in place: node"),
+    ],
+    ids=["source key", "loop"],
+)
+def test_what_cannot_evolve_in_place_is_refused_and_changes_nothing(
+    spark: Any, tmp_path: Path, variant: Any, says: str
+) -> None:
+    root = tmp_path / "wh"
+    base = shop(loop_limit=9) if "node" in says else shop()
+    old = SparkEngine(base, root, spark=lambda: spark)
+    _run(old, HISTORY)
+    before = [(b.id, b.collection, b.live) for b in old.catalog.all_batches("shop")]
+    old.catalog.close()
+    with pytest.raises(CircuitChangedError) as refused:
+        SparkEngine(variant(), root, spark=lambda: spark, evolve=True)
+    assert says in str(refused.value)
+    engine = SparkEngine(base, root, spark=lambda: spark)
+    assert [(b.id, b.collection, b.live) for b in engine.catalog.all_batches("shop")] == before
+    _run(engine, LATER)
+    _equal_to_full_refresh(engine)
+
+
+def test_an_open_epoch_is_finished_under_the_old_definition_first(
+    spark: Any, tmp_path: Path
+) -> None:
+    root = tmp_path / "wh"
+    old = SparkEngine(shop(), root, spark=lambda: spark)
+    _run(old, HISTORY)
+    old.open_epoch(len(HISTORY))
+    old.catalog.close()
+    with pytest.raises(CatalogError, match="while epoch 3 is open"):
+        SparkEngine(shop(big_last=True), root, spark=lambda: spark, evolve=True)
+    # Nothing the refused evolution wrote is left registered.
+    engine = SparkEngine(shop(), root, spark=lambda: spark)
+    assert not _live(engine, coll.view("big_orders"))
