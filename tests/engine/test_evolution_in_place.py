@@ -29,6 +29,7 @@ def shop(
     with_returns: bool = False,
     key: tuple[str, ...] = ("order_id",),
     loop_limit: int | None = None,
+    largest: bool = True,
 ) -> Circuit:
     """Orders and customers, with a definition's variations as options."""
     c = Circuit("shop")
@@ -60,7 +61,8 @@ def shop(
             "region_totals",
             joined.aggregate(by="region", orders=count(), total=sum_(col(total))),
         )
-    c.view("largest_per_customer", current.aggregate(by="cust_id", largest=max_(col("amount"))))
+    if largest:
+        c.view("largest_per_customer", current.aggregate(by="cust_id", largest=max_(col("amount"))))
     if big_last:
         big(orders)
     if with_returns:
@@ -255,3 +257,96 @@ def test_an_open_epoch_is_finished_under_the_old_definition_first(
     # Nothing the refused evolution wrote is left registered.
     engine = SparkEngine(shop(), root, spark=lambda: spark)
     assert not _live(engine, coll.view("big_orders"))
+
+
+def _run_and_export(engine: SparkEngine, epoch: int, batch: dict[str, Any], out: Path) -> None:
+    """One epoch with its outputs exported between publish and close, as the DAG runs it."""
+    from dbspark.orchestration.sinks.export import export_epoch
+
+    sources = engine.circuit.sources
+    checked = {n: engine.check_batch(n, rows) for n, rows in batch.items() if n in sources}
+    assert engine.open_epoch(epoch)
+    for stage in engine.plan.stages_in_scope(0):
+        anchor = engine.circuit.node(stage.anchor)
+        if anchor.op in ("zset_source", "upsert_source"):
+            engine.ingest(anchor.label, epoch, checked.get(anchor.label))
+            continue
+        engine.run_stage(stage.id, (epoch,))
+    engine.publish(epoch)
+    export_epoch(engine, epoch, root=out)
+    engine.close_epoch(epoch)
+
+
+def _outputs_hold_the_views(engine: SparkEngine, out: Path, epoch: int) -> None:
+    """Each view's change feed, summed, and its table equal the engine's view."""
+    from dbspark.core.zset import ZSet
+    from dbspark.orchestration.sinks.files import arrow_rows, feed_view
+    from dbspark.orchestration.sinks.tables import read_table, table_path
+
+    for view, node_id in engine.circuit.views.items():
+        schema = engine.circuit.node(node_id).schema
+        expected = engine.view(view)
+        fed = feed_view(out, "shop", view, schema, epoch)
+        assert fed is not None, view
+        assert ZSet(arrow_rows(fed, schema)) == expected, view
+        table = read_table(table_path(out, "shop", view))
+        held = ZSet((tuple(r[n] for n in schema.names), r["__copies"]) for r in table.to_pylist())
+        assert held == expected, view
+
+
+def test_the_evolve_unit_brings_the_outputs_along(spark: Any, tmp_path: Path) -> None:
+    """A view added gets its feed (first change: its whole contents) and its table, a
+    view changed their correction, a view removed has its outputs moved to
+    ``_retired/``; run again, the unit finds it all done; later epochs publish as usual."""
+    from dbspark.orchestration.units import EvolveUnit, execute_unit
+
+    root, out = tmp_path / "wh", tmp_path / "out"
+    old = SparkEngine(shop(), root, spark=lambda: spark)
+    for epoch, batch in enumerate(HISTORY):
+        _run_and_export(old, epoch, batch, out)
+    old.catalog.close()
+    assert (out / "shop" / "largest_per_customer").is_dir()
+
+    new = shop(big_last=True, total="order_id", largest=False)
+    engine = SparkEngine(new, root, spark=lambda: spark, evolve=True)
+    result = execute_unit(engine, EvolveUnit(-1, outputs=str(out)))
+    assert result["evolved"] and result["epoch"] == 2
+    outputs = result["outputs"]
+    assert outputs["big_orders"].startswith("added: change +4/-0")
+    assert outputs["region_totals"].startswith("changed: region_totals: correction of epoch 2")
+    assert outputs["largest_per_customer"].startswith("removed: outputs moved to")
+    assert not (out / "shop" / "largest_per_customer").exists()
+    assert (out / "shop" / "_retired" / "largest_per_customer@epoch=2" / "table").is_dir()
+    _outputs_hold_the_views(engine, out, 2)
+    engine.catalog.close()
+
+    # A retry (the task failed after the unit): the state is evolved, the outputs done.
+    again = SparkEngine(new, root, spark=lambda: spark, evolve=True)
+    assert again.evolved is None
+    assert execute_unit(again, EvolveUnit(-1, outputs=str(out)))["outputs"] == {}
+    for epoch, batch in enumerate(LATER, start=len(HISTORY)):
+        _run_and_export(again, epoch, batch, out)
+    _outputs_hold_the_views(again, out, len(HISTORY) + len(LATER) - 1)
+    _equal_to_full_refresh(again)
+
+
+def test_outputs_are_brought_along_by_the_next_run_when_the_evolving_task_failed(
+    spark: Any, tmp_path: Path
+) -> None:
+    """The state evolved and the task died before the outputs: the next EvolveUnit (its
+    engine finds nothing left to evolve) still brings them along, once."""
+    from dbspark.orchestration.units import EvolveUnit, execute_unit
+
+    root, out = tmp_path / "wh", tmp_path / "out"
+    old = SparkEngine(shop(), root, spark=lambda: spark)
+    for epoch, batch in enumerate(HISTORY):
+        _run_and_export(old, epoch, batch, out)
+    old.catalog.close()
+    new = shop(big_last=True)
+    SparkEngine(new, root, spark=lambda: spark, evolve=True).catalog.close()  # no outputs
+    engine = SparkEngine(new, root, spark=lambda: spark, evolve=True)
+    assert engine.evolved is None
+    result = execute_unit(engine, EvolveUnit(-1, outputs=str(out)))
+    assert list(result["outputs"]) == ["big_orders"]
+    _outputs_hold_the_views(engine, out, 2)
+    assert execute_unit(engine, EvolveUnit(-1, outputs=str(out)))["outputs"] == {}

@@ -334,3 +334,55 @@ def test_a_run_after_a_gap_fails_naming_the_backfill_that_fills_it(test_dags, pl
     catalog = Catalog.for_warehouse(place.warehouse)
     assert catalog.epoch_labels("word_count") == {0: day(0).label}  # nothing opened
     catalog.close()
+
+
+def test_a_redefined_circuit_evolves_in_its_next_run(test_dags, place):
+    """Two epochs of ``word_count``, then its redefinition's first run: open_epoch evolves
+    the circuit in place (the view added rebuilt from the raw input log, the view
+    removed retired with its outputs, ``counts`` continuing), and the epoch publishes
+    every view equal to a full refresh of the new definition."""
+    old = test_dags["test_word_count_before_evolution"]
+    new = test_dags["test_word_count_evolved"]
+    history = [
+        {"words": [(("a",), 1), (("b",), 1), (("a",), 1)]},
+        {"words": [(("b",), 1), (("c",), 1)]},
+        {"words": [(("c",), 1), (("a",), -1), (("d",), 1)]},
+    ]
+    for epoch, batch in enumerate(history):
+        rows = [(*row, weight) for row, weight in batch["words"]]
+        place.landing.land("words", day(epoch), rows, ["word", "__w"], "parquet")
+    for epoch in (0, 1):
+        state, tasks = run(old, epoch)
+        assert state == "success", tasks
+    assert (place.outputs / "word_count" / "distinct_words").is_dir()
+
+    state, tasks = run(new, 2)
+    assert state == "success", tasks
+    # The evolution is on the catalog's record of epoch 1, and its outputs' too.
+    catalog = Catalog.for_warehouse(place.warehouse)
+    stages = [stage for stage, _ in catalog.stage_runs("word_count", epoch=1)]
+    catalog.close()
+    assert [s.split(":")[0] for s in stages if s.startswith("evolve")] == [
+        "evolve",
+        "evolve-outputs",
+    ]
+    circuit = circuit_of("test_word_count_evolved")
+    for epoch in (1, 2):
+        expected = full_refresh(circuit, history, epoch)
+        for view in circuit.views:
+            assert published(place, circuit, view, epoch) == expected[view], (view, epoch)
+    assert published_change(place, circuit, "frequent", 2) == ZSet([(("c", 2), 1), (("a", 2), -1)])
+    assert not (place.outputs / "word_count" / "distinct_words").exists()
+    assert (place.outputs / "word_count" / "_retired" / "distinct_words@epoch=1").is_dir()
+
+    # Deployed again, the old definition evolves back the same way: distinct_words is
+    # rebuilt (its feed starting again at epoch 2), frequent retired.
+    history.append({"words": [(("e",), 1)]})
+    place.landing.land("words", day(3), [("e", 1)], ["word", "__w"], "parquet")
+    state, tasks = run(old, 3)
+    assert state == "success", tasks
+    circuit = circuit_of("test_word_count_before_evolution")
+    expected = full_refresh(circuit, history, 3)
+    for view in circuit.views:
+        assert published(place, circuit, view, 3) == expected[view], view
+    assert (place.outputs / "word_count" / "_retired" / "frequent@epoch=2").is_dir()

@@ -84,7 +84,67 @@ def register(catalog: Catalog, warehouse: str | os.PathLike[str], circuit: Circu
         ) from None
     kept = _read(path)
     if kept is None or kept.get("fingerprint") != fingerprint:
-        _write(path, {"fingerprint": fingerprint, "signature": signature(circuit)})
+        evolving = (kept or {}).get("evolving") or {}
+        if evolving.get("fingerprint") == fingerprint:
+            # An evolution whose catalog commit landed, its process gone before it kept
+            # the new signature: keep it now, with what it evolved from.
+            keep_evolved(warehouse, circuit, fingerprint, evolving["from"], evolving["epoch"])
+        else:
+            _write(path, {"fingerprint": fingerprint, "signature": signature(circuit)})
+
+
+def keep_evolved(
+    warehouse: str | os.PathLike[str],
+    circuit: Circuit,
+    fingerprint: str,
+    previous: dict[str, Any],
+    epoch: int,
+) -> None:
+    """Keep the signature of ``circuit``, which evolved in place at ``epoch`` from the
+    definition whose signature is ``previous``: what the outputs' correction needs if
+    the task that evolved it failed before correcting them (``evolved_from``)."""
+    _write(
+        signature_path(warehouse, circuit.name),
+        {
+            "fingerprint": fingerprint,
+            "signature": signature(circuit),
+            "evolved_from": previous,
+            "evolved_at": int(epoch),
+        },
+    )
+
+
+def mark_evolving(
+    warehouse: str | os.PathLike[str],
+    circuit: Circuit,
+    fingerprint: str,
+    previous: dict[str, Any],
+    epoch: int,
+) -> None:
+    """Before an evolution's catalog commit: the kept signature (still the old
+    definition's) also names the evolution under way, so that whichever process next
+    registers the new definition keeps what it evolved from (``register``)."""
+    path = signature_path(warehouse, circuit.name)
+    kept = _read(path) or {}
+    evolving = {"fingerprint": fingerprint, "from": previous, "epoch": int(epoch)}
+    _write(path, {**kept, "evolving": evolving})
+
+
+def evolved_from(
+    warehouse: str | os.PathLike[str], circuit: Circuit
+) -> tuple[Evolution, int] | None:
+    """How ``circuit``'s definition differs from the one it last evolved from, and the
+    epoch it evolved at; None when the kept signature records no evolution to it."""
+    kept = _read(signature_path(warehouse, circuit.name))
+    fingerprint = circuit_fingerprint(circuit)
+    if kept is None:
+        return None
+    if kept.get("fingerprint") == fingerprint and "evolved_from" in kept:
+        return compare(kept["evolved_from"], circuit), int(kept["evolved_at"])
+    evolving = kept.get("evolving") or {}
+    if evolving.get("fingerprint") == fingerprint:
+        return compare(evolving["from"], circuit), int(evolving["epoch"])
+    return None
 
 
 def _read(path: Path) -> dict[str, Any] | None:

@@ -223,6 +223,53 @@ class RebuildUnit:
 
 
 @dataclass(frozen=True)
+class EvolveUnit:
+    """Let the circuit's new definition take its warehouse's state over (the engine is
+    built with ``evolve=True``: views added or changed rebuilt from the raw input log,
+    the others continuing, ``engine/spark/evolve.py``), then bring the views' outputs
+    under ``outputs`` along (``sinks.export.evolve_outputs``) and record that they are
+    (the commit ``evolve-outputs:<fingerprint>`` at the epoch it evolved at). Run again
+    after a failure, it finds the circuit evolved and completes the outputs. ``epoch``
+    is the epoch the DAG run opens."""
+
+    epoch: int
+    outputs: str | None = None
+    tables: dict[str, str] | None = None
+    kind: ClassVar[str] = "evolve"
+    #: The engine this unit runs on is built to evolve (``SparkEngine(evolve=True)``).
+    evolves: ClassVar[bool] = True
+
+    def run(self, engine: Any) -> dict[str, Any]:
+        from dbspark.circuit.fingerprint import circuit_fingerprint
+        from dbspark.engine.circuits import evolved_from
+        from dbspark.orchestration.sinks.export import evolve_outputs
+        from dbspark.orchestration.sinks.tables import TableSettings
+        from dbspark.storage import collection_names as coll
+
+        report = engine.evolved
+        said = report.describe() if report is not None else None
+        pending = evolved_from(engine.root, engine.circuit)
+        if pending is None:
+            return {"evolved": report is not None, "description": said, "outputs": {}}
+        evolution, at = pending
+        name = engine.circuit.name
+        stage = coll.evolve_outputs_stage(circuit_fingerprint(engine.circuit))
+        if engine.catalog.stage_done(name, stage, (at,)):
+            return {"evolved": report is not None, "description": said, "outputs": {}}
+        done: dict[str, str] = {}
+        if self.outputs is not None:
+            tables = TableSettings.from_environment(self.tables)
+            done = evolve_outputs(engine, evolution, at, root=self.outputs, tables=tables)
+        engine.catalog.commit(name, stage, (at,))
+        return {
+            "evolved": report is not None,
+            "epoch": at,
+            "description": said or evolution.describe(),
+            "outputs": done,
+        }
+
+
+@dataclass(frozen=True)
 class VerifyUnit:
     """Recompute every view from the raw input log and compare it with the maintained
     view, at the last committed epoch (``SparkEngine.verify``). Returns per view the
@@ -282,6 +329,7 @@ Unit = (
     | PublishUnit
     | CloseUnit
     | RebuildUnit
+    | EvolveUnit
     | VerifyUnit
     | CompactLogsUnit
 )
@@ -308,6 +356,7 @@ UNIT_KINDS: dict[str, type] = {
         PublishUnit,
         CloseUnit,
         RebuildUnit,
+        EvolveUnit,
         VerifyUnit,
         CompactLogsUnit,
     )
@@ -675,6 +724,7 @@ def _fresh_engine(spark: Any) -> EngineSource:
             spark=spark,
             catalog_url=catalog_url,
             resident_bytes=0,  # one unit per process: nothing to keep across epochs
+            evolve=getattr(shipped.unit, "evolves", False),
         )
         try:
             yield engine

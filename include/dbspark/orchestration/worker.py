@@ -108,6 +108,7 @@ class ResidentEngines:
                 # A close returns once its epoch committed; the compaction after it runs
                 # on in this process, the next close waiting for it.
                 background_compaction=True,
+                evolve=getattr(shipped.unit, "evolves", False),
             )
             self.built += 1
             # Its traces into memory now, as the engine's own long-lived use does: the

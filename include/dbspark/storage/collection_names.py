@@ -104,6 +104,11 @@ def evolve_stage(fingerprint: str) -> str:
     return f"{EVOLVE_PREFIX}{fingerprint}"
 
 
+def evolve_outputs_stage(fingerprint: str) -> str:
+    """The stage that records the outputs brought along after that evolution."""
+    return f"evolve-outputs:{fingerprint}"
+
+
 def view_name(collection: str) -> str | None:
     """The view whose published changes ``collection`` holds, or None."""
     parsed = parse(collection)

@@ -6,6 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pendulum
 
+from dbspark.circuit.aggregations import count
 from dbspark.circuit.builder import Circuit
 from dbspark.circuit.expressions import col
 from dbspark.examples.circuits import orders, reachability, word_count
@@ -25,6 +26,16 @@ def doubling_with_a_low_bound() -> Circuit:
         max_iterations=3,
     )
     c.view("series", series)
+    return c
+
+
+def word_count_evolved() -> Circuit:
+    """``word_count`` as a team redeploys it: a view added (words seen more than once)
+    and one removed (``distinct_words``); same circuit name, so it evolves in place."""
+    c = Circuit("word_count")
+    words = c.zset_source("words", {"word": "string"})
+    c.view("counts", words.aggregate(by="word", n=count()))
+    c.view("frequent", words.aggregate(by="word", n=count()).filter(col("n") > 1))
     return c
 
 
@@ -98,5 +109,23 @@ pulled_orders_dag = build_dag(
             spill_rows=2,
         ),
     },
+    retries=0,
+)
+# word_count, then redefined: the second's first run evolves what the first's runs kept
+# (DAGs of their own, so that no other test's runs share their intervals).
+word_count_before_dag = build_dag(
+    word_count,
+    dag_id="test_word_count_before_evolution",
+    schedule="@daily",
+    start_date=START,
+    sources={"words": landing},
+    retries=0,
+)
+evolved_word_count_dag = build_dag(
+    word_count_evolved,
+    dag_id="test_word_count_evolved",
+    schedule="@daily",
+    start_date=START,
+    sources={"words": landing},
     retries=0,
 )

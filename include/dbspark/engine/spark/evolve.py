@@ -89,7 +89,7 @@ class Evolve:
     """Evolution in place, mixed into ``SparkEngine``."""
 
     def _evolve(self, changed: CircuitChangedError) -> EvolutionReport:
-        from dbspark.engine.circuits import CircuitChangedError, register
+        from dbspark.engine.circuits import CircuitChangedError, keep_evolved, mark_evolving
 
         evolution = changed.evolution
         kept = changed.kept or {}
@@ -129,7 +129,9 @@ class Evolve:
         seeded: dict[str, int] = {}
         if epoch >= 0:
             written, seeded = self._seed(mapping.kept, mapping.fresh, evolution, epoch)
+        fingerprint = str(changed.fingerprint)
         try:
+            mark_evolving(self.root, self.circuit, fingerprint, kept, epoch)
             committed = self.catalog.evolve_circuit(
                 name,
                 old_fingerprint=changed.stored,
@@ -148,7 +150,8 @@ class Evolve:
         if not committed:
             for record in written:
                 self.warehouse.delete(record)
-        register(self.catalog, self.root, self.circuit)  # keeps the new signature
+        if committed:
+            keep_evolved(self.root, self.circuit, fingerprint, kept, epoch)
         report = EvolutionReport(
             name,
             str(changed.fingerprint),

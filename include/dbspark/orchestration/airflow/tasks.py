@@ -81,6 +81,7 @@ from dbspark.orchestration.units import (
     CircuitRecipe,
     CloseUnit,
     CompactLogsUnit,
+    EvolveUnit,
     IngestUnit,
     IterateUnit,
     PublishUnit,
@@ -395,7 +396,7 @@ class EpochTasks:
             catalog.close()
 
     @contextmanager
-    def _engine(self, deployment: Deployment) -> Iterator[Any]:
+    def _engine(self, deployment: Deployment, *, evolve: bool = False) -> Iterator[Any]:
         from dbspark.engine.spark.executor import SparkEngine
 
         # Spark is opened only if a unit needs it: a small epoch's units run on the local
@@ -407,6 +408,7 @@ class EpochTasks:
                 spark=lambda: opened.enter_context(spark_for(deployment)),
                 catalog_url=deployment.catalog_url,
                 resident_bytes=0,  # a task is one unit's process: nothing to keep
+                evolve=evolve,
             )
             try:
                 yield engine
@@ -454,8 +456,6 @@ class EpochTasks:
             raise _fail(str(err)) from None
 
     def open_epoch(self, context: Mapping[str, Any]) -> int:
-        from dbspark.engine.circuits import register
-
         # Before the catalog is touched: a run asking to rebuild an unknown view writes nothing.
         self.maintenance(context)
         deployment = self._deployment()
@@ -463,7 +463,19 @@ class EpochTasks:
         log.info("deployment: %s", deployment.describe())
         catalog = self._catalog(deployment)
         try:
-            register(catalog, deployment.warehouse, self.circuit)  # says what changed
+            if self._evolving(catalog, deployment):
+                unit = EvolveUnit(
+                    -1,  # the epoch it evolves at is the last committed one
+                    outputs=str(deployment.outputs),
+                    tables=deployment.table_settings or None,
+                )
+                result = self._execute(deployment, unit)
+                log.info(
+                    "circuit %s: %s; outputs: %s",
+                    self.name,
+                    result["description"],
+                    "; ".join(f"{v} {what}" for v, what in result["outputs"].items()) or "none",
+                )
             try:
                 run = next_epoch(catalog, self.name, interval, self.start_date)
             except EpochSequenceError as err:
@@ -481,6 +493,25 @@ class EpochTasks:
         log.info("circuit %s: epoch %s opened for %s", self.name, run.epoch, interval)
         return run.epoch
 
+    def _evolving(self, catalog: Catalog, deployment: Deployment) -> bool:
+        """Whether this run first evolves the circuit in place: its definition changed
+        since the warehouse's state was kept (an ``EvolveUnit`` either takes the state
+        over, or fails saying why it cannot), or an evolution's outputs are not all
+        brought along yet (a task that failed after the evolution's commit)."""
+        from dbspark.circuit.fingerprint import circuit_fingerprint
+        from dbspark.engine.circuits import CircuitChangedError, evolved_from, register
+        from dbspark.storage import collection_names as coll
+
+        try:
+            register(catalog, deployment.warehouse, self.circuit)  # says what changed
+        except CircuitChangedError:
+            return True
+        pending = evolved_from(deployment.warehouse, self.circuit)
+        if pending is None:
+            return False
+        stage = coll.evolve_outputs_stage(circuit_fingerprint(self.circuit))
+        return not catalog.stage_done(self.name, stage, (pending[1],))
+
     def _execute(self, deployment: Deployment, unit: Unit) -> dict[str, Any]:
         """Run a unit here (local Spark or Spark Connect) or with spark-submit, under a
         lease (``_lease``)."""
@@ -494,7 +525,7 @@ class EpochTasks:
             handed = self._hand_to_worker(deployment, unit)
             if handed is not None:
                 return handed
-        with self._engine(deployment) as engine:
+        with self._engine(deployment, evolve=getattr(unit, "evolves", False)) as engine:
             try:
                 return execute_unit(engine, unit)
             except UncommittedUnits as err:  # the engine's own check, in its transaction

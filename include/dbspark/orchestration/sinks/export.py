@@ -31,6 +31,7 @@ from dbspark.orchestration.sinks.files import (
     change_rows,
     export_changes,
     export_correction,
+    export_first_changes,
     export_snapshot,
     exported_corrections,
     feed_complete,
@@ -38,6 +39,7 @@ from dbspark.orchestration.sinks.files import (
     iter_change_rows,
     output_dir,
     read_marker,
+    retire_outputs,
     stacked,
     weighted_difference,
 )
@@ -54,6 +56,7 @@ from dbspark.orchestration.sinks.tables import (
 )
 
 if TYPE_CHECKING:
+    from dbspark.circuit.evolution import Evolution
     from dbspark.engine.spark.executor import SparkEngine
 
 log = logging.getLogger("dbspark.outputs")
@@ -362,3 +365,53 @@ def _table_as_of(
         return held
     # Subtract: the later changes negated, summed with the latest rows.
     return weighted_difference(held, stacked(changes), schema)
+
+
+# ================================================================================== evolutions
+def evolve_outputs(
+    engine: SparkEngine,
+    evolution: Evolution,
+    epoch: int,
+    *,
+    root: str | os.PathLike[str],
+    tables: TableSettings | None = DEFAULT_TABLES,
+    serving: ServingTarget | None = None,
+) -> dict[str, str]:
+    """After ``engine``'s circuit evolved in place at ``epoch`` (``engine/spark/evolve.py``):
+    each view added gets its whole contents as of ``epoch`` as its first change
+    directory (``export_first_changes``) and as its table's first commit; each view
+    changed takes a rebuild's correction (``correct_views``); each view removed has its
+    outputs moved under ``_retired/`` (a table elsewhere, such as on S3, is left where
+    it is). Every step skips what is done, so a retry completes it. Returns, per view,
+    what was done."""
+    circuit = engine.circuit.name
+    done: dict[str, str] = {}
+    for view in evolution.added:
+        schema = engine.circuit.node(engine.circuit.views[view]).schema
+        rows = whole_view(engine, view, epoch)
+        changes = export_first_changes(root, circuit, view, schema, epoch, rows)
+        said = [changes.describe()]
+        if tables is not None:
+            table = publish_table(
+                table_path(tables.location or root, circuit, view),
+                circuit=circuit,
+                view=view,
+                schema=schema,
+                epoch=epoch,
+                change=rows,
+                whole_view=lambda rows=rows: rows,
+                settings=tables,
+            )
+            said.append(table.describe())
+        done[view] = f"added: {'; '.join(said)}"
+    if evolution.changed:
+        corrected = correct_views(
+            engine, evolution.changed, root=root, tables=tables, serving=serving
+        )
+        done.update({view: f"changed: {item.describe()}" for view, item in corrected.items()})
+    for view in evolution.removed:
+        moved = retire_outputs(root, circuit, view, epoch)
+        done[view] = f"removed: outputs moved to {moved}" if moved else "removed: no outputs"
+    for view, what in done.items():
+        log.info("evolution of circuit %s at epoch %s, view %s %s", circuit, epoch, view, what)
+    return done

@@ -154,18 +154,25 @@ def export_changes(
     circuit = engine.circuit.name
     schema = engine.circuit.node(engine.circuit.views[view]).schema
     path = output_dir(root, circuit, view, CHANGES, epoch)
-    skipped, marker = _publish_dir(
+    return _change_dir(
         path,
         lambda tmp: _write_change(engine, view, epoch, schema, tmp),
         _marker(circuit, view, CHANGES, epoch, schema),
     )
+
+
+def _change_dir(
+    path: Path, write: Callable[[Path], Mapping[str, Any]], marker: Mapping[str, Any]
+) -> DirectoryExport:
+    """A change directory written atomically (``_publish_dir``), as exported."""
+    skipped, written = _publish_dir(path, write, marker)
     return DirectoryExport(
         CHANGES,
         path,
-        int(marker["rows"]),
+        int(written["rows"]),
         skipped,
-        inserted=int(marker.get("inserted", 0)),
-        deleted=int(marker.get("deleted", 0)),
+        inserted=int(written.get("inserted", 0)),
+        deleted=int(written.get("deleted", 0)),
     )
 
 
@@ -287,9 +294,66 @@ def read_correction(correction: CorrectionExport, schema: Schema) -> pa.Table:
 
 
 def feed_complete(root: str | os.PathLike[str], circuit: str, view: str, epoch: int) -> bool:
-    """Whether the change directories of epochs ``0..epoch`` of ``view`` are all there."""
+    """Whether the change directories of ``view`` from its first epoch (0, or the epoch
+    an evolution added it at, ``export_first_changes``) to ``epoch`` are all there."""
     exported = set(exported_epochs(root, circuit, view, CHANGES))
-    return all(e in exported for e in range(epoch + 1))
+    return all(e in exported for e in range(feed_start(root, circuit, view, epoch), epoch + 1))
+
+
+def feed_start(root: str | os.PathLike[str], circuit: str, view: str, epoch: int) -> int:
+    """The epoch ``view``'s change feed starts at, as of ``epoch``: 0, or the last epoch
+    up to ``epoch`` at which an evolution added the view (its change directory there
+    holds the whole view, marked ``first``)."""
+    starts = [
+        e
+        for e in exported_epochs(root, circuit, view, CHANGES)
+        if e <= epoch
+        and (read_marker(output_dir(root, circuit, view, CHANGES, e)) or {}).get("first")
+    ]
+    return max(starts, default=0)
+
+
+def export_first_changes(
+    root: str | os.PathLike[str],
+    circuit: str,
+    view: str,
+    schema: Schema,
+    epoch: int,
+    rows: pa.Table,
+) -> DirectoryExport:
+    """The change directory of a view added at ``epoch`` by an evolution: ``rows`` (its
+    whole contents then, the view's columns and ``__w``), marked as the feed's first
+    (``feed_start``); skipped when already complete."""
+    path = output_dir(root, circuit, view, CHANGES, epoch)
+    columns = [*schema.names, WEIGHT]
+    return _change_dir(
+        path,
+        lambda tmp: _write_counted(rows, columns, tmp),
+        {**_marker(circuit, view, CHANGES, epoch, schema), "first": True},
+    )
+
+
+#: Where the outputs of views an evolution removed go (``retire_outputs``).
+RETIRED = "_retired"
+
+
+def retire_outputs(
+    root: str | os.PathLike[str], circuit: str, view: str, epoch: int
+) -> Path | None:
+    """Move the outputs of ``view`` (removed from its circuit by an evolution at
+    ``epoch``) under ``<root>/<circuit>/_retired/``, out of readers' way and kept for
+    whoever still wants them; None when it has none (or they moved already)."""
+    folder = Path(root) / circuit / view
+    if not folder.is_dir():
+        return None
+    target = Path(root) / circuit / RETIRED / f"{view}@epoch={int(epoch)}"
+    if target.exists():
+        target = target.with_name(f"{target.name}-{uuid.uuid4().hex[:8]}")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    folder.rename(target)
+    sync_directories(target.parent, up_to=Path(root))
+    sync_directories(folder.parent, up_to=Path(root))
+    return target
 
 
 def feed_view(
@@ -303,7 +367,7 @@ def feed_view(
     columns = [*schema.names, WEIGHT]
     parts = [
         pq.read_table(output_dir(root, circuit, view, CHANGES, e), columns=columns)
-        for e in range(epoch + 1)
+        for e in range(feed_start(root, circuit, view, epoch), epoch + 1)
     ]
     parts += [
         read_correction(c, schema)
