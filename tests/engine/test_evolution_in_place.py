@@ -6,6 +6,7 @@ and leave the warehouse as it was."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ import pytest
 from dbspark.circuit.aggregations import count, max_, sum_
 from dbspark.circuit.builder import Circuit, Stream
 from dbspark.circuit.expressions import col
-from dbspark.engine.circuits import CircuitChangedError
+from dbspark.engine.circuits import CircuitChangedError, signature_path
 from dbspark.engine.spark.executor import SparkEngine
 from dbspark.storage import collection_names as coll
 from dbspark.storage.catalog import CatalogError
@@ -254,9 +255,10 @@ def test_an_open_epoch_is_finished_under_the_old_definition_first(
     old.catalog.close()
     with pytest.raises(CatalogError, match="while epoch 3 is open"):
         SparkEngine(shop(big_last=True), root, spark=lambda: spark, evolve=True)
-    # Nothing the refused evolution wrote is left registered.
+    # Nothing the refused evolution wrote is left registered, nor noted as under way.
     engine = SparkEngine(shop(), root, spark=lambda: spark)
     assert not _live(engine, coll.view("big_orders"))
+    assert "evolving" not in json.loads(signature_path(root, "shop").read_text())
 
 
 def _run_and_export(engine: SparkEngine, epoch: int, batch: dict[str, Any], out: Path) -> None:
@@ -350,3 +352,34 @@ def test_outputs_are_brought_along_by_the_next_run_when_the_evolving_task_failed
     assert list(result["outputs"]) == ["big_orders"]
     _outputs_hold_the_views(engine, out, 2)
     assert execute_unit(engine, EvolveUnit(-1, outputs=str(out)))["outputs"] == {}
+
+
+def test_a_process_that_died_after_the_commit_leaves_enough_for_the_outputs(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Killed between the catalog's commit and keeping the new signature: the catalog
+    holds the new definition, the signature file still the old one and the evolution
+    under way. The next registration keeps what it evolved from, and the EvolveUnit
+    brings the outputs along."""
+    import dbspark.engine.circuits as circuits
+    from dbspark.orchestration.units import EvolveUnit, execute_unit
+
+    root, out = tmp_path / "wh", tmp_path / "out"
+    old = SparkEngine(shop(), root, spark=lambda: spark)
+    for epoch, batch in enumerate(HISTORY):
+        _run_and_export(old, epoch, batch, out)
+    old.catalog.close()
+
+    def killed(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("killed after the commit")
+
+    monkeypatch.setattr(circuits, "keep_evolved", killed)
+    with pytest.raises(RuntimeError, match="killed after the commit"):
+        SparkEngine(shop(big_last=True), root, spark=lambda: spark, evolve=True)
+    monkeypatch.undo()
+    engine = SparkEngine(shop(big_last=True), root, spark=lambda: spark)  # no evolve asked
+    assert engine.evolved is None
+    result = execute_unit(engine, EvolveUnit(-1, outputs=str(out)))
+    assert list(result["outputs"]) == ["big_orders"]
+    _outputs_hold_the_views(engine, out, 2)
+    _equal_to_full_refresh(engine)

@@ -130,6 +130,15 @@ def mark_evolving(
     _write(path, {**kept, "evolving": evolving})
 
 
+def unmark_evolving(warehouse: str | os.PathLike[str], circuit: Circuit, fingerprint: str) -> None:
+    """After an evolution's catalog commit was refused (nothing changed): the kept
+    signature no longer names it."""
+    path = signature_path(warehouse, circuit.name)
+    kept = _read(path)
+    if kept is not None and (kept.get("evolving") or {}).get("fingerprint") == fingerprint:
+        _write(path, {k: v for k, v in kept.items() if k != "evolving"})
+
+
 def evolved_from(
     warehouse: str | os.PathLike[str], circuit: Circuit
 ) -> tuple[Evolution, int] | None:

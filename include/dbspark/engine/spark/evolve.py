@@ -40,7 +40,7 @@ from dbspark.circuit.planner import trace_keys
 from dbspark.engine.kernels import consolidate
 from dbspark.engine.spark.compile import struct_type
 from dbspark.storage import collection_names as coll
-from dbspark.storage.catalog import BatchRecord
+from dbspark.storage.catalog import BatchRecord, CatalogError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -89,7 +89,12 @@ class Evolve:
     """Evolution in place, mixed into ``SparkEngine``."""
 
     def _evolve(self, changed: CircuitChangedError) -> EvolutionReport:
-        from dbspark.engine.circuits import CircuitChangedError, keep_evolved, mark_evolving
+        from dbspark.engine.circuits import (
+            CircuitChangedError,
+            keep_evolved,
+            mark_evolving,
+            unmark_evolving,
+        )
 
         evolution = changed.evolution
         kept = changed.kept or {}
@@ -143,7 +148,12 @@ class Evolve:
                 supersede=supersede,
                 retire=retire,
             )
-        except BaseException:
+        except CatalogError:  # refused: nothing was committed
+            unmark_evolving(self.root, self.circuit, fingerprint)
+            for record in written:
+                self.warehouse.delete(record)
+            raise
+        except BaseException:  # did it commit? The next registration finds out
             for record in written:
                 self.warehouse.delete(record)
             raise
