@@ -140,31 +140,29 @@ class Evolve:
             committed = self.catalog.evolve_circuit(
                 name,
                 old_fingerprint=changed.stored,
-                new_fingerprint=str(changed.fingerprint),
-                stage=coll.evolve_stage(str(changed.fingerprint)),
+                new_fingerprint=fingerprint,
+                stage=coll.evolve_stage(fingerprint),
                 epoch=max(epoch, 0),
                 renames=renames,
                 new_batches=written,
                 supersede=supersede,
                 retire=retire,
             )
-        except CatalogError:  # refused: nothing was committed
+        except CatalogError:  # refused and rolled back: the files are nobody's
             unmark_evolving(self.root, self.circuit, fingerprint)
             for record in written:
                 self.warehouse.delete(record)
             raise
-        except BaseException:  # did it commit? The next registration finds out
-            for record in written:
-                self.warehouse.delete(record)
-            raise
-        if not committed:
-            for record in written:
-                self.warehouse.delete(record)
+        # Any other error (a lost connection: did it commit?) leaves the files to garbage
+        # collection, which deletes them only if the catalog does not name them.
         if committed:
             keep_evolved(self.root, self.circuit, fingerprint, kept, epoch)
+        else:  # another process evolved it first, with files of its own
+            for record in written:
+                self.warehouse.delete(record)
         report = EvolutionReport(
             name,
-            str(changed.fingerprint),
+            fingerprint,
             epoch,
             evolution,
             kept_nodes=len(mapping.kept),
