@@ -258,7 +258,7 @@ def test_an_open_epoch_is_finished_under_the_old_definition_first(
     # Nothing the refused evolution wrote is left registered, nor noted as under way.
     engine = SparkEngine(shop(), root, spark=lambda: spark)
     assert not _live(engine, coll.view("big_orders"))
-    assert "evolving" not in json.loads(signature_path(root, "shop").read_text())
+    assert "evolution" not in json.loads(signature_path(root, "shop").read_text())
 
 
 def _run_and_export(engine: SparkEngine, epoch: int, batch: dict[str, Any], out: Path) -> None:
@@ -373,7 +373,7 @@ def test_a_process_that_died_after_the_commit_leaves_enough_for_the_outputs(
     def killed(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("killed after the commit")
 
-    monkeypatch.setattr(circuits, "keep_evolved", killed)
+    monkeypatch.setattr(circuits, "register", killed)  # after the commit: the new signature
     with pytest.raises(RuntimeError, match="killed after the commit"):
         SparkEngine(shop(big_last=True), root, spark=lambda: spark, evolve=True)
     monkeypatch.undo()

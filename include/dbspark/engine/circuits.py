@@ -26,11 +26,14 @@ from typing import Any
 from dbspark.circuit.builder import Circuit
 from dbspark.circuit.evolution import Evolution, compare, signature
 from dbspark.circuit.fingerprint import circuit_fingerprint
+from dbspark.storage import collection_names as coll
 from dbspark.storage.catalog import Catalog, CircuitDefinitionChanged
 
 log = logging.getLogger("dbspark.engine")
 
 CIRCUITS = "_circuits"
+#: The signature file's note of the last evolution in place (``mark_evolving``).
+EVOLUTION_NOTE = "evolution"
 
 
 class CircuitChangedError(CircuitDefinitionChanged):
@@ -84,34 +87,13 @@ def register(catalog: Catalog, warehouse: str | os.PathLike[str], circuit: Circu
         ) from None
     kept = _read(path)
     if kept is None or kept.get("fingerprint") != fingerprint:
-        evolving = (kept or {}).get("evolving") or {}
-        if evolving.get("fingerprint") == fingerprint:
-            # An evolution whose catalog commit landed, its process gone before it kept
-            # the new signature: keep it now, with what it evolved from.
-            keep_evolved(warehouse, circuit, fingerprint, evolving["from"], evolving["epoch"])
-        else:
-            _write(path, {"fingerprint": fingerprint, "signature": signature(circuit)})
-
-
-def keep_evolved(
-    warehouse: str | os.PathLike[str],
-    circuit: Circuit,
-    fingerprint: str,
-    previous: dict[str, Any],
-    epoch: int,
-) -> None:
-    """Keep the signature of ``circuit``, which evolved in place at ``epoch`` from the
-    definition whose signature is ``previous``: what the outputs' correction needs if
-    the task that evolved it failed before correcting them (``evolved_from``)."""
-    _write(
-        signature_path(warehouse, circuit.name),
-        {
-            "fingerprint": fingerprint,
-            "signature": signature(circuit),
-            "evolved_from": previous,
-            "evolved_at": int(epoch),
-        },
-    )
+        content: dict[str, Any] = {"fingerprint": fingerprint, "signature": signature(circuit)}
+        note = (kept or {}).get(EVOLUTION_NOTE) or {}
+        if note.get("fingerprint") == fingerprint:
+            # The evolution to this definition (``mark_evolving``), which its outputs'
+            # correction reads (``pending_evolution``), stays with the new signature.
+            content[EVOLUTION_NOTE] = note
+        _write(path, content)
 
 
 def mark_evolving(
@@ -122,12 +104,14 @@ def mark_evolving(
     epoch: int,
 ) -> None:
     """Before an evolution's catalog commit: the kept signature (still the old
-    definition's) also names the evolution under way, so that whichever process next
-    registers the new definition keeps what it evolved from (``register``)."""
+    definition's) also notes the evolution to ``fingerprint``, from the definition whose
+    signature is ``previous``, at ``epoch``. Whichever process next registers the new
+    definition keeps the note with the new signature (``register``), so that a task that
+    died after the commit leaves what the outputs' correction needs."""
     path = signature_path(warehouse, circuit.name)
     kept = _read(path) or {}
-    evolving = {"fingerprint": fingerprint, "from": previous, "epoch": int(epoch)}
-    _write(path, {**kept, "evolving": evolving})
+    note = {"fingerprint": fingerprint, "from": previous, "epoch": int(epoch)}
+    _write(path, {**kept, EVOLUTION_NOTE: note})
 
 
 def unmark_evolving(warehouse: str | os.PathLike[str], circuit: Circuit, fingerprint: str) -> None:
@@ -135,25 +119,25 @@ def unmark_evolving(warehouse: str | os.PathLike[str], circuit: Circuit, fingerp
     signature no longer names it."""
     path = signature_path(warehouse, circuit.name)
     kept = _read(path)
-    if kept is not None and (kept.get("evolving") or {}).get("fingerprint") == fingerprint:
-        _write(path, {k: v for k, v in kept.items() if k != "evolving"})
+    if kept is not None and (kept.get(EVOLUTION_NOTE) or {}).get("fingerprint") == fingerprint:
+        _write(path, {k: v for k, v in kept.items() if k != EVOLUTION_NOTE})
 
 
-def evolved_from(
-    warehouse: str | os.PathLike[str], circuit: Circuit
+def pending_evolution(
+    catalog: Catalog, warehouse: str | os.PathLike[str], circuit: Circuit
 ) -> tuple[Evolution, int] | None:
-    """How ``circuit``'s definition differs from the one it last evolved from, and the
-    epoch it evolved at; None when the kept signature records no evolution to it."""
+    """The evolution to ``circuit``'s definition whose outputs are not all brought along
+    yet (no commit ``evolve-outputs:<fingerprint>``): how the definition differs from the
+    one it evolved from, and the epoch it evolved at; None when there is none."""
     kept = _read(signature_path(warehouse, circuit.name))
+    note = (kept or {}).get(EVOLUTION_NOTE) or {}
     fingerprint = circuit_fingerprint(circuit)
-    if kept is None:
+    if note.get("fingerprint") != fingerprint:
         return None
-    if kept.get("fingerprint") == fingerprint and "evolved_from" in kept:
-        return compare(kept["evolved_from"], circuit), int(kept["evolved_at"])
-    evolving = kept.get("evolving") or {}
-    if evolving.get("fingerprint") == fingerprint:
-        return compare(evolving["from"], circuit), int(evolving["epoch"])
-    return None
+    epoch = int(note["epoch"])
+    if catalog.stage_done(circuit.name, coll.evolve_outputs_stage(fingerprint), (epoch,)):
+        return None
+    return compare(note["from"], circuit), epoch
 
 
 def _read(path: Path) -> dict[str, Any] | None:

@@ -241,21 +241,19 @@ class EvolveUnit:
 
     def run(self, engine: Any) -> dict[str, Any]:
         from dbspark.circuit.fingerprint import circuit_fingerprint
-        from dbspark.engine.circuits import evolved_from
+        from dbspark.engine.circuits import pending_evolution
         from dbspark.orchestration.sinks.export import evolve_outputs
         from dbspark.orchestration.sinks.tables import TableSettings
         from dbspark.storage import collection_names as coll
 
         report = engine.evolved
         said = report.describe() if report is not None else None
-        pending = evolved_from(engine.root, engine.circuit)
+        pending = pending_evolution(engine.catalog, engine.root, engine.circuit)
         if pending is None:
             return {"evolved": report is not None, "description": said, "outputs": {}}
         evolution, at = pending
         name = engine.circuit.name
         stage = coll.evolve_outputs_stage(circuit_fingerprint(engine.circuit))
-        if engine.catalog.stage_done(name, stage, (at,)):
-            return {"evolved": report is not None, "description": said, "outputs": {}}
         done: dict[str, str] = {}
         if self.outputs is not None:
             tables = TableSettings.from_environment(self.tables)

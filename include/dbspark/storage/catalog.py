@@ -1329,20 +1329,13 @@ class Catalog:
             return sorted(r.collection for r in conn.execute(q))
 
     def all_collections(self, circuit: str) -> set[str]:
-        """Every collection name ``circuit`` has a batch (live or not) or a frontier of."""
-        bt, ft = batches_table, frontiers_table
+        """Every collection name ``circuit`` has a batch (live or not, ``collections``) or
+        a compaction frontier of."""
+        ft = frontiers_table
         with self._read() as conn:
-            names = set(
-                conn.execute(sa.select(bt.c.collection).where(bt.c.circuit == circuit).distinct())
-                .scalars()
-                .all()
-            )
-            names.update(
-                conn.execute(sa.select(ft.c.collection).where(ft.c.circuit == circuit))
-                .scalars()
-                .all()
-            )
-        return names
+            framed = conn.execute(sa.select(ft.c.collection).where(ft.c.circuit == circuit))
+            names = set(framed.scalars())
+        return names | set(self.collections(circuit))
 
     def all_batches(self, circuit: str | None = None) -> list[BatchRecord]:
         q = sa.select(batches_table).order_by(batches_table.c.id)

@@ -191,12 +191,10 @@ class _KeyIndex:
         # the probes also search the sorted codes several times faster.
         exact = probe.distinct and len(self.encoders) == len(probe.columns)
         wanted = np.sort(combined) if exact else np.unique(combined)
-        if not len(wanted):
+        if not len(wanted) or not len(self.sorted_codes):
             return np.empty(0, np.int64)
         lo = np.searchsorted(self.sorted_codes, wanted, side="left")
         if self.unique:
-            if not len(self.sorted_codes):
-                return np.empty(0, np.int64)
             found = np.minimum(lo, len(self.sorted_codes) - 1)
             ranks = lo[self.sorted_codes[found] == wanted]
             return ranks if self.positions is None else np.sort(self.positions[ranks])

@@ -91,8 +91,8 @@ class Evolve:
     def _evolve(self, changed: CircuitChangedError) -> EvolutionReport:
         from dbspark.engine.circuits import (
             CircuitChangedError,
-            keep_evolved,
             mark_evolving,
+            register,
             unmark_evolving,
         )
 
@@ -113,9 +113,7 @@ class Evolve:
         epoch = self.last_committed_epoch()
         renames: dict[str, str] = {}
         retire: list[str] = []
-        supersede: list[int] = []
         old_to_new = {old: new for new, old in mapping.kept.items()}
-        live = [b for b in self.catalog.all_batches(name) if b.live]
         for collection in sorted(self.catalog.all_collections(name)):
             parsed = coll.parse(collection)
             if parsed is None or parsed.node is None:
@@ -126,9 +124,8 @@ class Evolve:
                     renames[collection] = coll.renumbered(collection, new_id)
             else:
                 retire.append(collection)
-                supersede += [b.id for b in live if b.collection == collection and b.id]
-        for view in [*evolution.removed, *evolution.changed]:
-            supersede += [b.id for b in live if b.collection == coll.view(view) and b.id]
+        replaced = [coll.view(view) for view in [*evolution.removed, *evolution.changed]]
+        supersede = [b.id for b in self.catalog.live_batches(name, retire + replaced) if b.id]
         retire += [coll.view(view) for view in evolution.removed]
         written: list[BatchRecord] = []
         seeded: dict[str, int] = {}
@@ -156,7 +153,7 @@ class Evolve:
         # Any other error (a lost connection: did it commit?) leaves the files to garbage
         # collection, which deletes them only if the catalog does not name them.
         if committed:
-            keep_evolved(self.root, self.circuit, fingerprint, kept, epoch)
+            register(self.catalog, self.root, self.circuit)  # the new signature, and note
         else:  # another process evolved it first, with files of its own
             for record in written:
                 self.warehouse.delete(record)

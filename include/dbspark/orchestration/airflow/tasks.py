@@ -498,19 +498,13 @@ class EpochTasks:
         since the warehouse's state was kept (an ``EvolveUnit`` either takes the state
         over, or fails saying why it cannot), or an evolution's outputs are not all
         brought along yet (a task that failed after the evolution's commit)."""
-        from dbspark.circuit.fingerprint import circuit_fingerprint
-        from dbspark.engine.circuits import CircuitChangedError, evolved_from, register
-        from dbspark.storage import collection_names as coll
+        from dbspark.engine.circuits import CircuitChangedError, pending_evolution, register
 
         try:
             register(catalog, deployment.warehouse, self.circuit)  # says what changed
         except CircuitChangedError:
             return True
-        pending = evolved_from(deployment.warehouse, self.circuit)
-        if pending is None:
-            return False
-        stage = coll.evolve_outputs_stage(circuit_fingerprint(self.circuit))
-        return not catalog.stage_done(self.name, stage, (pending[1],))
+        return pending_evolution(catalog, deployment.warehouse, self.circuit) is not None
 
     def _execute(self, deployment: Deployment, unit: Unit) -> dict[str, Any]:
         """Run a unit here (local Spark or Spark Connect) or with spark-submit, under a
