@@ -24,6 +24,7 @@ None; a double is compared only where no value is NaN (``in_arrow``).
 from __future__ import annotations
 
 import datetime as dt
+import decimal
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,11 +32,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dbspark.circuit.expressions import NULL_TYPE
-from dbspark.core.types import BIGINT, DATE, DOUBLE, TIMESTAMP
-from dbspark.engine.expression_compiler import ExpressionCompiler
+from dbspark.core.types import BIGINT, DATE, DOUBLE, TIMESTAMP, is_decimal
+from dbspark.engine.expression_compiler import ExpressionCompiler, widens
 from dbspark.engine.local import in_arrow
 from dbspark.engine.local.frame import col as frame_column
-from dbspark.engine.local.frame import duck_type
+from dbspark.engine.local.frame import duck_type, stored_type
 
 Computed = in_arrow.ArrowColumn | None
 
@@ -49,6 +50,12 @@ _STORED = {
 _COMPARE = {"==": "=", "!=": "<>"}
 
 
+def _arrow_type(kind: str) -> pa.DataType | None:
+    """The Arrow type a column of the stored type ``kind`` has (None: not computed here)."""
+    duck = duck_type(kind)
+    return _STORED.get(duck) or stored_type(duck)
+
+
 class ArrowCompiler(ExpressionCompiler[Computed]):
     """``ExpressionCompiler`` emitting Arrow computations (None: leave it to the SQL)."""
 
@@ -56,7 +63,7 @@ class ArrowCompiler(ExpressionCompiler[Computed]):
         coerced = self.coerce(column, kind, target)
         if target == NULL_TYPE:
             return coerced
-        return in_arrow.cast(coerced, _STORED.get(duck_type(target)))
+        return in_arrow.cast(coerced, _arrow_type(target))
 
     def column(self, name: str) -> Computed:
         return frame_column(name).arrow
@@ -77,7 +84,13 @@ class ArrowCompiler(ExpressionCompiler[Computed]):
             return in_arrow.constant(pa.scalar(value, pa.float64()))  # compared only without NaN
         if isinstance(value, (bool, str)):
             return in_arrow.literal(value)
-        return None  # decimals
+        if is_decimal(kind) and isinstance(value, (int, decimal.Decimal)):
+            try:  # the typing walk gave the literal a type that holds it exactly
+                scalar = pa.scalar(decimal.Decimal(value), _arrow_type(kind))
+            except (pa.ArrowInvalid, OverflowError):
+                return None
+            return in_arrow.constant(scalar)
+        return None
 
     def untyped_null(self) -> Computed:
         return None
@@ -93,9 +106,15 @@ class ArrowCompiler(ExpressionCompiler[Computed]):
             return column
         if kind == NULL_TYPE:
             return self.null(target)
-        return None  # a widening cast: to DOUBLE, a decimal or a timestamp
+        if is_decimal(target) and widens(kind, target):
+            return self.convert(column, kind, target)
+        return None  # a widening cast to DOUBLE or a timestamp
 
     def convert(self, column: Computed, kind: str, target: str) -> Computed:
+        # An integer or a decimal to a decimal, where the SQL's TRY_CAST neither rounds
+        # nor overflows (else NULL there: None here leaves it to the SQL).
+        if is_decimal(target) and (kind == BIGINT or is_decimal(kind)):
+            return in_arrow.to_decimal(column, _arrow_type(target))
         return None
 
     def negate(self, column: Computed) -> Computed:
@@ -122,7 +141,9 @@ class ArrowCompiler(ExpressionCompiler[Computed]):
     def decimal_arithmetic(
         self, op: str, operands: Sequence[tuple[Computed, str]], result: str
     ) -> Computed:
-        return None
+        # Exact, then the result's type; rounding to a smaller scale is the SQL's.
+        (a, _), (b, _) = operands
+        return in_arrow.exact_decimal(op, a, b, _arrow_type(result))
 
     def divide(self, a: Computed, b: Computed) -> Computed:
         return None

@@ -52,7 +52,7 @@ _TYPES = {
 }
 
 
-def _stored_type(duck: str) -> pa.DataType | None:
+def stored_type(duck: str) -> pa.DataType | None:
     """The Arrow type a DATE, TIMESTAMPTZ or DECIMAL(p,s) column holds (None: another)."""
     if duck == "DATE":
         return pa.date32()
@@ -150,12 +150,13 @@ class LocalColumn:
     def cast(self, type_name: Any) -> LocalColumn:
         target = duck_type(type_name)
         arrow_target = in_arrow.ARROW_TYPES.get(target)
+        stored = arrow_target or stored_type(target)
         if isinstance(self, _Literal):
             arrow = in_arrow.typed_literal(self.value, arrow_target) if arrow_target else None
         else:
             # A DATE, TIMESTAMP or DECIMAL column cast to the type it has is itself.
-            arrow = in_arrow.cast(self.arrow, arrow_target or _stored_type(target))
-        aggregate = self.aggregate.cast(arrow_target) if self.aggregate else None
+            arrow = in_arrow.cast(self.arrow, stored)
+        aggregate = self.aggregate.cast(stored) if self.aggregate else None
         return LocalColumn(f"CAST({self.sql} AS {target})", self.name, arrow, aggregate)
 
     # predicates --------------------------------------------------------------------------

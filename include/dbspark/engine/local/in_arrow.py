@@ -35,6 +35,7 @@ leaves everything else to DuckDB. Each function here returns None when it cannot
 from __future__ import annotations
 
 import operator
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -156,8 +157,9 @@ def typed_literal(value: Any, target: pa.DataType) -> ArrowColumn | None:
 
 
 def cast(source: ArrowColumn | None, target: pa.DataType | None) -> ArrowColumn | None:
-    """``CAST(column AS target)`` where that is exact: a column already of the type, or an
-    integer widened. Anything else (narrowing, float to integer, text) runs the query."""
+    """``CAST(column AS target)`` where that is exact: a column already of the type, an
+    integer widened, a decimal to a decimal type that holds its value without rounding.
+    Anything else (rounding, float to integer, text) runs the query."""
     if source is None or target is None:
         return None
 
@@ -167,6 +169,8 @@ def cast(source: ArrowColumn | None, target: pa.DataType | None) -> ArrowColumn 
             return None
         if values.type == target:
             return values
+        if pa.types.is_decimal128(values.type) and pa.types.is_decimal128(target):
+            return decimal_result(values, target)  # exact, or left to the SQL
         widened = (
             pa.types.is_integer(values.type)
             and pa.types.is_signed_integer(target)
@@ -205,6 +209,7 @@ def binary(op: str, left: ArrowColumn | None, right: ArrowColumn | None) -> Arro
     """``left op right`` for a comparison, integer arithmetic or AND/OR."""
     if left is None or right is None:
         return None
+    exact = _DECIMAL_ARITHMETIC.get(op)
     if op in _COMPARISONS:
         function = _COMPARISONS[op]
         accepts: Callable[[pa.DataType, pa.DataType], bool] = _same_comparable
@@ -221,6 +226,8 @@ def binary(op: str, left: ArrowColumn | None, right: ArrowColumn | None) -> Arro
         values = _evaluated(table, left, right)
         if values is None:
             return None
+        if exact is not None and _decimal_operands(*values):
+            return _as_duckdb_computes(op, exact, *values)
         if not accepts(values[0].type, values[1].type) and not (
             op in _COMPARISONS and _without_nan(*values)
         ):
@@ -231,6 +238,126 @@ def binary(op: str, left: ArrowColumn | None, right: ArrowColumn | None) -> Arro
             return None
 
     return run
+
+
+# --- decimals ----------------------------------------------------------------------------
+# Decimal arithmetic is computed exactly, in 256-bit decimals (76 digits hold any sum or
+# product of two 38-digit operands), then cast, checked, to the type the SQL's step has:
+# a value that does not fit raises, and the step is left to the SQL, which raises its own
+# error. A cast that would round (a smaller scale) is left to the SQL as well.
+_DECIMAL_ARITHMETIC = {"+": pc.add, "-": pc.subtract, "*": pc.multiply}
+_DUCKDB_INTEGERS = {
+    pa.int8(): "TINYINT",
+    pa.int16(): "SMALLINT",
+    pa.int32(): "INTEGER",
+    pa.int64(): "BIGINT",
+}
+_duckdb_results: dict[tuple[str, pa.DataType, pa.DataType], pa.DataType | None] = {}
+_duckdb_lock = threading.Lock()
+
+
+def _decimal_operands(a: ArrowValues, b: ArrowValues) -> bool:
+    """Two decimals, or a decimal and a signed integer (at most 38 digits each)."""
+    kinds = (a.type, b.type)
+    return any(pa.types.is_decimal128(k) for k in kinds) and all(
+        pa.types.is_decimal128(k) or k in _DUCKDB_INTEGERS for k in kinds
+    )
+
+
+def _exact(values: ArrowValues) -> ArrowValues:
+    """A decimal or an integer as a 256-bit decimal of the same value."""
+    kind = values.type
+    if pa.types.is_decimal(kind):
+        return values.cast(pa.decimal256(kind.precision, kind.scale))
+    return values.cast(pa.int64()).cast(pa.decimal256(19, 0))
+
+
+def decimal_result(exact: ArrowValues, target: pa.DataType | None) -> ArrowValues | None:
+    """An exactly computed decimal as ``target``, checked; None when it would round or
+    does not fit."""
+    if target is None or not pa.types.is_decimal(target) or target.scale < exact.type.scale:
+        return None
+    try:
+        return exact.cast(target)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+
+
+def to_decimal(column: ArrowColumn | None, target: pa.DataType | None) -> ArrowColumn | None:
+    """An integer or decimal column as the decimal ``target``: exact, or None (the SQL's
+    TRY_CAST, which gives NULL where the value does not fit)."""
+    if column is None or target is None:
+        return None
+
+    def run(table: pa.Table) -> ArrowValues | None:
+        values = column(table)
+        if values is None:
+            return None
+        kind = values.type
+        if not (pa.types.is_decimal128(kind) or kind in _DUCKDB_INTEGERS):
+            return None
+        return decimal_result(_exact(values), target)
+
+    return run
+
+
+def exact_decimal(
+    op: str, left: ArrowColumn | None, right: ArrowColumn | None, result: pa.DataType | None
+) -> ArrowColumn | None:
+    """``left op right`` (``+``, ``-``, ``*``) of two decimals, computed exactly, as the
+    decimal ``result``; None where that would round or the value does not fit it."""
+    function = _DECIMAL_ARITHMETIC.get(op)
+    if left is None or right is None or result is None or function is None:
+        return None
+
+    def run(table: pa.Table) -> ArrowValues | None:
+        values = _evaluated(table, left, right)
+        if values is None or not all(pa.types.is_decimal128(v.type) for v in values):
+            return None
+        try:
+            exact = function(*map(_exact, values))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            return None
+        return decimal_result(exact, result)
+
+    return run
+
+
+def _as_duckdb_computes(
+    op: str, function: Callable[..., ArrowValues], a: ArrowValues, b: ArrowValues
+) -> ArrowValues | None:
+    try:
+        exact = function(_exact(a), _exact(b))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+    return decimal_result(exact, _duckdb_result(op, a.type, b.type))
+
+
+def _duckdb_result(op: str, a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
+    """The type DuckDB gives ``a op b`` (its own rules: a product of two 18-digit
+    decimals keeps 18 digits, say), asked of DuckDB once per pair of types."""
+    key = (op, a, b)
+    with _duckdb_lock:
+        if key not in _duckdb_results:
+            _duckdb_results[key] = _ask_duckdb(op, a, b)
+        return _duckdb_results[key]
+
+
+def _ask_duckdb(op: str, a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
+    import duckdb
+
+    def name(kind: pa.DataType) -> str:
+        if pa.types.is_decimal(kind):
+            return f"DECIMAL({kind.precision},{kind.scale})"
+        return _DUCKDB_INTEGERS[kind]
+
+    # Zeros, not NULLs: DuckDB folds an expression over NULL constants to an untyped NULL.
+    query = f"SELECT CAST(0 AS {name(a)}) {op} CAST(0 AS {name(b)}) AS r"
+    try:
+        kind = duckdb.connect(":memory:").sql(query).to_arrow_table().schema.field("r").type
+    except duckdb.Error:
+        return None
+    return kind if pa.types.is_decimal128(kind) else None
 
 
 def _without_nan(a: ArrowValues, b: ArrowValues) -> bool:
@@ -504,6 +631,8 @@ def aggregate(
         values = _evaluated(table, found.argument)
         if values is None or not _aggregable(found, values[0], table.num_rows):
             return None
+        if found.function == "sum" and pa.types.is_decimal(values[0].type):
+            values = [_exact(values[0]).cast(pa.decimal256(76, values[0].type.scale))]
         arguments.append(values[0])
     columns = {f"k{i}": v for i, v in enumerate(key_values)}
     columns.update({f"a{i}": v for i, v in enumerate(arguments)})
@@ -523,7 +652,14 @@ def aggregate(
     finished = []
     for column, (_, found) in zip(out[len(keys) :], aggregates, strict=True):
         target = found.cast_to  # type: ignore[union-attr]
-        if target is not None and column.type != target:
+        if pa.types.is_decimal256(column.type):  # a sum of decimals, exact
+            # DuckDB's sum of a DECIMAL(p, s) is a DECIMAL(38, s), then cast.
+            column = decimal_result(column, pa.decimal128(38, column.type.scale))
+            if column is not None and target is not None:
+                column = decimal_result(column, target)
+            if column is None:
+                return None
+        elif target is not None and column.type != target:
             if not (pa.types.is_integer(column.type) and pa.types.is_integer(target)):
                 return None
             column = column.cast(target)  # checked: a value that does not fit raises
@@ -538,6 +674,8 @@ def _aggregable(found: Aggregate, values: ArrowValues, rows: int) -> bool:
         return True
     if found.function in ("max", "min"):
         return comparable(kind) or plain_floats(values)
+    if pa.types.is_decimal128(kind):  # summed exactly (``aggregate``)
+        return found.cast_to is None or pa.types.is_decimal(found.cast_to)
     # sum: DuckDB's is a HUGEINT the kernels cast back; exact in int64 when no partial sum
     # can leave it, which the largest magnitude times the row count bounds.
     if not pa.types.is_integer(kind) or found.cast_to != pa.int64():
@@ -562,7 +700,7 @@ def _scalar_type(function: str, kind: pa.DataType) -> pa.DataType:
     if function == "count":
         return pa.int64()
     if function == "sum":
-        return pa.int64()
+        return kind if pa.types.is_decimal256(kind) else pa.int64()
     return kind
 
 
