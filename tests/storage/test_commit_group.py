@@ -151,3 +151,55 @@ def test_auto_syncs_the_file_system_only_while_little_else_is_dirty(
     monkeypatch.setenv(durability.SYNC_METHOD_SETTING, "auto")
     meminfo.unlink()
     assert durability.sync_method() == "fsync"
+
+
+def test_a_group_keeps_its_operator_batches_up_to_date_without_reading_them_again(
+    tmp_path: Path,
+) -> None:
+    """An epoch's units each ask for the circuit's operator batches: inside a group the
+    list is read once, then each stage commit adds its own batches (with their ids);
+    a commit that supersedes batches, or the end of the group, makes it read again."""
+    import sqlalchemy as sa
+
+    cat = Catalog.for_warehouse(tmp_path)
+    cat.register_circuit("c", "fp")
+    reads: list[str] = []
+
+    def count(conn, cursor, statement, *args) -> None:
+        whole = "created_by = " not in statement  # not a commit's own new batches
+        if statement.lstrip().startswith("SELECT batches.id") and whole:
+            reads.append(statement)
+
+    sa.event.listen(cat.engine, "before_cursor_execute", count)
+
+    def fresh() -> list[tuple]:
+        seen: list[list[BatchRecord]] = []
+        thread = threading.Thread(target=lambda: seen.append(cat.operator_batches("c")))
+        thread.start()
+        thread.join()
+        return [(b.id, b.path) for b in seen[0]]
+
+    with cat.grouped():
+        cat.open_epoch("c", 0)
+        assert cat.commit("c", "a", (0,), [_batch(tmp_path, "a", (0,))])
+        first = cat.operator_batches("c")
+        assert len(first) == 1 and first[0].id is not None
+        before = len(reads)
+        assert cat.commit("c", "b", (0,), [_batch(tmp_path, "b", (0,))])
+        kept = cat.operator_batches("c")
+        assert [b.collection for b in kept] == ["a.out", "b.out"]
+        assert all(b.id is not None for b in kept)
+        # The new batch's id came with the commit: the list itself was not read again.
+        assert len(reads) == before
+        cat.flush()
+        assert [(b.id, b.path) for b in kept] == fresh()
+        cat.open_epoch("c", 1)
+        assert cat.commit("c", "c", (1,), [_batch(tmp_path, "c", (1,))])
+        cat.operator_batches("c")
+        replaced = cat.operator_batches("c")[0]
+        assert cat.commit("c", "d", (1,), [_batch(tmp_path, "d", (1,))], supersede=[replaced.id])
+        after = cat.operator_batches("c")
+        assert replaced.id not in {b.id for b in after}
+        cat.flush()
+        assert [(b.id, b.path) for b in after] == fresh()
+    cat.close()

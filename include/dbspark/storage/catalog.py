@@ -484,6 +484,9 @@ class _CommitGroup:
         self.thread = threading.get_ident()
         self.paths: list[Path] = []
         self._conn: Connection | None = None
+        # Each circuit's live operator batches as this transaction sees them, kept up
+        # to date by the group's own stage commits (``Catalog.operator_batches``).
+        self.operator_batches: dict[str, list[BatchRecord]] = {}
 
     @property
     def open(self) -> bool:
@@ -512,6 +515,7 @@ class _CommitGroup:
             self._conn.close()
             self._conn = None
         self.paths = []
+        self.operator_batches = {}  # other writers may commit once the lock is released
 
 
 class Catalog:
@@ -611,11 +615,15 @@ class Catalog:
         self.engine.dispose()
 
     @contextlib.contextmanager
-    def _write(self) -> Iterator[Connection]:
+    def _write(self, keeps_batches: bool = False) -> Iterator[Connection]:
         """A read-write transaction (on SQLite it takes the write lock up front); inside
-        :meth:`grouped`, a savepoint of the group's transaction."""
+        :meth:`grouped`, a savepoint of the group's transaction. ``keeps_batches``: the
+        write brings the group's operator batches up to date itself (else they are read
+        again)."""
         group = self._own_group()
         if group is not None:
+            if not keeps_batches:
+                group.operator_batches.clear()
             conn = group.connection()
             with conn.begin_nested():
                 yield conn
@@ -1125,7 +1133,7 @@ class Catalog:
         time_text = encode_time(time)
         epoch = int(next(iter(time)))
         try:
-            with self._write() as conn:
+            with self._write(keeps_batches=not supersede_ids) as conn:
                 now = _now()  # inside the transaction: SQLite's writers are serialised
                 if self._stage_run_id(conn, circuit, stage, time_text) is not None:
                     return False
@@ -1171,11 +1179,25 @@ class Catalog:
                     conn.execute(_INSERT_UNIT_INPUT, fingerprint)
                 for collection, times in (frontiers or {}).items():
                     self._set_frontier(conn, circuit, collection, times, now)
+                self._keep_operator_batches(conn, circuit, run_id, bool(batches))
                 return True
         except sa.exc.IntegrityError as err:
             if self.stage_done(circuit, stage, time):
                 return False  # lost a race against another attempt of the same stage
             raise CatalogError(f"commit of stage {stage!r} at {time_text} failed: {err}") from err
+
+    def _keep_operator_batches(
+        self, conn: Connection, circuit: str, run_id: int, wrote: bool
+    ) -> None:
+        """Add a group's new commit's operator batches (with their ids) to the group's
+        list of them, if it keeps one."""
+        group = self._own_group()
+        kept = group.operator_batches.get(circuit) if group is not None else None
+        if kept is None or not wrote:
+            return
+        query = _OPERATOR_BATCHES.where(batches_table.c.created_by == run_id)
+        kept.extend(_batch_record(r) for r in conn.execute(query, {"circuit": circuit}))
+        kept.sort(key=lambda b: (b.epoch, b.id or 0))
 
     def _make_durable(self, batches: list[BatchRecord]) -> None:
         """Durable before visible: a crash after the commit must not leave the catalog
@@ -1313,9 +1335,23 @@ class Catalog:
     def operator_batches(self, circuit: str) -> list[BatchRecord]:
         """The live batches of every collection an operator reads (deltas and arranged
         traces), oldest first, in one query: not the raw input logs nor the published
-        views, which grow with every epoch and are read only by name."""
+        views, which grow with every epoch and are read only by name.
+
+        Inside a group holding uncommitted writes, the list is read once and then kept
+        up to date by the group's own stage commits: an epoch's units each ask for it,
+        and decoding every batch again per unit cost more than the unit's own work.
+        (A compaction committed meanwhile by another thread is not seen: the batches it
+        replaced hold the same rows at the times any unit of the epoch reads.)"""
+        group = self._own_group()
+        if group is not None and group.open and circuit in group.operator_batches:
+            return list(group.operator_batches[circuit])
         with self._read() as conn:
-            return [_batch_record(r) for r in conn.execute(_OPERATOR_BATCHES, {"circuit": circuit})]
+            found = [
+                _batch_record(r) for r in conn.execute(_OPERATOR_BATCHES, {"circuit": circuit})
+            ]
+        if group is not None and group.open:
+            group.operator_batches[circuit] = found
+        return list(found)
 
     def batch(self, id: int) -> BatchRecord | None:
         with self._read() as conn:

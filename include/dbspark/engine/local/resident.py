@@ -279,7 +279,10 @@ class ResidentFile:
             values = self.table.column(first[0])
             wanted = probe.cast(0, values.type)
             return table.filter(pc.is_in(values, value_set=wanted, skip_nulls=False))
-        return table.take(pa.array(index.rows_of(probe)))
+        rows = index.rows_of(probe)
+        if not len(rows):  # most small files of a trace hold none of a delta's keys
+            return table.slice(0, 0)
+        return table.take(pa.array(rows))
 
 
 class ResidentFiles:
