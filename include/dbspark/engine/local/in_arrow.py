@@ -124,7 +124,24 @@ def distinct(table: pa.Table) -> pa.Table | None:
 
 def constant(scalar: pa.Scalar) -> ArrowColumn:
     """``scalar`` repeated per row."""
-    return lambda table: pa.repeat(scalar, table.num_rows)
+    return lambda table: repeated(scalar, table.num_rows)
+
+
+#: Constant columns by (scalar, length): a kernel's literals (a weight's 0, a flag's 1)
+#: are the same few values over tables of one length, many times in one step.
+_REPEATED: dict[tuple[pa.Scalar, int], pa.Array] = {}
+_REPEATED_KEPT = 256
+
+
+def repeated(scalar: pa.Scalar, length: int) -> pa.Array:
+    """``scalar`` ``length`` times (arrays are immutable: one is shared by every use)."""
+    key = (scalar, length)
+    found = _REPEATED.get(key)
+    if found is None or found.type != scalar.type:  # 1 == 1.0 as keys; types differ
+        if len(_REPEATED) >= _REPEATED_KEPT:
+            _REPEATED.clear()
+        found = _REPEATED[key] = pa.repeat(scalar, length)
+    return found
 
 
 def literal(value: Any) -> ArrowColumn | None:
@@ -467,6 +484,11 @@ def case(
             widest = max(kinds, key=operator.attrgetter("bit_width"))
             values = [v.cast(widest) for v in values]
         conditions = [_one_chunk(c) for c in conditions]
+        first = conditions[0]
+        if first.null_count == 0 and first.true_count == len(first):
+            # The first condition holds on every row (a value tested for NULL that has
+            # none, the kernels' usual case): its value is the answer, no selection.
+            return values[0]
         names = [f"c{i}" for i in range(len(conditions))]
         return pc.case_when(
             pc.make_struct(*conditions, field_names=names), *map(_one_chunk, values)

@@ -30,6 +30,7 @@ from dbspark.core.columns import WEIGHT
 from dbspark.core.types import Schema
 from dbspark.core.zset import ZSet
 from dbspark.engine.batches import fingerprint_text
+from dbspark.engine.local import in_arrow
 from dbspark.engine.local.dialect import arrow_type, semi_join
 from dbspark.engine.local.frame import LocalFrame, LocalSession, duck_type, quote
 from dbspark.engine.local.resident import KeyProbe, ResidentFile, ResidentFiles
@@ -495,9 +496,12 @@ def table_fingerprint(table: pa.Table) -> str:
     names = sorted(table.column_names)
     if table.num_rows:
         arrays = [table.column(n) for n in names]
-        pattern = pc.binary_join_element_wise(
-            *[pc.cast(pc.cast(pc.is_null(a), pa.int32()), pa.string()) for a in arrays], ""
-        )
+        if any(a.null_count for a in arrays):
+            pattern = pc.binary_join_element_wise(
+                *[pc.cast(pc.cast(pc.is_null(a), pa.int32()), pa.string()) for a in arrays], ""
+            )
+        else:  # every row's pattern is all zeros
+            pattern = in_arrow.repeated(pa.scalar("0" * len(arrays)), table.num_rows)
         hashes = xxhash64([*arrays, pattern])
         total = int(np.sum(hashes.astype(object)))
     else:
