@@ -35,6 +35,10 @@ RUNS = 3
 #: Epochs of the fixed delta after its warm-up: one point of a slope across scale
 #: factors, and a small epoch's time varies more than a large one's.
 ALPHA_RUNS = 5
+#: Sizes up to this fraction also take the median of ``ALPHA_RUNS`` epochs: a 0.1%
+#: epoch (0.1-0.2 s) varies by +-30% from one epoch to the next, more than its target's
+#: margin, and five more of them cost a second.
+SMALL_FRACTION = 0.001
 
 
 def run(
@@ -86,7 +90,9 @@ def run(
         for step, (on, fraction, fixed_delta) in enumerate(plan):
             if not series.fits(f"SF {sf:g}: epochs from fraction {fraction:g} on", 2.5):
                 break
-            size_runs = max(runs, ALPHA_RUNS) if fixed_delta else runs
+            # (--quick's single compared epoch stays one.)
+            small = fixed_delta or (fraction <= SMALL_FRACTION and runs > 1)
+            size_runs = max(runs, ALPHA_RUNS) if small else runs
             first = last.get(on.name, 0) + 1
             epochs = range(first, first + 1 + size_runs)
             last[on.name] = epochs[-1]
