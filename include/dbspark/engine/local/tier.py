@@ -453,7 +453,7 @@ class LocalTier:
         except BaseException:
             shutil.rmtree(target, ignore_errors=True)
             raise
-        size = sum(os.path.getsize(f) for f in parquet_files(target))
+        size = sum(os.path.getsize(file) for file, _ in written)
         return BatchRecord(
             circuit=circuit,
             collection=collection,
