@@ -1,0 +1,103 @@
+"""On the Spark tier alone, a loop iteration of a small epoch runs at most one Spark job.
+
+A Spark unit that writes from the driver (``driver_rows``) defers the writes of a loop
+iteration and collects all of them, with the convergence bound's queries when they are
+needed, in ONE job (``Warehouse.flush``); a write of rows the driver holds (the loop
+variable's delta, the previous iteration's result) needs no job at all. Counting jobs is
+not timing: the count is what this property is about, and Spark reports it exactly
+(each iteration's jobs carry their own job group).
+
+Deferring must change nothing else: every view equals the reference engine's after
+every epoch, and each loop stops at the same iteration, with the same delta sizes, as on
+the local tier (whose convergence rule is the same code, judged without deferral),
+through deletions inside cycles that owe corrections at deep iterations.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from dbspark.engine.reference.engine import ReferenceEngine
+from dbspark.engine.spark.executor import SparkEngine
+from dbspark.examples.circuits import reachability
+
+# A chain into a cycle and a second cycle; later epochs delete edges inside the cycles
+# (the hard case: corrections due at iterations the epoch has not reached yet), add
+# shortcuts and roots, and retract a root.
+HISTORY: list[dict[str, list[tuple[tuple[Any, ...], int]]]] = [
+    {
+        "edges": [
+            ((1, 2), 1),
+            ((2, 3), 1),
+            ((3, 4), 1),
+            ((4, 5), 1),
+            ((5, 6), 1),
+            ((6, 3), 1),
+            ((6, 7), 1),
+            ((7, 8), 1),
+            ((8, 7), 1),
+            ((9, 10), 1),
+        ],
+        "roots": [((1,), 1)],
+    },
+    {"edges": [((5, 6), -1), ((1, 5), 1)], "roots": []},
+    {"edges": [((2, 3), -1), ((8, 9), 1)], "roots": [((9,), 1)]},
+    {"edges": [((1, 5), -1), ((5, 6), 1)], "roots": []},
+    {"edges": [((6, 7), -1)], "roots": [((1,), -1)]},
+]
+
+
+def _count_jobs_per_iteration(spark: Any, engine: SparkEngine) -> list[str]:
+    """Give each loop iteration ``engine`` runs its own Spark job group; the groups, in
+    the order run."""
+    context = spark.sparkContext
+    groups: list[str] = []
+    run_iteration = engine.run_iteration
+
+    def counted(loop: Any, prefix: Any) -> Any:
+        group = f"dbspark-test-iteration-{id(engine)}-{len(groups)}"
+        groups.append(group)
+        context.setJobGroup(group, group)
+        try:
+            return run_iteration(loop, prefix)
+        finally:
+            context.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+
+    engine.run_iteration = counted  # type: ignore[method-assign]
+    return groups
+
+
+def _jobs(spark: Any, group: str) -> int:
+    return len(spark.sparkContext.statusTracker().getJobIdsForGroup(group))
+
+
+def _wait_for_listeners(spark: Any) -> None:
+    """Let Spark's listener bus report every job that ran (it reports asynchronously)."""
+    spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty()
+
+
+def test_a_loop_iteration_on_the_spark_tier_alone_runs_one_job(spark: Any, tmp_path: Path) -> None:
+    circuit = lambda: reachability(node_type="bigint")  # noqa: E731
+    reference = ReferenceEngine(circuit())
+    local = SparkEngine(circuit(), tmp_path / "local", spark=spark)
+    on_spark = SparkEngine(circuit(), tmp_path / "spark", spark=spark, local_rows=0)
+    assert on_spark.driver_rows > 0  # small epochs: the unit writes from the driver
+    groups = _count_jobs_per_iteration(spark, on_spark)
+    for epoch, inputs in enumerate(HISTORY):
+        expected = reference.step(inputs)
+        got = on_spark.step(inputs)
+        assert got.views == expected.views, f"epoch {epoch}"
+        same_tier = local.step(inputs)
+        assert same_tier.views == expected.views
+        assert {u.tier for u in got.report.units if u.tier} == {"spark"}
+        # Convergence judged as without deferral: same iterations, same delta sizes.
+        loops = [(r.loop, r.time, r.delta_sizes) for r in got.loops]
+        assert loops == [(r.loop, r.time, r.delta_sizes) for r in same_tier.loops]
+        (report,) = got.loops
+        assert report.stop_reason.startswith("converged")
+    _wait_for_listeners(spark)
+    jobs = [_jobs(spark, group) for group in groups]
+    assert len(jobs) > 2 * len(HISTORY)  # the deletions took several iterations
+    assert max(jobs) <= 1, jobs
+    assert sum(jobs) > 0  # the count does see the iterations' jobs
