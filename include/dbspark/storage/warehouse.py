@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from dbspark.storage.catalog import KINDS, BatchRecord, _check_name
@@ -87,26 +86,19 @@ class KeySet:
     buckets holding the keys; None means every bucket (too many keys to gather).
     ``table`` holds the distinct keys on the driver when they were gathered there (a
     Spark read then filters by them as literals, see ``LITERAL_KEYS``).
-
-    ``everything``: the keys are not known before the job that computes them (some are in
-    a deferred batch, ``Warehouse.flush``), so a read for them is not pruned at all. Only
-    the stateful kernels read so (``SparkTier.written_keys``), and for them a superset of
-    the keys is exact: a key with no update in the epoch has equal corners of the unit
-    box, so no output (as a global aggregate reads its whole trace).
     """
 
     frame: DataFrame
     buckets: Mapping[int, frozenset[int]] | None
     rows: int | None
     table: pa.Table | None = None
-    everything: bool = False
 
     def renamed(self, names: Sequence[str]) -> KeySet:
         """The same keys under other column names (one join side's keys as the other's):
         the buckets stay valid, since the hash depends on values and types, not names."""
         columns = [self.frame[c].alias(n) for c, n in zip(self.frame.columns, names, strict=True)]
         table = None if self.table is None else self.table.rename_columns(list(names))
-        return KeySet(self.frame.select(*columns), self.buckets, self.rows, table, self.everything)
+        return KeySet(self.frame.select(*columns), self.buckets, self.rows, table)
 
 
 def known_keys(frame: DataFrame, table: pa.Table, bucket_counts: Sequence[int]) -> KeySet:
@@ -120,21 +112,6 @@ def known_keys(frame: DataFrame, table: pa.Table, bucket_counts: Sequence[int]) 
         for n in bucket_counts
     }
     return KeySet(frame, buckets, table.num_rows, table)
-
-
-@dataclass(frozen=True)
-class PendingWrite:
-    """A batch whose write is deferred (``Warehouse.write(defer=True)``): the frame to
-    write, with ``__bucket`` when it is bucketed, until ``Warehouse.flush`` collects it
-    with every other pending batch in one job."""
-
-    frame: DataFrame
-    original: DataFrame
-    record: BatchRecord
-    bucket_by: tuple[str, ...] | None
-    buckets: int
-    prebucketed: bool
-    driver_rows: int
 
 
 def time_dir(time: Sequence[int]) -> str:
@@ -153,8 +130,6 @@ class Warehouse:
         self._maxima: dict[tuple[str, str], int | None] = {}
         # ... and the rows of one written from the driver are known without a read.
         self._driver_written: dict[str, pa.Table] = {}
-        # Batches whose write waits for ``flush``, by path: reads take their frames.
-        self._pending: dict[str, PendingWrite] = {}
 
     def __repr__(self) -> str:
         return f"Warehouse({str(self.root)!r})"
@@ -187,7 +162,6 @@ class Warehouse:
         buckets: int = DEFAULT_BUCKETS,
         prebucketed: bool = False,
         driver_rows: int = 0,
-        defer: bool = False,
     ) -> BatchRecord | None:
         """Write ``df`` as a new batch; the record to commit, or None if ``df`` is empty.
 
@@ -202,44 +176,11 @@ class Warehouse:
         bucket, the same layout. Spark's own write of a few rows costs 0.3 to 0.8 s (a
         task per bucket, the commit protocol); this costs one collect. Past
         ``driver_rows`` rows Spark writes the batch after all, recomputing ``df``.
-
-        ``defer`` (with ``driver_rows`` > 0) writes nothing yet: the batch is pending, its
-        record provisional (no rows counted, perhaps empty), reads of it take ``df``
-        itself, and ``flush`` writes it with every other pending batch after one job.
         """
         rel = self.new_path(circuit, collection, kind, time)
         target = self.abspath(rel)
         if BUCKET_COLUMN in df.columns and not (bucket_by and prebucketed):
             raise ValueError(f"{BUCKET_COLUMN} is reserved for the warehouse's bucketing")
-        if defer and driver_rows > 0:
-            # Cached (lazily: no job), so the unit's later reads of it, and the one
-            # collect, plan it as a scan of its rows and compute it once; planned as that
-            # collect is (``one_job``), since a cached plan is planned when cached.
-            with one_job(df.sparkSession):
-                df = df.cache()
-            labelled = df
-            if bucket_by and not prebucketed:
-                labelled = df.withColumn(BUCKET_COLUMN, bucket_expr(bucket_by, buckets))
-            provisional = BatchRecord(
-                circuit=circuit,
-                collection=collection,
-                kind=kind,
-                time=tuple(int(x) for x in time),
-                path=rel,
-                rows=0,
-                bytes=0,
-                buckets=buckets if bucket_by else 0,
-            )
-            self._pending[rel] = PendingWrite(
-                frame=labelled,
-                original=df,
-                record=provisional,
-                bucket_by=tuple(bucket_by) if bucket_by else None,
-                buckets=buckets,
-                prebucketed=prebucketed,
-                driver_rows=driver_rows,
-            )
-            return provisional
         written = None
         if driver_rows > 0:
             written = self._write_from_driver(
@@ -332,104 +273,6 @@ class Warehouse:
             write_files(table, target, bucket_by)
         return table.drop_columns([BUCKET_COLUMN]) if bucket_by else table
 
-    def pending(self, record: BatchRecord) -> bool:
-        """Whether ``record`` is a deferred batch not yet written (``write(defer=True)``)."""
-        return record.path in self._pending
-
-    def pending_frame(self, record: BatchRecord) -> DataFrame | None:
-        """The rows of a deferred batch, as the frame given to ``write``."""
-        pending = self._pending.get(record.path)
-        return None if pending is None else pending.original
-
-    def flush(
-        self,
-        spark: SparkSession,
-        records: Sequence[BatchRecord],
-        extras: Mapping[str, DataFrame] | None = None,
-    ) -> tuple[dict[str, BatchRecord | None], dict[str, pa.Table]]:
-        """Write the deferred batches ``records`` after ONE Spark job that collects all of
-        them together (a union tagged by batch, each batch's columns packed in a struct,
-        at most ``driver_rows + 1`` rows each), as ``_write_from_driver`` writes one.
-        ``extras`` are small frames (a few rows each) collected in the same job.
-
-        Returns each batch's final record by path (None: it was empty) and each extra's
-        rows. A batch past its ``driver_rows`` is written by Spark after all, recomputed
-        from its frame, as a batch written on its own would be."""
-        from pyspark.sql import functions as F
-        from pyspark.sql.types import StructField, StructType
-
-        pending = [self._pending[r.path] for r in records if r.path in self._pending]
-        extras = dict(extras or {})
-        frames = [
-            *[item.frame.limit(item.driver_rows + 1) for item in pending],
-            *extras.values(),
-        ]
-        branches = []
-        required = []
-        for tag, frame in enumerate(frames):
-            # Every field nullable: a row of another batch holds NULL for this struct.
-            schema = frame.schema
-            required.append({f.name for f in schema.fields if not f.nullable})
-            packed = F.struct(*[F.col(_quoted(c)) for c in frame.columns]).cast(
-                StructType([StructField(f.name, f.dataType, True) for f in schema.fields])
-            )
-            branches.append(frame.select(F.lit(tag).alias("__tag"), packed.alias(f"__o{tag}")))
-        tables: list[pa.Table] = []
-        if branches:
-            union = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), branches)
-            with one_job(spark):
-                collected = union.toArrow()
-            tags = collected.column("__tag")
-            for tag, names in enumerate(required):
-                part = collected.filter(pc.equal(tags, tag)).column(f"__o{tag}")
-                table = pa.Table.from_struct_array(part)
-                # ... and as a collect of the batch alone gives it: NOT NULL where it is.
-                fields = [f.with_nullable(False) if f.name in names else f for f in table.schema]
-                tables.append(table.cast(pa.schema(fields)))
-        results: dict[str, BatchRecord | None] = {}
-        try:
-            for item, table in zip(pending, tables, strict=False):
-                results[item.record.path] = self._write_pending(item, table)
-        finally:
-            for r in records:
-                done = self._pending.pop(r.path, None)
-                if done is not None:
-                    done.original.unpersist()
-        return results, dict(zip(extras, tables[len(pending) :], strict=True))
-
-    def _write_pending(self, item: PendingWrite, table: pa.Table) -> BatchRecord | None:
-        """Write one deferred batch from its collected rows (or by Spark, past its
-        ``driver_rows``); its record, None when it holds no row."""
-        record = item.record
-        rel = record.path
-        target = self.abspath(rel)
-        bucket_by = list(item.bucket_by) if item.bucket_by else None
-        written: pa.Table | None = None
-        if table.num_rows > item.driver_rows:
-            _write_with_spark(item.original, target, bucket_by, item.buckets, item.prebucketed)
-        elif table.num_rows:
-            write_files(table, target, bucket_by)
-            written = table.drop_columns([BUCKET_COLUMN]) if bucket_by else table
-        else:
-            return None
-        final = self._record(
-            rel, record.circuit, record.collection, record.kind, record.time, record.buckets
-        )
-        if final is None:
-            shutil.rmtree(target, ignore_errors=True)
-        elif written is not None:
-            self._remember(rel, written)
-        return final
-
-    def read_on_driver(self, record: BatchRecord) -> pa.Table | None:
-        """A written batch's rows read here with pyarrow (without ``__bucket``, which is in
-        its folders' names, not its files); None when its files do not agree on a schema."""
-        files = parquet_files(self.abspath(record.path))
-        try:
-            return pa.concat_tables([pq.read_table(f) for f in files]) if files else None
-        except pa.ArrowInvalid:
-            return None
-
     def driver_written(self, record: BatchRecord) -> pa.Table | None:
         """The rows of a batch this warehouse wrote from the driver, if it still knows
         them (a batch never changes, so they are its rows)."""
@@ -437,9 +280,6 @@ class Warehouse:
 
     def delete(self, record: BatchRecord) -> None:
         """Remove an (uncommitted) batch's files, e.g. after losing a commit race."""
-        pending = self._pending.pop(record.path, None)
-        if pending is not None:
-            pending.original.unpersist()
         shutil.rmtree(self.abspath(record.path), ignore_errors=True)
 
     # --- reading -----------------------------------------------------------------------
@@ -485,8 +325,6 @@ class Warehouse:
         ``KeySet`` (``gather_keys``) already knows its buckets and costs no job here.
         """
         schema = _without_bucket(schema)
-        deferred = [self._pending[r.path].original for r in records if r.path in self._pending]
-        records = [r for r in records if r.path not in self._pending]
         key_cols: list[str] = []
         wanted: dict[int, set[int]] = {}
         n_keys: int | None = None
@@ -510,8 +348,6 @@ class Warehouse:
                 wanted, n_keys = self.key_buckets(keys, key_cols, counts)
             if gathered is not None and gathered.table is not None:
                 literal = key_predicate(gathered.table, key_cols, schema)
-            if gathered is not None and gathered.everything:
-                keys = None
 
         paths: list[str] = []
         for r in records:
@@ -527,13 +363,10 @@ class Warehouse:
                         paths.append(spark_path(b))
             else:
                 paths.append(spark_path(d))
-        frames = [_as_schema(frame, schema) for frame in deferred]
-        if paths:
-            with listed_on_driver(spark, len(paths)):
-                frames.insert(0, spark.read.schema(schema).parquet(*paths))
-        if not frames:
+        if not paths:
             return spark.createDataFrame([], schema)
-        df = reduce(lambda a, b: a.unionByName(b), frames)
+        with listed_on_driver(spark, len(paths)):
+            df = spark.read.schema(schema).parquet(*paths)
         if literal is not None:
             return df.where(literal)
         if keys is not None:
@@ -544,8 +377,6 @@ class Warehouse:
     def column_max(self, record: BatchRecord, column: str) -> int | None:
         """The largest value of the integer ``column`` in a batch, from its Parquet
         footers' statistics (no Spark job); None when some footer has none for it."""
-        if record.path in self._pending:
-            return None  # not written yet: no footer
         cache_key = (record.path, column)
         if cache_key not in self._maxima:
             self._maxima[cache_key] = _footer_max(self.abspath(record.path), column)
@@ -795,16 +626,6 @@ def _bucket_dirs(batch_dir: Path) -> list[Path]:
     return sorted(
         (p for p in batch_dir.iterdir() if p.is_dir() and p.name.startswith(prefix)),
         key=lambda p: int(p.name[len(prefix) :]),
-    )
-
-
-def _as_schema(frame: DataFrame, schema: StructType) -> DataFrame:
-    """``frame``'s columns of ``schema``, in its order and types (a deferred batch read
-    as its files would be)."""
-    from pyspark.sql import functions as F
-
-    return frame.select(
-        *[F.col(_quoted(f.name)).cast(f.dataType).alias(f.name) for f in schema.fields]
     )
 
 

@@ -114,41 +114,16 @@ class Loops:
         prefix, iteration = t[:-1], t[-1]
         frames: dict[tuple[int, Time], Frame] = {}
         inner_report = UnitReport(f"loop:{loop.name}", t)
-        before = {r.path for r in unit.records}
-        deferring = unit.deferring
-        # A Spark unit that writes from the driver defers every write of the iteration
-        # and collects them all, with the convergence bound's queries, in one job.
-        unit.deferring = True
-        try:
-            for stage_id in loop.stages:
-                stage = self.plan.stages[stage_id]
-                self._finish_stage(stage, t, frames, unit, inner_report, start=0, commit=False)
-            queries: dict[str, Any] = {}
-            bound = None
-            # A batch at t already written and not empty: the iteration changed something.
-            changes = any(
-                r.rows and tuple(r.time) == t and r.path not in before and not unit.pending(r)
-                for r in unit.records
-            )
-            if unit.defers and not changes:
-                # Judged as if nothing deferred had been written: it is used only when the
-                # iteration changed nothing, so when every deferred batch is empty.
-                bound, queries = self._pending_parts(loop, prefix, unit, iteration, settled=True)
-            collected = unit.flush(queries)
-        finally:
-            unit.deferring = deferring
-        written = [r for r in unit.records if r.path not in before]
+        before = len(unit.records)
+        for stage_id in loop.stages:
+            stage = self.plan.stages[stage_id]
+            self._finish_stage(stage, t, frames, unit, inner_report, start=0, commit=False)
+        written = unit.records[before:]
         # What changed at t: the stored deltas and the stateful operators' arranged inputs
         # (every other delta in the iteration ends in one of those or has no effect).
         changed = sum(r.rows for r in written if tuple(r.time) == t)
-        result = coll.delta(loop.result)
-        result_rows = sum(r.rows for r in written if r.collection == result and r.time == t)
-        if changed:
-            pending = -1
-        elif bound is not None:  # computed with the iteration's one job
-            pending = max([bound, *[_deepest(table) for table in collected.values()]])
-        else:
-            pending = self._pending_depth(loop, prefix, unit, iteration)
+        result_rows = inner_report.rows_out.get(self.circuit.node(loop.result).label, 0)
+        pending = -1 if changed else self._pending_depth(loop, prefix, unit, iteration)
         converged = changed == 0 and pending <= iteration
         if converged:
             reason = (
@@ -179,32 +154,13 @@ class Loops:
         A stateful node's bound comes from its batches alone (their times and the time
         columns' maxima in their Parquet footers), with no Spark job; only a node whose
         bound goes deeper than ``iteration`` is judged exactly (``_deepest_pending``)."""
-        deepest, queries = self._pending_parts(loop, prefix, unit, iteration)
-        for query in queries.values():
-            small = unit.tier.name == "spark" and unit.driver_rows > 0  # see driver_plans.py
-            with one_job(unit.tier.spark if small else None):
-                value = query.collect()[0][0]
-            if value is not None:
-                deepest = max(deepest, int(value))
-        return deepest
-
-    def _pending_parts(
-        self, loop: LoopPlan, prefix: Time, unit: Unit, iteration: int, *, settled: bool = False
-    ) -> tuple[int, dict[str, Any]]:
-        """``_pending_depth`` in two parts: the bound known with no job, and a one-row
-        query (``__deepest``) per stateful node to judge exactly, by name. ``settled``
-        leaves the unit's deferred batches out (``Unit.batches``)."""
         level = len(prefix)
         deepest = -1
-        queries: dict[str, Any] = {}
         inside = self.circuit.nodes_within(loop.scope)
         for node_id in inside:
             node = self.circuit.node(node_id)
             for record in unit.batches(
-                coll.scheduled(node_id),
-                "delta",
-                lambda time: time[:level] == prefix,
-                settled=settled,
+                coll.scheduled(node_id), "delta", lambda time: time[:level] == prefix
             ):
                 deepest = max(deepest, record.time[level])
             if node.op not in STATEFUL_OPS:
@@ -212,21 +168,17 @@ class Loops:
             port_keys = keys_by_port(self.circuit, node)
             depth = self.circuit.scope(node.scope).depth
             names = time_columns(depth)
-            bound = self._pending_bound(node, prefix, unit, names[level], settled)
+            bound = self._pending_bound(node, prefix, unit, names[level])
             if bound is not None and bound <= iteration:
                 deepest = max(deepest, bound)
                 continue
             schemas = [self._fields(self.circuit.node(i), depth) for i in node.inputs]
-            query = self._deepest_pending(
-                node, prefix, unit, port_keys, names, schemas, settled=settled
-            )
-            if query is not None:
-                queries[f"pending_{node_id}"] = query
-        return deepest, queries
+            value = self._deepest_pending(node, prefix, unit, port_keys, names, schemas)
+            if value is not None:
+                deepest = max(deepest, value)
+        return deepest
 
-    def _pending_bound(
-        self, node: Node, prefix: Time, unit: Unit, column: str, settled: bool = False
-    ) -> int | None:
+    def _pending_bound(self, node: Node, prefix: Time, unit: Unit, column: str) -> int | None:
         """An upper bound of ``_deepest_pending`` from the catalog and the Parquet footers:
         -1 when no port has a batch in the prefix's epoch (nothing is pending), else the
         largest ``column`` (the next coordinate) among the batches it would read; None
@@ -234,12 +186,7 @@ class Loops:
         level = len(prefix)
         ports = range(len(node.inputs))
         if not any(
-            unit.batches(
-                coll.arranged(node.id, p),
-                "trace",
-                lambda time: time[0] == prefix[0],
-                settled=settled,
-            )
+            unit.batches(coll.arranged(node.id, p), "trace", lambda time: time[0] == prefix[0])
             for p in ports
         ):
             return -1
@@ -249,7 +196,6 @@ class Loops:
                 coll.arranged(node.id, port),
                 "trace",
                 lambda time: all(a <= b for a, b in zip(time[:level], prefix, strict=True)),
-                settled=settled,
             ):
                 top = self.warehouse.column_max(record, column)
                 if top is None:
@@ -265,22 +211,14 @@ class Loops:
         port_keys: Sequence[Sequence[str]],
         names: Sequence[str],
         schemas: Sequence[Any],
-        *,
-        settled: bool = False,
-    ) -> Any:
-        """For one stateful node: a one-row query of the deepest next coordinate
-        (``__deepest``, NULL when none) among the updates of keys that, at or below
-        ``prefix`` and on any port, match every coordinate of ``prefix`` exactly (so a
-        correction may still be due under it); None when nothing can match."""
+    ) -> int | None:
+        """For one stateful node: the deepest next coordinate among the updates of keys
+        that, at or below ``prefix`` and on any port, match every coordinate of
+        ``prefix`` exactly (so a correction may still be due under it)."""
         level = len(prefix)
         # Matching the epoch coordinate needs an update in this epoch: a cheap pruning set.
         now = [
-            unit.batches(
-                coll.arranged(node.id, port),
-                "trace",
-                lambda time: time[0] == prefix[0],
-                settled=settled,
-            )
+            unit.batches(coll.arranged(node.id, port), "trace", lambda time: time[0] == prefix[0])
             for port in range(len(node.inputs))
         ]
         if not any(now):
@@ -297,7 +235,6 @@ class Loops:
                 coll.arranged(node.id, port),
                 "trace",
                 lambda time: all(a <= b for a, b in zip(time[:level], prefix, strict=True)),
-                settled=settled,
             )
             rows = unit.tier.read(
                 records,
@@ -318,10 +255,7 @@ class Loops:
             .agg(*flags, F.max(names[level]).alias("__deepest"))
         )
         matched = reduce(lambda a, b: a & b, [F.col(f"__on{d}") == 1 for d in range(level)])
-        return per_key.where(matched).agg(F.max("__deepest").alias("__deepest"))
-
-
-def _deepest(table: Any) -> int:
-    """The value of a collected ``_deepest_pending`` query (-1: none)."""
-    values = [v for v in table.column("__deepest").to_pylist() if v is not None]
-    return max(values, default=-1)
+        small = unit.tier.name == "spark" and unit.driver_rows > 0  # see driver_plans.py
+        with one_job(unit.tier.spark if small else None):
+            value = per_key.where(matched).agg(F.max("__deepest")).collect()[0][0]
+        return None if value is None else int(value)

@@ -9,7 +9,7 @@ leaves only unregistered files, and a retried one recomputes the same result.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -19,7 +19,7 @@ from dbspark.core.columns import time_columns
 from dbspark.core.timestamps import Time
 from dbspark.engine.dialect import dialect_of
 from dbspark.engine.local.tier import LocalTier
-from dbspark.engine.spark.tier import SparkTier, with_known_time
+from dbspark.engine.spark.tier import SparkTier
 from dbspark.storage.catalog import BatchRecord, Catalog
 
 #: A delta as a frame of either tier, or None when it is known to be empty.
@@ -34,9 +34,7 @@ class Unit:
     commits all of it at once.
 
     ``driver_rows`` > 0 says a Spark unit's batches are probably small, so the warehouse
-    writes them from the driver (``Warehouse.write``). Such a unit may also ``defer`` its
-    writes: each is then pending (read back as its frame, its record provisional) until
-    ``flush`` collects all of them in one Spark job (a loop iteration does, ``loops.py``)."""
+    writes them from the driver (``Warehouse.write``)."""
 
     def __init__(self, tier: Tier, catalog: Catalog, circuit: str, driver_rows: int = 0) -> None:
         self.tier = tier
@@ -44,8 +42,6 @@ class Unit:
         self.circuit = circuit
         self.records: list[BatchRecord] = []
         self.driver_rows = driver_rows
-        #: Writes wait for ``flush`` (only a Spark unit that writes from the driver).
-        self.deferring = False
         # The committed batches this unit may read, by (collection, kind): what units
         # before it committed, which nothing changes while it runs. One catalog query
         # on first use instead of one per read (a loop iteration reads dozens).
@@ -63,9 +59,7 @@ class Unit:
     ) -> BatchRecord | None:
         """Write one output with the unit's tier and keep its record for the commit (None:
         the frame was empty). A Spark unit may write from the driver (``driver_rows``)."""
-        options: dict[str, Any] = {}
-        if isinstance(self.tier, SparkTier):
-            options = {"driver_rows": self.driver_rows, "defer": self.defers}
+        options = {} if isinstance(self.tier, LocalTier) else {"driver_rows": self.driver_rows}
         record = self.tier.write(
             frame, self.circuit, collection, kind, t, fields, bucket_by=bucket_by, **options
         )
@@ -94,36 +88,6 @@ class Unit:
             self.records.append(record)
         return record
 
-    @property
-    def defers(self) -> bool:
-        """Whether writes now wait for ``flush`` (``deferring`` on a Spark unit that
-        writes from the driver)."""
-        return self.deferring and isinstance(self.tier, SparkTier) and self.driver_rows > 0
-
-    def pending(self, record: BatchRecord) -> bool:
-        """Whether ``record`` is a deferred write not flushed yet."""
-        return isinstance(self.tier, SparkTier) and self.tier.warehouse.pending(record)
-
-    def flush(self, extras: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """Write every deferred batch after ONE Spark job that collects them all, and
-        ``extras`` (small frames) with them: each extra's rows as Arrow, by name. The
-        provisional records become the final ones; an empty batch leaves none."""
-        waiting = [r for r in self.records if self.pending(r)]
-        if not waiting and not extras:
-            return {}
-        assert isinstance(self.tier, SparkTier)
-        final, collected = self.tier.flush(waiting, extras)
-        records = []
-        for record in self.records:
-            if record.path in final:
-                replaced = final[record.path]
-                if replaced is not None:
-                    records.append(replaced)
-            else:
-                records.append(record)
-        self.records = records
-        return collected
-
     def discard(self) -> None:
         """Remove every file the unit wrote (it will not commit: bad input, say)."""
         for record in self.records:
@@ -131,21 +95,11 @@ class Unit:
         self.records.clear()
 
     def batches(
-        self,
-        collection: str,
-        kind: str,
-        predicate: Callable[[Time], bool],
-        *,
-        settled: bool = False,
+        self, collection: str, kind: str, predicate: Callable[[Time], bool]
     ) -> list[BatchRecord]:
         """The batches of ``collection`` this unit may read at the times ``predicate``
-        accepts: committed ones and its own, not yet committed (``settled``: without the
-        deferred ones not flushed yet)."""
-        pending = [
-            r
-            for r in self.records
-            if r.collection == collection and r.kind == kind and not (settled and self.pending(r))
-        ]
+        accepts: committed ones and its own, not yet committed."""
+        pending = [r for r in self.records if r.collection == collection and r.kind == kind]
         return [
             r for r in [*self._committed_of(collection, kind), *pending] if predicate(tuple(r.time))
         ]
@@ -165,12 +119,9 @@ class Unit:
 def with_time(df: Any, t: Time) -> Any:
     """``df`` with the time columns of ``t`` (missing ones added, existing ones set)."""
     F = dialect_of(df).F
-    result = df
     for i, (name, value) in enumerate(zip(time_columns(len(t)), t, strict=True)):
-        result = result.withColumn(name, F.lit(value).cast("bigint" if i == 0 else "int"))
-    if isinstance(df, DataFrame):
-        with_known_time(df, result, t)
-    return result
+        df = df.withColumn(name, F.lit(value).cast("bigint" if i == 0 else "int"))
+    return df
 
 
 def records_rows(records: Iterable[BatchRecord]) -> int:
