@@ -35,12 +35,18 @@ TARGET_ALPHA = 0.1
 TARGET_B = {"W1": 0.1, "W3": 0.2}
 
 
+def _same_epoch(m: Measurement) -> tuple[Any, ...]:
+    """What names one compared epoch: a series and its branch (W1's alpha copy) may
+    both compare an epoch of one number over one base, with different deltas."""
+    return (m.size, m.epoch, m.delta, bool(m.params.get("fixed_delta")))
+
+
 def _pairs(results: Results, workload: str) -> list[tuple[Measurement, Measurement]]:
-    refresh = {(m.size, m.epoch): m for m in results.of(workload, "full_refresh")}
+    refresh = {_same_epoch(m): m for m in results.of(workload, "full_refresh")}
     return [
-        (m, refresh[(m.size, m.epoch)])
+        (m, refresh[_same_epoch(m)])
         for m in results.of(workload, "incremental")
-        if (m.size, m.epoch) in refresh
+        if _same_epoch(m) in refresh
     ]
 
 
@@ -67,12 +73,12 @@ def summarize(results: Results) -> None:
         pairs = _pairs(results, workload)
         if not pairs:
             continue
-        batches = {(m.size, m.epoch): m for m in results.of(workload, "warm_batch")}
-        cold = {(m.size, m.epoch): m for m in results.of(workload, "not_resident")}
+        batches = {_same_epoch(m): m for m in results.of(workload, "warm_batch")}
+        cold = {_same_epoch(m): m for m in results.of(workload, "not_resident")}
         entry: dict[str, Any] = {"epochs": []}
         for inc, full in pairs:
-            batch = batches.get((inc.size, inc.epoch))
-            not_resident = cold.get((inc.size, inc.epoch))
+            batch = batches.get(_same_epoch(inc))
+            not_resident = cold.get(_same_epoch(inc))
             entry["epochs"].append(
                 {
                     "size": inc.size,

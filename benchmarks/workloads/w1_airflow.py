@@ -60,7 +60,7 @@ DAG_FILE = textwrap.dedent(
         dag_id="bench_w1_q3",
         schedule="@daily",
         start_date=START,
-        end_date=START + timedelta(days=8),
+        end_date=START + timedelta(days=31),
         catchup=False,
         sources={name: landing for name in TPCH_SCHEMAS},
         retries=0,
