@@ -52,8 +52,7 @@ _COMPARE = {"==": "=", "!=": "<>"}
 
 def _arrow_type(kind: str) -> pa.DataType | None:
     """The Arrow type a column of the stored type ``kind`` has (None: not computed here)."""
-    duck = duck_type(kind)
-    return _STORED.get(duck) or stored_type(duck)
+    return stored_type(duck_type(kind))
 
 
 class ArrowCompiler(ExpressionCompiler[Computed]):

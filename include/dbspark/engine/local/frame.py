@@ -53,7 +53,10 @@ _TYPES = {
 
 
 def stored_type(duck: str) -> pa.DataType | None:
-    """The Arrow type a DATE, TIMESTAMPTZ or DECIMAL(p,s) column holds (None: another)."""
+    """The Arrow type a column of the DuckDB type ``duck`` holds (None: one computed in
+    Arrow nowhere, an array say)."""
+    if duck in in_arrow.ARROW_TYPES:
+        return in_arrow.ARROW_TYPES[duck]
     if duck == "DATE":
         return pa.date32()
     if duck == "TIMESTAMPTZ":
@@ -150,7 +153,7 @@ class LocalColumn:
     def cast(self, type_name: Any) -> LocalColumn:
         target = duck_type(type_name)
         arrow_target = in_arrow.ARROW_TYPES.get(target)
-        stored = arrow_target or stored_type(target)
+        stored = stored_type(target)
         if isinstance(self, _Literal):
             arrow = in_arrow.typed_literal(self.value, arrow_target) if arrow_target else None
         else:

@@ -128,13 +128,17 @@ def constant(scalar: pa.Scalar) -> ArrowColumn:
 
 
 #: Constant columns by (scalar, length): a kernel's literals (a weight's 0, a flag's 1)
-#: are the same few values over tables of one length, many times in one step.
+#: are the same few values over tables of one length, many times in one step. Kept for
+#: small tables only (the local tier's), so the cache holds a few tens of MB at most.
 _REPEATED: dict[tuple[pa.Scalar, int], pa.Array] = {}
-_REPEATED_KEPT = 256
+_REPEATED_KEPT = 128
+_REPEATED_ROWS = 1 << 18
 
 
 def repeated(scalar: pa.Scalar, length: int) -> pa.Array:
     """``scalar`` ``length`` times (arrays are immutable: one is shared by every use)."""
+    if length > _REPEATED_ROWS:
+        return pa.repeat(scalar, length)
     key = (scalar, length)
     found = _REPEATED.get(key)
     if found is None or found.type != scalar.type:  # 1 == 1.0 as keys; types differ
@@ -244,7 +248,8 @@ def binary(op: str, left: ArrowColumn | None, right: ArrowColumn | None) -> Arro
         if values is None:
             return None
         if exact is not None and _decimal_operands(*values):
-            return _as_duckdb_computes(op, exact, *values)
+            a, b = values
+            return _computed_exactly(exact, a, b, _duckdb_result(op, a.type, b.type))
         if not accepts(values[0].type, values[1].type) and not (
             op in _COMPARISONS and _without_nan(*values)
         ):
@@ -331,23 +336,23 @@ def exact_decimal(
         values = _evaluated(table, left, right)
         if values is None or not all(pa.types.is_decimal128(v.type) for v in values):
             return None
-        try:
-            exact = function(*map(_exact, values))
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            return None
-        return decimal_result(exact, result)
+        return _computed_exactly(function, *values, result)
 
     return run
 
 
-def _as_duckdb_computes(
-    op: str, function: Callable[..., ArrowValues], a: ArrowValues, b: ArrowValues
+def _computed_exactly(
+    function: Callable[..., ArrowValues],
+    a: ArrowValues,
+    b: ArrowValues,
+    result: pa.DataType | None,
 ) -> ArrowValues | None:
+    """``function(a, b)`` in 256-bit decimals, as ``result`` (``decimal_result``)."""
     try:
         exact = function(_exact(a), _exact(b))
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return None
-    return decimal_result(exact, _duckdb_result(op, a.type, b.type))
+    return decimal_result(exact, result)
 
 
 def _duckdb_result(op: str, a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
@@ -371,7 +376,8 @@ def _ask_duckdb(op: str, a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
     # Zeros, not NULLs: DuckDB folds an expression over NULL constants to an untyped NULL.
     query = f"SELECT CAST(0 AS {name(a)}) {op} CAST(0 AS {name(b)}) AS r"
     try:
-        kind = duckdb.connect(":memory:").sql(query).to_arrow_table().schema.field("r").type
+        with duckdb.connect(":memory:") as connection:
+            kind = connection.sql(query).to_arrow_table().schema.field("r").type
     except duckdb.Error:
         return None
     return kind if pa.types.is_decimal128(kind) else None
@@ -654,7 +660,8 @@ def aggregate(
         if values is None or not _aggregable(found, values[0], table.num_rows):
             return None
         if found.function == "sum" and pa.types.is_decimal(values[0].type):
-            values = [_exact(values[0]).cast(pa.decimal256(76, values[0].type.scale))]
+            # 76 digits: no partial sum of 38-digit values can leave them.
+            values = [values[0].cast(pa.decimal256(76, values[0].type.scale))]
         arguments.append(values[0])
     columns = {f"k{i}": v for i, v in enumerate(key_values)}
     columns.update({f"a{i}": v for i, v in enumerate(arguments)})
