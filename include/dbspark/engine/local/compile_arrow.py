@@ -15,10 +15,11 @@ they arrived as SQL text that the frame could not read.
 
 What Arrow computes: column references; boolean, string, integer, double, date and
 timestamp literals; comparisons, NULL tests, three-valued AND/OR/NOT and ``if_else``; checked
-``+``, ``-``, ``*`` and negation of integers; ``coalesce`` of one comparable type;
-the final cast to the stored type when it is exact. Everything else (casts between
-types, ``/`` and ``%``, decimals, arithmetic on doubles, string functions, arrays) is
-None; a double is compared only where no value is NaN (``in_arrow``).
+``+``, ``-``, ``*`` and negation of integers; decimal ``+``, ``-``, ``*`` and integer or
+decimal to decimal casts where they neither round nor overflow; ``coalesce`` of one
+comparable type; the final cast to the stored type when it is exact. Everything else
+(other casts between types, ``/`` and ``%``, arithmetic on doubles, string functions,
+arrays) is None; a double is compared only where no value is NaN (``in_arrow``).
 """
 
 from __future__ import annotations

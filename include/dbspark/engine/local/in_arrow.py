@@ -12,7 +12,9 @@ leaves everything else to DuckDB. Each function here returns None when it cannot
   apart): compared when neither side holds a NaN, grouped and taken the max or min of
   when no value is NaN or -0.0 (``plain_floats``). Decimals of one type are grouped
   and compared (Arrow compares their unscaled integers, which is exact within one
-  scale) but not computed with: their arithmetic and casts follow Spark's own rules.
+  scale). Their ``+``, ``-``, ``*``, sums and casts are computed exactly in 256-bit
+  decimals and cast, checked, to the step's type; a value that would round or does not
+  fit leaves the step to the query.
 * **Literals** take DuckDB's type: an integer is INTEGER if it fits, else BIGINT.
 * **Arithmetic** on integers uses Arrow's checked kernels, so an overflow is an error as
   in Spark and DuckDB (which raises; the frame then runs the query and gets its error).
