@@ -249,6 +249,7 @@ def write(results: Results) -> Path:
             "epoch",
             "incremental s",
             "runs s (first: warm-up)",
+            "compaction s (after each run)",
             "full refresh s",
             "R",
             "warm batch s",
@@ -265,7 +266,7 @@ def write(results: Results) -> Path:
             lines.append(
                 f"| {workload} {_describe(e['params'])} | {e['size']} | {e['delta']} | "
                 f"{e['epoch']} | {e['incremental_s']} | {_runs(e['params'])} | "
-                f"{e['full_refresh_s']} | {e['R']} | "
+                f"{_compactions(e['params'])} | {e['full_refresh_s']} | {e['R']} | "
                 f"{_dash(e.get('warm_batch_s'))} | {_dash(e.get('B'))} | "
                 f"{_dash(e.get('not_resident_s'))} | {_dash(e.get('B_not_resident'))} | "
                 f"{e['read_over_stored']} | {e['jobs']} | {_yes(_all_ok(e))} |"
@@ -416,6 +417,14 @@ def _runs(params: dict[str, Any]) -> str:
     """A cell: every run's seconds of a size measured as a median (the warm-up first)."""
     runs = params.get("runs_s")
     return ", ".join(str(r) for r in runs) if runs else "-"
+
+
+def _compactions(params: dict[str, Any]) -> str:
+    """A cell: the background compaction each run started, in the order of ``_runs``."""
+    runs = params.get("compaction_runs_s")
+    if runs:
+        return ", ".join(_dash(r) for r in runs)
+    return _dash(params.get("compaction_s"))
 
 
 def _all_ok(epoch: dict[str, Any]) -> bool | None:

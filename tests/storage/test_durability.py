@@ -60,6 +60,34 @@ def test_a_commit_fsyncs_its_files_and_directories_before_the_catalog_names_them
     cat.close()
 
 
+def test_a_commit_while_the_interpreter_exits_still_fsyncs_everything(
+    warehouse_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A background compaction finishing its commit after the main thread has ended can
+    start no thread: the fsyncs run one at a time instead of failing the commit."""
+    import concurrent.futures.thread as futures_thread
+
+    monkeypatch.setenv(durability.SYNC_METHOD_SETTING, "fsync")
+    root = warehouse_path.resolve()
+    cat, record = _catalog_and_bucketed_batch(root)
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    # What threading's exit hook sets: every executor then refuses new work.
+    monkeypatch.setattr(futures_thread, "_shutdown", True)
+    assert cat.commit("c", "n1", (0, 1), [record])
+    monkeypatch.undo()
+    batch = root / record.path
+    assert {str(p) for p in batch.rglob("*")} <= set(synced)
+    assert cat.stage_done("c", "n1", (0, 1))
+    cat.close()
+
+
 @pytest.mark.skipif(durability._libc_syncfs() is None, reason="needs Linux 5.8 or later")
 def test_with_syncfs_a_commit_syncs_the_file_system_before_the_catalog_names_its_files(
     warehouse_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -193,12 +193,17 @@ def sync_trees(paths: Iterable[str | os.PathLike[str]], *, up_to: str | os.PathL
         # which a journal commit in ordered mode (ext4's default) does as well.
         _syncfs(str(root))
         return
-    if len(jobs) > 2:
-        with ThreadPoolExecutor(min(SYNC_THREADS, len(jobs))) as pool:
-            list(pool.map(lambda job: _fsync(*job), jobs))
-    else:
-        for job in jobs:
-            _fsync(*job)
+    if len(jobs) > 2 and not sys.is_finalizing():
+        try:
+            with ThreadPoolExecutor(min(SYNC_THREADS, len(jobs))) as pool:
+                list(pool.map(lambda job: _fsync(*job), jobs))
+            return
+        except RuntimeError:
+            # The interpreter is exiting (a compaction thread finishing its commit):
+            # no new threads, so one fsync at a time. An fsync fails with OSError.
+            pass
+    for job in jobs:
+        _fsync(*job)
 
 
 def _one_filesystem(root: Path, paths: Iterable[Path]) -> bool:

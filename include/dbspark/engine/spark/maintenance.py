@@ -76,6 +76,12 @@ class Maintenance:
             self.catalog.flush()  # it may be waiting for the write lock this thread holds
             self._background.finish()
 
+    @property
+    def background_compaction_seconds(self) -> float:
+        """What the compactions run in the background so far took, in their thread (a
+        compaction run inline is part of its epoch's time)."""
+        return 0.0 if self._background is None else self._background.seconds
+
     def compact(self, epoch: int) -> None:
         """Advance every trace by the frontier ``(epoch, 0, ...)`` and merge batches
         (tiered, so old large batches are rewritten only as recent ones grow), then retire
