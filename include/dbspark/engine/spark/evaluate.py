@@ -177,8 +177,14 @@ def _variable(e: Evaluation) -> Frame:
     initial = e.input(0, e.previous)
     if initial is None:
         return fed_back
-    both = ops.minus(e.engine._or_empty(fed_back, e.node, e.unit), initial)
-    return consolidate(both, list(e.node.schema.names))
+    names = list(e.node.schema.names)
+    fed_back = e.engine._or_empty(fed_back, e.node, e.unit)
+    on_driver = e.engine._on_driver(
+        e.unit, e.node, [fed_back, initial], lambda a, b: consolidate(ops.minus(a, b), names)
+    )
+    if on_driver is not None:
+        return on_driver
+    return consolidate(ops.minus(fed_back, initial), names)
 
 
 @evaluates("leave")
@@ -224,6 +230,21 @@ class OperatorEvaluation:
             due_now = unit.tier.read(scheduled, self._fields(node))
             now = due_now if now is None else now.unionByName(due_now)
         return None if now is None else consolidate(now, names)
+
+    def _on_driver(
+        self, unit: Unit, node: Node, inputs: Sequence[Frame], compute: Callable[..., Any]
+    ) -> Frame:
+        """``compute`` over ``inputs`` on the driver when a Spark unit holds the rows of
+        every input (``Unit.known_rows``): the same kernel evaluated by the local tier,
+        its result a frame whose rows stay known, so neither computing nor writing it
+        costs a Spark job. None when some input's rows are not on the driver."""
+        if not isinstance(unit.tier, SparkTier):
+            return None
+        tables = [unit.known_rows(frame) for frame in inputs]
+        if any(table is None for table in tables):
+            return None
+        result = compute(*[self.local.from_arrow(table) for table in tables])
+        return unit.tier.known_frame(result.toArrow(), self._fields(node))
 
     def _stateful(
         self, node: Node, t: Time, unit: Unit, frames: dict[tuple[int, Time], Frame]
@@ -277,14 +298,24 @@ class OperatorEvaluation:
                     # is typically a projection that repeats rows (routes of flights):
                     # arranged consolidated, a row is one stored row, not one per copy.
                     delta = consolidate(delta, list(input_node.schema.names))
-                record = unit.write(
-                    with_time(delta, t),
-                    coll.arranged(node.id, port),
-                    "trace",
-                    t,
-                    self._fields(input_node, len(t)),
-                    bucket_by=list(port_keys[port]),
-                )
+                known = unit.known_rows(delta) if node.op != "distinct" else None
+                if known is not None:  # a fed-back delta the driver wrote: no job
+                    record = unit.write_table(
+                        known,
+                        coll.arranged(node.id, port),
+                        "trace",
+                        t,
+                        bucket_by=list(port_keys[port]),
+                    )
+                else:
+                    record = unit.write(
+                        with_time(delta, t),
+                        coll.arranged(node.id, port),
+                        "trace",
+                        t,
+                        self._fields(input_node, len(t)),
+                        bucket_by=list(port_keys[port]),
+                    )
                 # The input delta is exactly what was just arranged: read it from there.
                 delta = self._read_back(record, input_node, unit, len(t))
             deltas.append(delta)

@@ -167,6 +167,14 @@ class Ingest:
         rows_in = log_record.rows if log_record else 0
         if node.op == "zset_source":
             delta = frame
+            logged_rows = None
+            if not local and log_record is not None:
+                logged_rows = self.warehouse.driver_written(log_record)
+            if logged_rows is not None:
+                # Written from the driver: the delta is those rows, known there, so the
+                # chain's writes bring nothing back from Spark.
+                fields = [*user.fields, *_weight_field(node)]
+                delta = unit.tier.known_frame(logged_rows, fields)
         else:
             try:
                 delta = self._upsert_delta(

@@ -156,6 +156,7 @@ class Loops:
         bound goes deeper than ``iteration`` is judged exactly (``_deepest_pending``)."""
         level = len(prefix)
         deepest = -1
+        exact: list[Any] = []  # per node judged exactly, its deepest pending coordinate
         inside = self.circuit.nodes_within(loop.scope)
         for node_id in inside:
             node = self.circuit.node(node_id)
@@ -173,9 +174,18 @@ class Loops:
                 deepest = max(deepest, bound)
                 continue
             schemas = [self._fields(self.circuit.node(i), depth) for i in node.inputs]
-            value = self._deepest_pending(node, prefix, unit, port_keys, names, schemas)
+            frame = self._deepest_pending(node, prefix, unit, port_keys, names, schemas)
+            if frame is not None:
+                exact.append(frame)
+        if exact:
+            # The nodes' queries as one: one Spark job, however many nodes it judges.
+            F = dialect_of(exact[0]).F
+            both = reduce(lambda a, b: a.unionByName(b), exact)
+            small = unit.tier.name == "spark" and unit.driver_rows > 0  # see driver_plans.py
+            with one_job(unit.tier.spark if small else None):
+                value = both.agg(F.max("__deepest")).collect()[0][0]
             if value is not None:
-                deepest = max(deepest, value)
+                deepest = max(deepest, int(value))
         return deepest
 
     def _pending_bound(self, node: Node, prefix: Time, unit: Unit, column: str) -> int | None:
@@ -211,8 +221,9 @@ class Loops:
         port_keys: Sequence[Sequence[str]],
         names: Sequence[str],
         schemas: Sequence[Any],
-    ) -> int | None:
-        """For one stateful node: the deepest next coordinate among the updates of keys
+    ) -> Any:
+        """For one stateful node, as a query (None: no port has a batch in the prefix's
+        epoch): the deepest next coordinate, in ``__deepest``, among the updates of keys
         that, at or below ``prefix`` and on any port, match every coordinate of
         ``prefix`` exactly (so a correction may still be due under it)."""
         level = len(prefix)
@@ -255,7 +266,4 @@ class Loops:
             .agg(*flags, F.max(names[level]).alias("__deepest"))
         )
         matched = reduce(lambda a, b: a & b, [F.col(f"__on{d}") == 1 for d in range(level)])
-        small = unit.tier.name == "spark" and unit.driver_rows > 0  # see driver_plans.py
-        with one_job(unit.tier.spark if small else None):
-            value = per_key.where(matched).agg(F.max("__deepest")).collect()[0][0]
-        return None if value is None else int(value)
+        return per_key.where(matched).select("__deepest")

@@ -7,6 +7,7 @@ input is too large for this process run here; so do full refresh and verificatio
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,6 +15,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
 from dbspark.core.types import Schema
+from dbspark.engine.local.tier import arrow_table
 from dbspark.engine.spark.compile import struct_type
 from dbspark.storage.catalog import BatchRecord
 from dbspark.storage.warehouse import DEFAULT_BUCKETS, KeySet, Warehouse, known_keys
@@ -36,13 +38,17 @@ class SparkTier:
         self.spark = spark
         self.warehouse = warehouse
         self.buckets = buckets
+        # Frames read whole from driver-written batches, and those rows (``known_rows``).
+        self._known_rows: weakref.WeakKeyDictionary[DataFrame, pa.Table] = (
+            weakref.WeakKeyDictionary()
+        )
 
     def frame(self, rows: Sequence[Sequence[Any]], fields: Fields) -> DataFrame:
         """Rows (tuples in ``fields`` order) as a DataFrame, for small constant data."""
         return self.spark.createDataFrame([tuple(row) for row in rows], spark_struct(fields))
 
     def empty(self, fields: Fields) -> DataFrame:
-        return self.frame([], fields)
+        return self.known_frame(arrow_table([], fields), fields)
 
     def checkpoint(self, frame: DataFrame) -> DataFrame:
         return frame.localCheckpoint()
@@ -55,9 +61,45 @@ class SparkTier:
         keys: KeySet | None = None,
         bucket_by: Sequence[str] | None = None,
     ) -> DataFrame:
-        return self.warehouse.read(
+        frame = self.warehouse.read(
             self.spark, records, spark_struct(fields), keys=keys, bucket_by=bucket_by
         )
+        if keys is None:
+            rows = self._driver_rows_of(records, [name for name, _ in fields])
+            if rows is not None:
+                self._known_rows[frame] = rows
+        return frame
+
+    def known_frame(self, table: pa.Table, fields: Fields) -> DataFrame:
+        """Rows the driver computed (``table``, with ``fields``' columns) as a frame whose
+        rows stay known (``known_rows``): a local relation, read by no job."""
+        names = [name for name, _ in fields]
+        frame = self.spark.createDataFrame(table.select(names), spark_struct(fields))
+        self._known_rows[frame] = table.select(names)
+        return frame
+
+    def known_rows(self, frame: Any) -> pa.Table | None:
+        """The rows ``frame`` holds when the driver has them: ``frame`` is a whole read of
+        batches written from the driver (``read``). Writing such a frame again, with
+        other time columns (a loop variable's fed-back delta arranged for the next
+        iteration), needs no Spark job to bring its rows back."""
+        return self._known_rows.get(frame)
+
+    def _driver_rows_of(
+        self, records: Sequence[BatchRecord], names: Sequence[str]
+    ) -> pa.Table | None:
+        tables = []
+        for record in records:
+            table = self.warehouse.driver_written(record)
+            if table is None or not set(names) <= set(table.column_names):
+                return None
+            tables.append(table.select(list(names)))
+        if not tables:
+            return None
+        try:
+            return pa.concat_tables(tables)
+        except pa.ArrowInvalid:  # types differ between batches: let Spark reconcile them
+            return None
 
     def gather_keys(
         self, keys: DataFrame, bucket_counts: Sequence[int] = (DEFAULT_BUCKETS,)

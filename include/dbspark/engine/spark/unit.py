@@ -59,10 +59,20 @@ class Unit:
     ) -> BatchRecord | None:
         """Write one output with the unit's tier and keep its record for the commit (None:
         the frame was empty). A Spark unit may write from the driver (``driver_rows``)."""
-        options = {} if isinstance(self.tier, LocalTier) else {"driver_rows": self.driver_rows}
-        record = self.tier.write(
-            frame, self.circuit, collection, kind, t, fields, bucket_by=bucket_by, **options
-        )
+        names = [name for name, _ in fields]
+        known = self.known_rows(frame)
+        if known is not None and known.column_names == names:
+            # Rows the driver holds as they are to be stored: written with no job.
+            record = self.tier.write_table(
+                known, self.circuit, collection, kind, t, bucket_by=bucket_by
+            )
+        else:
+            options = (
+                {} if isinstance(self.tier, LocalTier) else {"driver_rows": self.driver_rows}
+            )
+            record = self.tier.write(
+                frame, self.circuit, collection, kind, t, fields, bucket_by=bucket_by, **options
+            )
         if record is not None:
             self.records.append(record)
         return record
@@ -87,6 +97,12 @@ class Unit:
         if record is not None:
             self.records.append(record)
         return record
+
+    def known_rows(self, frame: Any) -> pa.Table | None:
+        """The rows of ``frame`` when a Spark unit's driver holds them already (a whole
+        read of batches it wrote from the driver; ``SparkTier.known_rows``), so writing
+        them again costs no Spark job. None on the local tier, whose frames are rows."""
+        return self.tier.known_rows(frame) if isinstance(self.tier, SparkTier) else None
 
     def discard(self) -> None:
         """Remove every file the unit wrote (it will not commit: bad input, say)."""
