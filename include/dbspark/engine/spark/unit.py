@@ -67,9 +67,7 @@ class Unit:
                 known, self.circuit, collection, kind, t, bucket_by=bucket_by
             )
         else:
-            options = (
-                {} if isinstance(self.tier, LocalTier) else {"driver_rows": self.driver_rows}
-            )
+            options = {} if isinstance(self.tier, LocalTier) else {"driver_rows": self.driver_rows}
             record = self.tier.write(
                 frame, self.circuit, collection, kind, t, fields, bucket_by=bucket_by, **options
             )
