@@ -697,7 +697,12 @@ def upsert_delta(
 ) -> DataFrame:
     """The state delta (``state_columns`` and ``__w``) of a good batch: per key the
     freshest row wins (NULL watermarks smallest); where it is fresher than the stored
-    version (or there is none), ``-stored +winner`` with the winner's tombstone flag."""
+    version (or there is none), ``-stored +winner`` with the winner's tombstone flag.
+
+    Consolidated as built, with no grouping over every column (at a 1% W1 epoch that
+    was 15% of the ingests' time): one insert and at most one retraction per key, and
+    an insert differs from its key's retraction in a watermark column (it is strictly
+    greater there; a spec has at least one watermark, never a key column)."""
     F = dialect_of(batch).F
     keys, marks = list(spec.key), list(spec.watermark)
     winners = upsert_winners(spec, batch)  # the state's columns: the user's, __tombstone
@@ -712,7 +717,7 @@ def upsert_delta(
         *[F.col(f"__s_{c}").alias(c) for c in state_columns],
         F.lit(-1).cast("bigint").alias(WEIGHT),
     )
-    return consolidate(inserts.unionByName(retracts), list(state_columns))
+    return inserts.unionByName(retracts)
 
 
 def _prefixed(current: DataFrame) -> DataFrame:
