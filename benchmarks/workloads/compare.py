@@ -222,6 +222,11 @@ class Series:
         measurement.params["compaction_s"] = round(compaction, 3)
         measurement.stored_bytes = self._stored_bytes()
         measurement.params["loop_iterations"] = len(report.iterations)
+        # Where the epoch's time went: each unit's wall time, then the close's.
+        measurement.params["units_s"] = {
+            unit.unit: round(unit.seconds, 3) for unit in report.units if not unit.skipped
+        }
+        measurement.params["close_s"] = round(report.close_seconds, 3)
         tiers = sorted({unit.tier for unit in report.units if unit.tier})
         measurement.params["tiers"] = ",".join(tiers)
         return measurement

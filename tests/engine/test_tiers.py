@@ -33,6 +33,9 @@ def test_spark_is_opened_only_when_a_unit_needs_it(spark: Any, tmp_path: Path) -
     small = engine.step({"words": [(("to",), 1), (("be",), 1)]})
     assert {unit.tier for unit in small.report.units} == {"local"}
     assert all("ran on the local tier" in unit.describe() for unit in small.report.units)
+    # Each unit's wall time is reported (the bench breaks an epoch's time down by it).
+    assert all(unit.seconds > 0 for unit in small.report.units)
+    assert small.report.close_seconds > 0
     assert not opened and not engine.spark_started
     words = [((w,), 1) for w in ("or", "not", "to", "be")]
     large = engine.step({"words": words})

@@ -65,6 +65,7 @@ class UnitReport:
     paths: list[str] = field(default_factory=list)
     note: str = ""
     tier: str = ""  # "local" or "spark": where the unit ran
+    seconds: float = 0.0  # its wall time, when run by ``run_epoch`` (0: not measured)
 
     def describe(self) -> str:
         if self.skipped:
@@ -99,6 +100,7 @@ class EpochReport:
     units: list[UnitReport] = field(default_factory=list)
     iterations: list[IterationReport] = field(default_factory=list)
     view_deltas: dict[str, int] = field(default_factory=dict)
+    close_seconds: float = 0.0  # the epoch's commit and the start of its compaction
 
 
 @dataclass

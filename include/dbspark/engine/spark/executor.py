@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -294,16 +295,23 @@ class SparkEngine(Ingest, OperatorEvaluation, Loops, Views, Maintenance, Evolve)
             t = (epoch,)
             for stage in self.plan.stages_in_scope(0):
                 anchor = self.circuit.node(stage.anchor)
+                started = time.perf_counter()
                 if anchor.op in ("zset_source", "upsert_source"):
                     batch = checked.get(anchor.label)
-                    report.units.append(self.ingest(anchor.label, epoch, batch))
-                    continue
-                if anchor.op == "leave":
-                    loop = self.plan.loops[anchor.params["loop"]]
-                    report.iterations.extend(self.run_loop(loop, t))
-                report.units.append(self.run_stage(stage.id, t))
+                    unit = self.ingest(anchor.label, epoch, batch)
+                else:
+                    if anchor.op == "leave":
+                        loop = self.plan.loops[anchor.params["loop"]]
+                        report.iterations.extend(self.run_loop(loop, t))
+                    unit = self.run_stage(stage.id, t)
+                unit.seconds = time.perf_counter() - started
+                report.units.append(unit)
+            started = time.perf_counter()
             report.units.append(self.publish(epoch))
+            report.units[-1].seconds = time.perf_counter() - started
+            started = time.perf_counter()
             self.close_epoch(epoch)
+            report.close_seconds = time.perf_counter() - started
         return report
 
     def step(self, inputs: Mapping[str, Any] | None = None) -> EpochResult:
