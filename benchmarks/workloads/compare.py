@@ -128,7 +128,7 @@ class Series:
             self.warm_batch,
         )
         self.engine.wait_for_compaction()  # its catalog is not being written meanwhile
-        shutil.copytree(self.root / "warehouse", other.root / "warehouse")
+        copy_warehouse(self.root / "warehouse", other.root / "warehouse")
         shutil.copytree(self.landing, other.landing, copy_function=os.link)
         other.loaded = self.loaded
         return other
@@ -237,7 +237,7 @@ class Series:
         self.engine.wait_for_compaction()  # its catalog is not being written meanwhile
         copy = self.root / name / "warehouse"
         shutil.rmtree(copy.parent, ignore_errors=True)
-        shutil.copytree(self.root / "warehouse", copy)
+        copy_warehouse(self.root / "warehouse", copy)
         return copy
 
     def _not_resident(
@@ -363,6 +363,23 @@ class Series:
         """Live bytes of every batch of the circuit (traces, views, the raw input log)."""
         engine = self.engine
         return sum(b.bytes for b in engine.catalog.all_batches(engine.circuit.name) if b.live)
+
+
+def copy_warehouse(source: Path, target: Path) -> None:
+    """A copy of a warehouse whose Parquet files are hard links: a batch's files never
+    change once written (a compaction writes new ones, garbage collection unlinks), so
+    the copy shares them; the catalog and every other file are copied. Copying the
+    bytes wrote some 200 MB at W1 SF 1 right before the epoch measured next, whose
+    directory creations then stalled behind the file system's write-back (170 ms of
+    one 1% epoch, against 5 ms)."""
+
+    def link_or_copy(src: str, dst: str) -> object:
+        if src.endswith(".parquet"):
+            os.link(src, dst)
+            return dst
+        return shutil.copy2(src, dst)
+
+    shutil.copytree(source, target, copy_function=link_or_copy)
 
 
 def _median_after_warm_up(runs: list[Measurement], epoch: int) -> Measurement:

@@ -23,7 +23,7 @@ from benchmarks import queries
 from benchmarks.circuits import TPCH_KEYS, tpch_q3
 from benchmarks.data import tpch
 from benchmarks.harness import Bench
-from benchmarks.workloads.compare import Series, room_for_next
+from benchmarks.workloads.compare import Series, copy_warehouse, room_for_next
 from benchmarks.workloads.warm_batch import WarmBatch
 
 WORKLOAD = "W1"
@@ -79,7 +79,7 @@ def run(
         if airflow and largest:  # the base load, for the Airflow side
             loaded = bench.work / WORKLOAD / "airflow-base"
             shutil.rmtree(loaded, ignore_errors=True)
-            shutil.copytree(series.root / "warehouse", loaded)
+            copy_warehouse(series.root / "warehouse", loaded)
         plan = [(series, f, False) for f in fractions]
         if len(scale_factors) > 1:
             alpha = series.branch(f"sf{sf:g}-alpha")
