@@ -36,7 +36,7 @@ from dbspark.orchestration.sinks.files import (
 from dbspark.orchestration.sinks.serving import ServingCatchUpError, ServingTarget, catch_up
 from dbspark.orchestration.sinks.tables import publish_table, table_path
 from dbspark.storage import collection_names as coll
-from dbspark.storage.durability import SYNC_METHOD_SETTING
+from tests.fsync_recording import recorded_fsyncs
 
 SCHEMA = Schema.of({"k": "bigint", "s": "string"}, what="test")
 
@@ -142,20 +142,6 @@ def test_a_failing_serving_table_is_reported_and_the_others_catch_up(
     assert serving.epoch_of("wide") == 0 and serving.epoch_of("fine") == 1
     assert ZSet(serving.contents("c", "fine", SCHEMA)) == fine.history[1]
     serving.engine.dispose()
-
-
-def recorded_fsyncs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The paths fsynced from now on, in order: one fsync per file (no syncfs)."""
-    monkeypatch.setenv(SYNC_METHOD_SETTING, "fsync")
-    synced: list[str] = []
-    real = os.fsync
-
-    def fsync(fd: int) -> None:
-        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
-        real(fd)
-
-    monkeypatch.setattr(os, "fsync", fsync)
-    return synced
 
 
 def test_an_export_is_fsynced_before_it_is_renamed_into_place(

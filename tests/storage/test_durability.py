@@ -13,6 +13,7 @@ import pytest
 from dbspark.storage import BatchRecord, Catalog, CatalogError, Warehouse, durability
 from dbspark.storage.catalog import SHARED_SQLITE_SETTING
 from dbspark.storage.durability import filesystem_type, shared_filesystem
+from tests.fsync_recording import recorded_fsyncs
 
 
 def _catalog_and_bucketed_batch(root: Path) -> tuple[Catalog, BatchRecord]:
@@ -67,17 +68,9 @@ def test_a_commit_while_the_interpreter_exits_still_fsyncs_everything(
     start no thread: the fsyncs run one at a time instead of failing the commit."""
     import concurrent.futures.thread as futures_thread
 
-    monkeypatch.setenv(durability.SYNC_METHOD_SETTING, "fsync")
     root = warehouse_path.resolve()
     cat, record = _catalog_and_bucketed_batch(root)
-    synced: list[str] = []
-    real_fsync = os.fsync
-
-    def fsync(fd: int) -> None:
-        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
-        real_fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", fsync)
+    synced = recorded_fsyncs(monkeypatch)
     # What threading's exit hook sets: every executor then refuses new work.
     monkeypatch.setattr(futures_thread, "_shutdown", True)
     assert cat.commit("c", "n1", (0, 1), [record])
