@@ -30,7 +30,7 @@ from dbspark.engine.api import UnitReport
 from dbspark.engine.dialect import dialect_of
 from dbspark.engine.kernels import consolidate
 from dbspark.engine.spark.tier import SparkTier
-from dbspark.engine.spark.unit import Frame, Unit, with_time
+from dbspark.engine.spark.unit import Frame, Unit
 from dbspark.storage import collection_names as coll
 from dbspark.storage.catalog import BatchRecord
 from dbspark.storage.warehouse import KeySet
@@ -298,24 +298,14 @@ class OperatorEvaluation:
                     # is typically a projection that repeats rows (routes of flights):
                     # arranged consolidated, a row is one stored row, not one per copy.
                     delta = consolidate(delta, list(input_node.schema.names))
-                known = unit.known_rows(delta) if node.op != "distinct" else None
-                if known is not None:  # a fed-back delta the driver wrote: no job
-                    record = unit.write_table(
-                        known,
-                        coll.arranged(node.id, port),
-                        "trace",
-                        t,
-                        bucket_by=list(port_keys[port]),
-                    )
-                else:
-                    record = unit.write(
-                        with_time(delta, t),
-                        coll.arranged(node.id, port),
-                        "trace",
-                        t,
-                        self._fields(input_node, len(t)),
-                        bucket_by=list(port_keys[port]),
-                    )
+                record = unit.write_at(
+                    delta,
+                    coll.arranged(node.id, port),
+                    "trace",
+                    t,
+                    self._fields(input_node, len(t)),
+                    bucket_by=list(port_keys[port]),
+                )
                 # The input delta is exactly what was just arranged: read it from there.
                 delta = self._read_back(record, input_node, unit, len(t))
             deltas.append(delta)

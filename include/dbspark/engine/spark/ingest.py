@@ -294,7 +294,7 @@ class Ingest:
                 unit.write_table(decided, state_collection, "trace", t, bucket_by=keys)
                 return delta
             unit.driver_rows = 0
-        unit.write(with_time(delta, t), state_collection, "trace", t, state_fields, bucket_by=keys)
+        unit.write_at(delta, state_collection, "trace", t, state_fields, bucket_by=keys)
         return delta
 
     def _local_upsert_delta(

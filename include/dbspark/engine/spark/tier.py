@@ -73,9 +73,9 @@ class SparkTier:
     def known_frame(self, table: pa.Table, fields: Fields) -> DataFrame:
         """Rows the driver computed (``table``, with ``fields``' columns) as a frame whose
         rows stay known (``known_rows``): a local relation, read by no job."""
-        names = [name for name, _ in fields]
-        frame = self.spark.createDataFrame(table.select(names), spark_struct(fields))
-        self._known_rows[frame] = table.select(names)
+        table = table.select([name for name, _ in fields])
+        frame = self.spark.createDataFrame(table, spark_struct(fields))
+        self._known_rows[frame] = table
         return frame
 
     def known_rows(self, frame: Any) -> pa.Table | None:

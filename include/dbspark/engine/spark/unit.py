@@ -75,6 +75,25 @@ class Unit:
             self.records.append(record)
         return record
 
+    def write_at(
+        self,
+        delta: Any,
+        collection: str,
+        kind: str,
+        t: Time,
+        fields: Sequence[tuple[str, str]],
+        *,
+        bucket_by: Sequence[str] | None = None,
+    ) -> BatchRecord | None:
+        """Write ``delta`` (no time columns) stored with the time columns of ``t``
+        (``fields`` includes them), as ``write`` does; rows the driver holds already
+        (``known_rows``) are written from there, with no Spark job."""
+        known = self.known_rows(delta)
+        times = set(time_columns(len(t)))
+        if known is not None and known.column_names == [n for n, _ in fields if n not in times]:
+            return self.write_table(known, collection, kind, t, bucket_by=bucket_by)
+        return self.write(with_time(delta, t), collection, kind, t, fields, bucket_by=bucket_by)
+
     def write_table(
         self,
         table: pa.Table,

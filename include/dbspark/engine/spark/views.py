@@ -30,7 +30,7 @@ from dbspark.engine.api import (
 from dbspark.engine.epoch_units import PUBLISH, publish_inputs
 from dbspark.engine.kernels import consolidate
 from dbspark.engine.spark.compile import struct_type
-from dbspark.engine.spark.unit import records_rows, with_time
+from dbspark.engine.spark.unit import records_rows
 from dbspark.storage import collection_names as coll
 from dbspark.storage.catalog import BatchRecord
 
@@ -61,9 +61,7 @@ class Views:
             record = (
                 None
                 if delta is None
-                else unit.write(
-                    with_time(delta, t), coll.view(name), "trace", t, self._fields(node, 1)
-                )
+                else unit.write_at(delta, coll.view(name), "trace", t, self._fields(node, 1))
             )
             report.rows_out[name] = record.rows if record else 0
         unit.commit(PUBLISH, t)
