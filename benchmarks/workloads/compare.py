@@ -384,13 +384,21 @@ def copy_warehouse(source: Path, target: Path) -> None:
 
 def _median_after_warm_up(runs: list[Measurement], epoch: int) -> Measurement:
     """The compared epoch's incremental measurement: the only run, or the median of the
-    runs after the first (the warm-up), labelled ``epoch`` (the one compared), with
-    every run's seconds in ``params["runs_s"]`` and the warm-up's in ``first_s``."""
+    runs after the first (the warm-up), labelled ``epoch`` (the one compared) and its
+    delta (W3's days differ in size; the runs' are ``params["deltas"]``), with every
+    run's seconds in ``params["runs_s"]`` and the warm-up's in ``first_s``."""
     if len(runs) == 1:
         return runs[0]
     timed = runs[1:]
     middle = sorted(timed, key=lambda m: m.seconds)[len(timed) // 2]
-    median = replace(middle, variant="incremental", epoch=epoch, params=dict(middle.params))
+    median = replace(
+        middle,
+        variant="incremental",
+        epoch=epoch,
+        delta=runs[-1].delta,
+        params=dict(middle.params),
+    )
+    median.params["deltas"] = [m.delta for m in runs]
     median.params["runs_s"] = [round(m.seconds, 3) for m in runs]
     median.params["compaction_runs_s"] = [m.params.get("compaction_s") for m in runs]
     median.params["first_s"] = round(runs[0].seconds, 3)
