@@ -1,8 +1,9 @@
 """A circuit evolved in place (``engine/spark/evolve.py``): views added or changed are
 rebuilt from the raw input log, the others continue from their state, removed views'
 state is retired, and every view then equals a full refresh of the new definition, in
-the epochs after as well. Changes that cannot evolve in place are refused, saying why,
-and leave the warehouse as it was."""
+the epochs after as well; a loop added or changed is rebuilt an iteration at a time.
+Changes that cannot evolve in place are refused, saying why, and leave the warehouse as
+it was."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ def shop(
     with_returns: bool = False,
     key: tuple[str, ...] = ("order_id",),
     loop_limit: int | None = None,
+    nested: bool = False,
     largest: bool = True,
 ) -> Circuit:
     """Orders and customers, with a definition's variations as options."""
@@ -78,6 +80,10 @@ def shop(
 
         def body(reach: Stream) -> Stream:
             step = reach.join(edges, on="cust_id").select(cust_id=col("to"))
+            if nested:  # the same filter, as a loop of its own inside this one
+                step = step.iterate(
+                    lambda x: x.filter(col("cust_id") < loop_limit).distinct(), name="below"
+                )
             step = step.filter(col("cust_id") < loop_limit)
             return reach.plus(step).distinct()
 
@@ -219,19 +225,115 @@ def test_removed_views_retire_their_state_and_a_new_source_starts_empty(
     assert sorted(engine.view("returned").rows()) == [(14, 500)]
 
 
+def graph(*, limit: int | None = None, reach: bool = True) -> Circuit:
+    """Nodes reachable from the roots along edges (below ``limit``), and the edges."""
+    c = Circuit("graph")
+    edges = c.zset_source("edges", {"src": "bigint", "dst": "bigint"})
+    roots = c.zset_source("roots", {"node": "bigint"})
+    c.view("edges_now", edges)
+    steps = edges.select(node=col("src"), to=col("dst"))
+
+    def body(reached: Stream) -> Stream:
+        step = reached.join(steps, on="node").select(node=col("to"))
+        if limit is not None:
+            step = step.filter(col("node") < limit)
+        return reached.plus(step).distinct()
+
+    if reach:
+        c.view("reach", roots.iterate(body))
+    return c
+
+
+#: A chain 1 -> 2 -> ... -> 7, each node an iteration further than the one before.
+GRAPH_HISTORY: list[dict[str, list[Any]]] = [
+    {"edges": [((1, 2), 1), ((2, 3), 1), ((3, 4), 1)], "roots": [((1,), 1)]},
+    {"edges": [((4, 5), 1), ((5, 6), 1)]},
+    {"edges": [((6, 7), 1)]},
+]
+#: The chain cut after 2 (what was reached at iterations 2 and later goes), then a
+#: shortcut from 1 to 4 (back, an iteration earlier than before), then the cut mended.
+GRAPH_LATER: list[dict[str, list[Any]]] = [
+    {"edges": [((2, 3), -1)]},
+    {"edges": [((1, 4), 1)]},
+    {"edges": [((2, 3), 1), ((6, 7), -1)]},
+]
+
+
+def _loop_traces(engine: SparkEngine) -> dict[str, set[tuple[int, ...]]]:
+    """Each live arranged collection of a stateful node inside a loop, with the times of
+    its batches."""
+    c = engine.circuit
+    inside = {n.id for n in c.nodes if c.scope(n.scope).depth > 1}
+    traces: dict[str, set[tuple[int, ...]]] = {}
+    for batch in engine.catalog.all_batches(c.name):
+        parsed = coll.parse(batch.collection)
+        if batch.live and parsed and parsed.kind == "arranged" and parsed.node in inside:
+            traces.setdefault(batch.collection, set()).add(tuple(batch.time))
+    return traces
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "how"),
+    [
+        (lambda: graph(reach=False), lambda: graph(limit=6), "added"),
+        (graph, lambda: graph(limit=6), "changed"),
+    ],
+    ids=["recursive view added", "loop body changed"],
+)
+def test_a_loop_added_or_changed_is_rebuilt_an_iteration_at_a_time_and_continues(
+    spark: Any, tmp_path: Path, before: Any, after: Any, how: str
+) -> None:
+    """A recursive view added, or its loop's body changed: the loop's state is rebuilt
+    whole from a full refresh, one trace batch per iteration at the last epoch (the
+    times its own epochs would have left, advanced to that epoch), and the epochs after
+    it, which retract what later iterations reached, equal a full refresh of the new
+    definition."""
+    root = tmp_path / "wh"
+    old = SparkEngine(before(), root, spark=lambda: spark)
+    _run(old, GRAPH_HISTORY)
+    old_traces = _loop_traces(old)
+    old.catalog.close()
+
+    engine = SparkEngine(after(), root, spark=lambda: spark, evolve=True)
+    report = engine.evolved
+    assert report is not None and report.committed
+    assert getattr(report.evolution, how) == ["reach"]
+    assert report.evolution.unchanged == ["edges_now"]
+    last = len(GRAPH_HISTORY) - 1
+    traces = _loop_traces(engine)
+    assert traces
+    # Every batch rebuilt (the old ones, at their own epochs, superseded) ...
+    assert {t[0] for t in set().union(*old_traces.values())} == (
+        set() if how == "added" else set(range(last + 1))
+    )
+    times = set().union(*traces.values())
+    assert {t[0] for t in times} == {last}  # ... all at the last epoch ...
+    assert {(last, i) for i in range(5)} <= times  # ... an iteration after the other
+    assert all(name in report.seeded for name in traces)
+    assert not _orphans(engine)
+    _equal_to_full_refresh(engine)
+    assert sorted(engine.view("reach").rows()) == [(n,) for n in range(1, 6)]
+
+    expected = [[1, 2], [1, 2, 4, 5], [1, 2, 3, 4, 5]]
+    for batch, nodes in zip(GRAPH_LATER, expected, strict=True):
+        _run(engine, [batch])
+        _equal_to_full_refresh(engine)
+        assert sorted(engine.view("reach").rows()) == [(n,) for n in nodes]
+
+
 @pytest.mark.parametrize(
     ("variant", "says"),
     [
         (lambda: shop(key=("order_id", "cust_id")), "so source 'orders' cannot continue"),
-        (lambda: shop(loop_limit=3), "It cannot evolve in place: node"),
+        (lambda: shop(loop_limit=3, nested=True), "It cannot evolve in place: node"),
     ],
-    ids=["source key", "loop"],
+    ids=["source key", "nested loop"],
 )
 def test_what_cannot_evolve_in_place_is_refused_and_changes_nothing(
     spark: Any, tmp_path: Path, variant: Any, says: str
 ) -> None:
     root = tmp_path / "wh"
-    base = shop(loop_limit=9) if "node" in says else shop()
+    base = shop(loop_limit=9, nested=True) if "node" in says else shop()
     old = SparkEngine(base, root, spark=lambda: spark)
     _run(old, HISTORY)
     before = [(b.id, b.collection, b.live) for b in old.catalog.all_batches("shop")]
@@ -296,16 +398,40 @@ def _outputs_hold_the_views(engine: SparkEngine, out: Path, epoch: int) -> None:
         assert held == expected, view
 
 
+def _serve(engine: SparkEngine, serving: Any, out: Path, epoch: int) -> None:
+    """What the DAG's serve task does after an epoch: every serving table caught up."""
+    from dbspark.orchestration.sinks.serving import catch_up
+
+    c = engine.circuit
+    schemas = {view: c.node(node).schema for view, node in c.views.items()}
+    results = catch_up(serving, c.name, schemas, out, epoch)
+    assert {view: r.epoch for view, r in results.items()} == {view: epoch for view in schemas}
+
+
+def _served(engine: SparkEngine, serving: Any) -> None:
+    """Each view's serving table holds the view."""
+    from dbspark.core.zset import ZSet
+
+    for view, node in engine.circuit.views.items():
+        schema = engine.circuit.node(node).schema
+        assert ZSet(serving.contents("shop", view, schema)) == engine.view(view), view
+
+
 def test_the_evolve_unit_brings_the_outputs_along(spark: Any, tmp_path: Path) -> None:
-    """A view added gets its feed (first change: its whole contents) and its table, a
-    view changed their correction, a view removed has its outputs moved to
-    ``_retired/``; run again, the unit finds it all done; later epochs publish as usual."""
+    """A view added gets its feed (first change: its whole contents), its table and its
+    serving table, a view changed their correction, a view removed has its outputs moved
+    to ``_retired/``; run again, the unit finds it all done; later epochs publish and
+    serve as usual."""
+    from dbspark.orchestration.sinks.serving import ServingTarget
     from dbspark.orchestration.units import EvolveUnit, execute_unit
 
     root, out = tmp_path / "wh", tmp_path / "out"
+    serving = ServingTarget(f"sqlite:///{tmp_path / 'serving.db'}")
     old = SparkEngine(shop(), root, spark=lambda: spark)
     for epoch, batch in enumerate(HISTORY):
         _run_and_export(old, epoch, batch, out)
+        _serve(old, serving, out, epoch)
+    _served(old, serving)
     old.catalog.close()
     assert (out / "shop" / "largest_per_customer").is_dir()
 
@@ -320,6 +446,8 @@ def test_the_evolve_unit_brings_the_outputs_along(spark: Any, tmp_path: Path) ->
     assert not (out / "shop" / "largest_per_customer").exists()
     assert (out / "shop" / "_retired" / "largest_per_customer@epoch=2" / "table").is_dir()
     _outputs_hold_the_views(engine, out, 2)
+    _serve(engine, serving, out, 2)
+    _served(engine, serving)
     engine.catalog.close()
 
     # A retry (the task failed after the unit): the state is evolved, the outputs done.
@@ -328,7 +456,9 @@ def test_the_evolve_unit_brings_the_outputs_along(spark: Any, tmp_path: Path) ->
     assert execute_unit(again, EvolveUnit(-1, outputs=str(out)))["outputs"] == {}
     for epoch, batch in enumerate(LATER, start=len(HISTORY)):
         _run_and_export(again, epoch, batch, out)
+        _serve(again, serving, out, epoch)
     _outputs_hold_the_views(again, out, len(HISTORY) + len(LATER) - 1)
+    _served(again, serving)
     _equal_to_full_refresh(again)
 
 

@@ -242,6 +242,34 @@ def map_nodes(kept: Mapping[str, Any], circuit: Circuit) -> NodeMapping | None:
     return mapping
 
 
+def loops_to_rebuild(mapping: NodeMapping, circuit: Circuit) -> list[int]:
+    """The loops (scope ids) a new or changed node is inside. A loop's stored state is
+    every iteration's differences, which hang together through the feedback: a variable
+    is hashed by its distance to what it reads, not by the body, so a node of a changed
+    loop may keep its fingerprint while the iterates it sees change. Such a loop is
+    rebuilt whole (:func:`rebuilt_whole`)."""
+    loops = set()
+    for node_id in mapping.fresh:
+        scope = circuit.scope(circuit.node(node_id).scope)
+        while scope.parent is not None and circuit.scope(scope.parent).parent is not None:
+            scope = circuit.scope(scope.parent)  # the outermost loop it is in
+        if scope.parent is not None:
+            loops.add(scope.id)
+    return sorted(loops)
+
+
+def rebuilt_whole(mapping: NodeMapping, circuit: Circuit) -> NodeMapping:
+    """``mapping`` with every node of a loop to rebuild (:func:`loops_to_rebuild`)
+    fresh, its old node's state retired."""
+    inside = {n for loop in loops_to_rebuild(mapping, circuit) for n in circuit.nodes_within(loop)}
+    moved = {new: old for new, old in mapping.kept.items() if new in inside}
+    return NodeMapping(
+        {new: old for new, old in mapping.kept.items() if new not in moved},
+        sorted([*mapping.fresh, *moved]),
+        sorted([*mapping.retired, *moved.values()]),
+    )
+
+
 #: Operators whose state a full refresh at one epoch does not give: what a ``delay``
 #: holds is its input's last change, and a ``join_function`` may hold rows due later.
 UNSEEDABLE_OPS = frozenset({"delay", "join_function"})
@@ -252,9 +280,10 @@ def evolution_obstacles(
 ) -> list[str]:
     """Why ``circuit`` cannot evolve in place from the kept definition (empty: it can):
     a source changed in anything but being added or removed, a signature too old to map
-    nodes, a new or changed node inside a loop (its trace holds every iteration's
-    differences, which a full refresh at one epoch does not give), or a new node whose
-    state is a pending change (``UNSEEDABLE_OPS``)."""
+    nodes, a new or changed node inside a loop nested in a loop (a loop is rebuilt one
+    iteration at a time, from a full refresh of its enclosing epoch; a nested loop's
+    iterations are under each of its enclosing loop's), or a new node whose state is a
+    pending change (``UNSEEDABLE_OPS``)."""
     reasons = []
     for name, what in sorted(evolution.sources.items()):
         if what not in (["added"], ["removed"]):
@@ -265,13 +294,14 @@ def evolution_obstacles(
             "the nodes' fingerprints"
         )
         return reasons
-    for node_id in mapping.fresh:
+    rebuilt = rebuilt_whole(mapping, circuit)
+    for node_id in rebuilt.fresh:
         node = circuit.node(node_id)
         scope = circuit.scope(node.scope)
-        if scope.depth > 1:
+        if scope.depth > 2:
             reasons.append(
-                f"node {node.label!r} ({node.op}) inside loop {scope.name!r} is new or "
-                "changed: a loop's traces are not rebuilt in place"
+                f"node {node.label!r} ({node.op}) inside loop {scope.name!r}, itself inside "
+                "a loop, is new or changed: a nested loop's traces are not rebuilt in place"
             )
         elif node.op in UNSEEDABLE_OPS:
             reasons.append(

@@ -13,6 +13,10 @@ compute (``circuit/evolution.py``, ``map_nodes``):
   join's, distinct's or aggregate's arranged inputs are the accumulated values of its
   inputs, one batch each at ``(epoch,)``; a new or changed view's published collection
   is its accumulated value (as ``rebuild`` writes it);
+- a loop with a fresh node in it (``loops_to_rebuild``) is rebuilt whole, all of its
+  nodes fresh: its stateful nodes' arranged inputs are the full refresh's iteration at
+  that epoch, the change of each input from one iteration to the next, one batch per
+  iteration at ``(epoch, i)`` (``_seed_loop``);
 - a **retired** old node's state, and the removed and changed views', is superseded
   (garbage collection deletes it later).
 
@@ -20,8 +24,8 @@ All of it is one catalog transaction with the new fingerprint (``Catalog.evolve_
 refused while an epoch is open, and recorded as the commit ``evolve:<fingerprint>`` at
 the last committed epoch. Not evolved in place (refused, saying why): a source whose
 definition changed (its stored state or log means something else), a new node inside a
-loop (a loop's traces hold every iteration's differences, which one full refresh does
-not give) or a new ``delay`` or ``join_function`` (their state is a pending change).
+loop nested in a loop, or a new ``delay`` or ``join_function`` (their state is a pending
+change).
 
 The published outputs (change feeds, tables) of the views added or changed take the
 rebuild's correction, and the removed views' are retired, where the orchestration runs
@@ -31,13 +35,20 @@ the evolution (``orchestration/units.py``, ``EvolveUnit``).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from dbspark.circuit.builder import STATEFUL_OPS
-from dbspark.circuit.evolution import Evolution, evolution_obstacles, map_nodes
+from dbspark.circuit.evolution import (
+    Evolution,
+    evolution_obstacles,
+    loops_to_rebuild,
+    map_nodes,
+    rebuilt_whole,
+)
 from dbspark.circuit.planner import trace_keys
-from dbspark.engine.kernels import consolidate
+from dbspark.engine.kernels import consolidate, minus
 from dbspark.engine.spark.compile import struct_type
 from dbspark.storage import collection_names as coll
 from dbspark.storage.catalog import BatchRecord, CatalogError
@@ -109,6 +120,8 @@ class Evolve:
                 stored=changed.stored,
                 fingerprint=changed.fingerprint,
             ) from None
+        loops = loops_to_rebuild(mapping, self.circuit)
+        mapping = rebuilt_whole(mapping, self.circuit)
         name = self.circuit.name
         epoch = self.last_committed_epoch()
         renames: dict[str, str] = {}
@@ -130,7 +143,7 @@ class Evolve:
         written: list[BatchRecord] = []
         seeded: dict[str, int] = {}
         if epoch >= 0:
-            written, seeded = self._seed(mapping.kept, mapping.fresh, evolution, epoch)
+            written, seeded = self._seed(mapping.kept, mapping.fresh, loops, evolution, epoch)
         fingerprint = str(changed.fingerprint)
         try:
             mark_evolving(self.root, self.circuit, fingerprint, kept, epoch)
@@ -175,12 +188,14 @@ class Evolve:
         self,
         kept: dict[int, int],
         fresh: list[int],
+        loops: list[int],
         evolution: Evolution,
         epoch: int,
     ) -> tuple[list[BatchRecord], dict[str, int]]:
         """The fresh nodes' traces and the new or changed views' collections, written (not
         committed) from a full refresh at ``epoch`` of the input logs the kept sources
-        hold under their old ids."""
+        hold under their old ids; ``loops`` (scope ids) are rebuilt one iteration at a
+        time (``_seed_loop``)."""
         from dbspark.engine.spark.full_refresh import Refresh
 
         wanted = [
@@ -189,7 +204,7 @@ class Evolve:
             if node.op in STATEFUL_OPS and node.scope == 0
         ]
         views = [*evolution.added, *evolution.changed]
-        if not wanted and not views:
+        if not wanted and not views and not loops:
             return [], {}
         refresh = Refresh(
             self.spark, self.circuit, self._old_input_frames(kept, epoch), checkpoint=True
@@ -197,9 +212,11 @@ class Evolve:
         written: list[BatchRecord] = []
         seeded: dict[str, int] = {}
 
-        def write(collection: str, frame: DataFrame, bucket_by: list[str] | None) -> None:
-            record = self.traces.write(collection, frame, (epoch,), bucket_by=bucket_by)
-            seeded[collection] = record.rows if record is not None else 0
+        def write(
+            collection: str, frame: DataFrame, bucket_by: list[str] | None, at: tuple[int, ...]
+        ) -> None:
+            record = self.traces.write(collection, frame, at, bucket_by=bucket_by)
+            seeded[collection] = seeded.get(collection, 0) + (record.rows if record else 0)
             if record is not None:
                 written.append(record)
 
@@ -208,16 +225,53 @@ class Evolve:
                 for port, keys in enumerate(trace_keys(self.circuit, node)):
                     source = self.circuit.node(node.inputs[port])
                     value = consolidate(refresh.value(source.id, (epoch,)), source.schema.names)
-                    write(coll.arranged(node.id, port), value, list(keys))
+                    write(coll.arranged(node.id, port), value, list(keys), (epoch,))
+            for loop in loops:
+                self._seed_loop(refresh, loop, epoch, write)
             for view in views:
                 node = self.circuit.node(self.circuit.views[view])
                 value = consolidate(refresh.value(node.id, (epoch,)), node.schema.names)
-                write(coll.view(view), value, None)
+                write(coll.view(view), value, None, (epoch,))
         except BaseException:
             for record in written:
                 self.warehouse.delete(record)
             raise
         return written, seeded
+
+    def _seed_loop(
+        self,
+        refresh: Any,
+        loop: int,
+        epoch: int,
+        write: Callable[[str, DataFrame, list[str] | None, tuple[int, ...]], None],
+    ) -> None:
+        """A loop's stateful nodes' traces, as if every epoch up to ``epoch`` had been
+        one: at ``(epoch, i)``, the change of each input between iterations ``i - 1`` and
+        ``i`` of the full refresh's iteration. That is the trace the loop keeps, its
+        times advanced to ``epoch``: an epoch after it only reads a trace summed up to
+        its own iteration, over every earlier epoch (compaction does the same), so the
+        epochs' split is not needed."""
+        from dbspark.engine.spark.full_refresh import iterate
+
+        inside = [self.circuit.node(i) for i in self.circuit.nodes_within(loop)]
+        ports = [
+            (node, port, list(keys))
+            for node in inside
+            if node.op in STATEFUL_OPS
+            for port, keys in enumerate(trace_keys(self.circuit, node))
+        ]
+        last: dict[tuple[int, int], DataFrame] = {}
+        for iteration in iterate(refresh, self.circuit.scope(loop), (epoch,)):
+            for node, port, keys in ports:
+                names = self.circuit.node(node.inputs[port]).schema.names
+                at = (epoch, iteration)
+                value = refresh.materialize(
+                    consolidate(refresh.value(node.inputs[port], at), names)
+                )
+                before = last.get((node.id, port))
+                change = value if before is None else consolidate(minus(value, before), names)
+                last[(node.id, port)] = value
+                write(coll.arranged(node.id, port), change, keys, at)
 
     def _old_input_frames(self, kept: dict[int, int], epoch: int) -> dict[str, Any]:
         """Each source's raw input log through ``epoch`` as full refresh reads it, from the

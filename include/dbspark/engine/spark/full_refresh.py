@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any
 
 from pyspark.sql import Column, DataFrame, Observation, Row, SparkSession
@@ -590,12 +590,24 @@ def _variable(r: Refresh, node: Node, time: Time) -> DataFrame:
 def _leave(r: Refresh, node: Node, time: Time) -> DataFrame:
     """Naive iteration: ``X0 = initial``, ``X(i+1) = body(X(i))``, until an iteration changes
     nothing (compared with a consolidated difference) and every ``delay`` in the loop
-    repeats too; the result is that fixed point. At most ``max_iterations`` bodies, else
+    repeats too; the result is that fixed point (:func:`iterate`)."""
+    iterates = iterate(r, r.circuit.scope(node.params["loop"]), time)
+    while True:
+        try:
+            next(iterates)
+        except StopIteration as done:
+            return done.value
+
+
+def iterate(r: Refresh, scope: Scope, time: Time) -> Generator[int, None, DataFrame]:
+    """Run loop ``scope`` at ``time`` to its fixed point, yielding each iteration ``i``
+    when the variable's iterate at ``(*time, i)`` is known, so that any node of the loop
+    can be asked its value at ``(*time, i)`` then (values two iterations back are
+    forgotten); returns the fixed point. At most ``max_iterations`` bodies, else
     :class:`LoopDidNotConverge`. Each iterate is checkpointed (``localCheckpoint``) so
     that query plans do not grow with the number of iterations."""
-    scope = r.circuit.scope(node.params["loop"])
     assert scope.variable is not None and scope.result is not None
-    names = node.schema.names
+    names = r.circuit.node(scope.result).schema.names
     # The initial collection is cheap to recompute (its plan does not grow with the
     # iterations), so it is not worth a Spark job of its own.
     current = consolidate(r.value(scope.variable, (*time, 0)), names)
@@ -607,6 +619,7 @@ def _leave(r: Refresh, node: Node, time: Time) -> DataFrame:
                 f"loop {scope.name!r} did not converge at time {time} within "
                 f"{scope.max_iterations} iterations (full refresh)"
             )
+        yield iteration
         produced = r.value(scope.result, (*time, iteration))
         following, changed = _step(r, current, produced, names)
         if not changed and _delays_settled(r, scope, time, iteration):
