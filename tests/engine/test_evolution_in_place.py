@@ -33,6 +33,7 @@ def shop(
     loop_limit: int | None = None,
     nested: bool = False,
     largest: bool = True,
+    widest: bool = False,
 ) -> Circuit:
     """Orders and customers, with a definition's variations as options."""
     c = Circuit("shop")
@@ -62,7 +63,12 @@ def shop(
     if not without_totals:
         c.view(
             "region_totals",
-            joined.aggregate(by="region", orders=count(), total=sum_(col(total))),
+            joined.aggregate(
+                by="region",
+                orders=count(),
+                total=sum_(col(total)),
+                **({"widest": max_(col("amount"))} if widest else {}),
+            ),
         )
     if largest:
         c.view("largest_per_customer", current.aggregate(by="cust_id", largest=max_(col("amount"))))
@@ -399,13 +405,16 @@ def _outputs_hold_the_views(engine: SparkEngine, out: Path, epoch: int) -> None:
 
 
 def _serve(engine: SparkEngine, serving: Any, out: Path, epoch: int) -> None:
-    """What the DAG's serve task does after an epoch: every serving table caught up."""
-    from dbspark.orchestration.sinks.serving import catch_up
+    """What the DAG's serve task does after an epoch: every serving table caught up, and
+    those of views no longer in the circuit dropped."""
+    from dbspark.orchestration.sinks.serving import catch_up, retire_removed
 
     c = engine.circuit
     schemas = {view: c.node(node).schema for view, node in c.views.items()}
     results = catch_up(serving, c.name, schemas, out, epoch)
     assert {view: r.epoch for view, r in results.items()} == {view: epoch for view in schemas}
+    retire_removed(serving, c.name, schemas)
+    assert serving.served_views(c.name) == sorted(schemas)
 
 
 def _served(engine: SparkEngine, serving: Any) -> None:
@@ -460,6 +469,47 @@ def test_the_evolve_unit_brings_the_outputs_along(spark: Any, tmp_path: Path) ->
     _outputs_hold_the_views(again, out, len(HISTORY) + len(LATER) - 1)
     _served(again, serving)
     _equal_to_full_refresh(again)
+
+
+def test_a_view_given_other_columns_starts_its_outputs_again(spark: Any, tmp_path: Path) -> None:
+    """A changed view whose definition adds a column cannot take a correction in its
+    old columns: its outputs move to ``_retired/`` and start again at the evolution's
+    epoch as an added view's do (feed, table), and its serving table is loaded again in
+    the new columns; the removed view's serving table is dropped. Later epochs publish
+    and serve as usual."""
+    from dbspark.orchestration.sinks.serving import ServingTarget
+    from dbspark.orchestration.sinks.tables import table_columns, table_path
+    from dbspark.orchestration.units import EvolveUnit, execute_unit
+
+    root, out = tmp_path / "wh", tmp_path / "out"
+    serving = ServingTarget(f"sqlite:///{tmp_path / 'serving.db'}")
+    old = SparkEngine(shop(), root, spark=lambda: spark)
+    for epoch, batch in enumerate(HISTORY):
+        _run_and_export(old, epoch, batch, out)
+        _serve(old, serving, out, epoch)
+    old.catalog.close()
+    assert "largest_per_customer" in serving.served_views("shop")
+
+    new = shop(widest=True, largest=False)
+    engine = SparkEngine(new, root, spark=lambda: spark, evolve=True)
+    outputs = execute_unit(engine, EvolveUnit(-1, outputs=str(out)))["outputs"]
+    assert outputs["region_totals"].startswith("changed, with other columns: change +")
+    assert (out / "shop" / "_retired" / "region_totals@epoch=2" / "table").is_dir()
+    table = table_path(out, "shop", "region_totals")
+    assert table_columns(table) == ["region", "orders", "total", "widest", "__copies"]
+    _outputs_hold_the_views(engine, out, 2)
+    _serve(engine, serving, out, 2)  # reloaded in the new columns; the removed one dropped
+    _served(engine, serving)
+    assert "largest_per_customer" not in serving.served_views("shop")
+    engine.catalog.close()
+
+    again = SparkEngine(new, root, spark=lambda: spark, evolve=True)  # a retry: all done
+    assert execute_unit(again, EvolveUnit(-1, outputs=str(out)))["outputs"] == {}
+    for epoch, batch in enumerate(LATER, start=len(HISTORY)):
+        _run_and_export(again, epoch, batch, out)
+        _serve(again, serving, out, epoch)
+    _outputs_hold_the_views(again, out, len(HISTORY) + len(LATER) - 1)
+    _served(again, serving)
 
 
 def test_outputs_are_brought_along_by_the_next_run_when_the_evolving_task_failed(

@@ -39,6 +39,8 @@ from dbspark.orchestration.sinks.tables import (
     TableSettings,
     publish_table,
     read_table,
+    replace_table,
+    table_columns,
     table_path,
     table_versions,
 )
@@ -322,6 +324,60 @@ def test_an_unreachable_s3_location_fails_the_publish_clearly_and_a_retry_comple
         settings=settings,
     )
     assert loaded.loaded and table_versions(other, storage_options=options) == {5: 0}
+
+
+def test_a_view_given_other_columns_replaces_its_s3_table_in_one_commit(s3: S3) -> None:
+    """A view an evolution gave another column (``evolve_outputs``): its table on S3
+    is overwritten by one commit in the new columns that still holds the epoch, so the
+    next epoch follows it; the epoch before reads in the old columns (time travel), and
+    a retry changes nothing."""
+    settings = TableSettings(location=f"s3://{BUCKET}/evolved", storage_options=s3.options())
+    path = table_path(settings.location, "c", "v")
+    for epoch, rows in enumerate([[((1, "x"), 1)], [((2, "y"), 2)]]):
+        publish_table(
+            path,
+            circuit="c",
+            view="v",
+            schema=SCHEMA,
+            epoch=epoch,
+            change=change(rows),
+            whole_view=lambda: change([]),
+            settings=settings,
+        )
+    wider = Schema.of({"k": "bigint", "s": "string", "n": "bigint"}, what="test")
+    rows = pa.table(
+        {"k": [1, 2], "s": ["x", "y"], "n": [10, 20], WEIGHT: [1, 2]},
+        schema=arrow_schema([*wider.fields, (WEIGHT, "bigint")]),
+    )
+
+    def replace() -> Any:
+        return replace_table(
+            path, circuit="c", view="v", schema=wider, epoch=1, rows=rows, settings=settings
+        )
+
+    assert replace().loaded
+    options = settings.options
+    assert table_columns(path, storage_options=options) == ["k", "s", "n", COPIES]
+    assert as_zset(read_table(path, storage_options=options), wider) == ZSet(
+        [((1, "x", 10), 1), ((2, "y", 20), 2)]
+    )
+    assert as_zset(read_table(path, 0, storage_options=options), SCHEMA) == ZSet([((1, "x"), 1)])
+    assert replace().skipped
+    publish_table(
+        path,
+        circuit="c",
+        view="v",
+        schema=wider,
+        epoch=2,
+        change=pa.table(
+            {"k": [3], "s": ["z"], "n": [30], WEIGHT: [1]},
+            schema=arrow_schema([*wider.fields, (WEIGHT, "bigint")]),
+        ),
+        whole_view=lambda: rows,
+        settings=settings,
+    )
+    assert sorted(table_versions(path, storage_options=options)) == [0, 1, 2]
+    assert len(read_table(path, 1, storage_options=options)) == 2
 
 
 def test_credentials_are_refused_as_table_settings(monkeypatch: pytest.MonkeyPatch) -> None:

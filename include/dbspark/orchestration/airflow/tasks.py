@@ -890,6 +890,7 @@ class EpochTasks:
             ServingTarget,
             catch_up,
             reconcile_with_tables,
+            retire_removed,
         )
         from dbspark.orchestration.sinks.tables import TableSettings
 
@@ -909,6 +910,7 @@ class EpochTasks:
         try:
             tables = TableSettings.from_environment(deployment.table_settings)
             results = catch_up(target, self.name, schemas, deployment.outputs, epoch, tables=tables)
+            retired = retire_removed(target, self.name, schemas)
             if rebuilt:
                 reconciled = reconcile_with_tables(
                     target, self.name, rebuilt, deployment.outputs, epoch, tables=tables
@@ -920,6 +922,8 @@ class EpochTasks:
         for result in results.values():
             log.info("%s", result.describe())
         served = {"epoch": epoch, "tables": {v: r.epoch for v, r in results.items()}}
+        if retired:
+            served["retired"] = retired  # the serving tables of views removed
         if rebuilt:
             served["reconciled"] = {
                 view: None if r is None else [r.inserted, r.updated, r.deleted]

@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dbspark.core.columns import COPIES, WEIGHT
-from dbspark.core.types import Schema
+from dbspark.core.types import BIGINT, Schema
 from dbspark.orchestration.sinks.files import (
     CHANGES,
     CorrectionExport,
@@ -33,6 +33,7 @@ from dbspark.orchestration.sinks.files import (
     export_correction,
     export_first_changes,
     export_snapshot,
+    exported_columns,
     exported_corrections,
     feed_complete,
     feed_view,
@@ -50,6 +51,8 @@ from dbspark.orchestration.sinks.tables import (
     correct_table,
     publish_table,
     read_table,
+    replace_table,
+    table_columns,
     table_epoch,
     table_exists,
     table_path,
@@ -368,6 +371,30 @@ def _table_as_of(
 
 
 # ================================================================================== evolutions
+def _starts_again(
+    engine: SparkEngine,
+    view: str,
+    root: str | os.PathLike[str],
+    tables: TableSettings | None,
+) -> bool:
+    """Whether a view an evolution changed cannot be corrected in place: its change feed
+    or its table holds other columns than its new definition gives (names or types),
+    or it has neither (never exported, or moved away by a try that failed after)."""
+    circuit = engine.circuit.name
+    schema = engine.circuit.node(engine.circuit.views[view]).schema
+    fed = exported_columns(root, circuit, view)
+    if fed is not None and fed != [[n, t] for n, t in schema.fields] + [[WEIGHT, BIGINT]]:
+        return True
+    held = None
+    if tables is not None:
+        path = table_path(tables.location or root, circuit, view)
+        if table_exists(path, storage_options=tables.options):
+            held = table_columns(path, storage_options=tables.options)
+    if held is not None and held != [*schema.names, COPIES]:
+        return True
+    return fed is None and held is None
+
+
 def evolve_outputs(
     engine: SparkEngine,
     evolution: Evolution,
@@ -380,33 +407,59 @@ def evolve_outputs(
     """After ``engine``'s circuit evolved in place at ``epoch`` (``engine/spark/evolve.py``):
     each view added gets its whole contents as of ``epoch`` as its first change
     directory (``export_first_changes``) and as its table's first commit; each view
-    changed takes a rebuild's correction (``correct_views``); each view removed has its
-    outputs moved under ``_retired/`` (a table elsewhere, such as on S3, is left where
-    it is). Every step skips what is done, so a retry completes it. Returns, per view,
-    what was done."""
+    changed takes a rebuild's correction (``correct_views``), unless its definition
+    gave it other columns (or it has no outputs yet): then its outputs are retired and
+    it starts again as an added view does, its table elsewhere (such as on S3) replaced
+    in the new columns (``replace_table``); each view removed has its outputs moved
+    under ``_retired/`` (a table elsewhere is left where it is). Every step skips what
+    is done, so a retry completes it. Returns, per view, what was done."""
     circuit = engine.circuit.name
     done: dict[str, str] = {}
-    for view in evolution.added:
+    restarted = [view for view in evolution.changed if _starts_again(engine, view, root, tables)]
+    for view in restarted:
+        moved = retire_outputs(root, circuit, view, epoch)
+        log.info(
+            "view %s of circuit %s has other columns from epoch %s on: its outputs %s",
+            view,
+            circuit,
+            epoch,
+            f"moved to {moved}" if moved else "start again",
+        )
+    for view in [*evolution.added, *restarted]:
         schema = engine.circuit.node(engine.circuit.views[view]).schema
         rows = whole_view(engine, view, epoch)
         changes = export_first_changes(root, circuit, view, schema, epoch, rows)
         said = [changes.describe()]
         if tables is not None:
-            table = publish_table(
-                table_path(tables.location or root, circuit, view),
-                circuit=circuit,
-                view=view,
-                schema=schema,
-                epoch=epoch,
-                change=rows,
-                whole_view=lambda rows=rows: rows,
-                settings=tables,
-            )
+            path = table_path(tables.location or root, circuit, view)
+            if view in restarted and table_exists(path, storage_options=tables.options):
+                table = replace_table(
+                    path,
+                    circuit=circuit,
+                    view=view,
+                    schema=schema,
+                    epoch=epoch,
+                    rows=rows,
+                    settings=tables,
+                )
+            else:
+                table = publish_table(
+                    path,
+                    circuit=circuit,
+                    view=view,
+                    schema=schema,
+                    epoch=epoch,
+                    change=rows,
+                    whole_view=lambda rows=rows: rows,
+                    settings=tables,
+                )
             said.append(table.describe())
-        done[view] = f"added: {'; '.join(said)}"
-    if evolution.changed:
+        how = "added" if view in evolution.added else "changed, with other columns"
+        done[view] = f"{how}: {'; '.join(said)}"
+    corrected_views = [view for view in evolution.changed if view not in restarted]
+    if corrected_views:
         corrected = correct_views(
-            engine, evolution.changed, root=root, tables=tables, serving=serving
+            engine, corrected_views, root=root, tables=tables, serving=serving
         )
         done.update({view: f"changed: {item.describe()}" for view, item in corrected.items()})
     for view in evolution.removed:

@@ -110,6 +110,16 @@ def exported_epochs(
     return sorted(epochs)
 
 
+def exported_columns(
+    root: str | os.PathLike[str], circuit: str, view: str
+) -> list[list[str]] | None:
+    """The columns, ``[name, type]`` with ``__w`` last, of the view's latest complete
+    change directory; None when it has none."""
+    epochs = exported_epochs(root, circuit, view)
+    marker = read_marker(output_dir(root, circuit, view, CHANGES, epochs[-1])) if epochs else None
+    return None if marker is None else marker.get("columns")
+
+
 # ==================================================================================== writing
 @dataclass
 class DirectoryExport:

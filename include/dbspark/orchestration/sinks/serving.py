@@ -334,6 +334,68 @@ class ServingTarget:
             )
         )
 
+    def owner(self, view: str) -> tuple[str, str] | None:
+        """(circuit, view) the bookkeeping says the serving table of ``view`` serves, or
+        None when it has no row."""
+        if not sa.inspect(self.engine).has_table(self.epochs_table):
+            return None
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                sa.select(self._epochs.c.circuit, self._epochs.c.view).where(
+                    self._epochs.c.table_name == self.table_name(view)
+                )
+            ).first()
+        return None if row is None else (row.circuit, row.view)
+
+    def columns_differ(self, view: str, schema: Schema) -> bool:
+        """Whether the serving table of ``view`` exists with other columns than ``schema``
+        and ``__w`` (its view was given other columns)."""
+        name = self.table_name(view)
+        inspector = sa.inspect(self.engine)
+        if not inspector.has_table(name):
+            return False
+        found = {c["name"] for c in inspector.get_columns(name)}
+        return found != {*schema.names, WEIGHT}
+
+    def retire(self, circuit: str, view: str) -> bool:
+        """Drop the serving table of ``view`` of ``circuit`` and its bookkeeping, in one
+        transaction (a view removed, or given other columns, by an evolution: its
+        outputs' history is kept under ``_retired/``). False when there is no such table
+        of that circuit (none, or one without bookkeeping, which is not dbspark's to
+        drop); a table of another circuit is refused."""
+        name = self.table_name(view)
+        owner = self.owner(view)
+        if owner is None:
+            return False
+        if owner[0] != circuit:
+            raise ServingError(
+                f"serving table {name!r} serves circuit {owner[0]!r}, not {circuit!r}"
+            )
+        with self.engine.begin() as conn:
+            for bookkeeping in (self._epochs, self._corrections):
+                if sa.inspect(conn).has_table(bookkeeping.name):
+                    conn.execute(sa.delete(bookkeeping).where(bookkeeping.c.table_name == name))
+            conn.execute(sa.text(f"DROP TABLE IF EXISTS {self._quoted(name)}"))
+        self._tables.pop(name, None)
+        stale = self._metadata.tables.get(name)
+        if stale is not None:
+            self._metadata.remove(stale)
+        log.info("serving table %s of view %s retired (dropped) from %s", name, view, self.database)
+        return True
+
+    def served_views(self, circuit: str) -> list[str]:
+        """The views of ``circuit`` with a serving table here, by the bookkeeping."""
+        if not sa.inspect(self.engine).has_table(self.epochs_table):
+            return []
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(self._epochs.c.view).where(self._epochs.c.circuit == circuit)
+            )
+            return sorted(row.view for row in rows)
+
+    def _quoted(self, name: str) -> str:
+        return self.engine.dialect.identifier_preparer.quote(name)
+
     def epoch_of(self, view: str) -> int:
         """The epoch the serving table of ``view`` is at (-1: fresh or not created)."""
         if not sa.inspect(self.engine).has_table(self.epochs_table):
@@ -804,6 +866,14 @@ def reconcile_with_tables(
     return results
 
 
+def retire_removed(serving: ServingTarget, circuit: str, views: Collection[str]) -> list[str]:
+    """Drop the serving tables the bookkeeping has for views of ``circuit`` that are not
+    among ``views`` (removed by an evolution: ``ServingTarget.retire``); the views they
+    were for."""
+    gone = [view for view in serving.served_views(circuit) if view not in views]
+    return [view for view in gone if serving.retire(circuit, view)]
+
+
 def _take_corrections(
     serving: ServingTarget,
     circuit: str,
@@ -903,6 +973,10 @@ def catch_up(
         name = serving.table_name(view)
         at = -1
         try:
+            if serving.columns_differ(view, schema) and serving.owner(view) == (circuit, view):
+                # Its view was given other columns (an evolution): the table cannot take
+                # the new rows; loaded again below, from the view's table.
+                serving.retire(circuit, view)
             at = serving.epoch_of(view)
             if at >= epoch:
                 results[view] = ServingResult(name, at, serving.database, skipped=True)

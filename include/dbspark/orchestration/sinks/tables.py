@@ -407,6 +407,63 @@ def correct_table(
     return result
 
 
+def table_columns(path: TablePath, *, storage_options: StorageOptions | None = None) -> list[str]:
+    """The columns of the table at ``path`` (the view's and ``__copies``), from its log."""
+    return [f.name for f in _reopened(path, storage_options).schema().fields]
+
+
+def replace_table(
+    path: TablePath,
+    *,
+    circuit: str,
+    view: str,
+    schema: Schema,
+    epoch: int,
+    rows: pa.Table,
+    settings: TableSettings | None = None,
+) -> TableCommit:
+    """Overwrite the table of a view that an evolution at ``epoch`` gave other columns
+    with ``rows`` (its whole contents then, the view's columns and ``__w``): one commit,
+    in the new columns, that still says the table holds ``epoch``; the versions before
+    it keep the old columns for time travel. Skipped when the table has the new columns
+    already (a retry)."""
+    path = path if is_uri(path) else Path(path)
+    settings = settings or TableSettings()
+    wanted = [*schema.names, COPIES]
+    what = f"view {view!r} as of epoch {epoch}, in its new columns"
+    try:
+        if table_columns(path, storage_options=settings.options) == wanted:
+            version = _version(path, settings.options)
+            return TableCommit(view, path, epoch, version=version, skipped=True)
+        weighted = _weighted(rows, schema, what)
+        table = _sorted_for_bounds(weighted, schema).rename_columns(wanted)
+        write_deltalake(
+            str(path),
+            table,
+            mode="overwrite",
+            schema_mode="overwrite",
+            storage_options=settings.options,
+            target_file_size=settings.target_file_bytes,
+            commit_properties=CommitProperties(
+                custom_metadata={
+                    CIRCUIT_KEY: circuit,
+                    VIEW_KEY: view,
+                    CORRECTED_EPOCH_KEY: int(epoch),
+                },
+                app_transactions=[Transaction(app_id(circuit, view), int(epoch))],
+            ),
+        )
+        version = _version(path, settings.options)
+    except (CommitFailedError, DeltaError, OSError) as err:
+        raise TableError(
+            f"could not replace the table of view {view!r} at {path} with {what} (a retry "
+            f"replaces it once): {_said(err)}"
+        ) from err
+    sync_version(path, version)
+    log.info("view %s: table %s replaced at epoch %s (new columns)", view, path, epoch)
+    return TableCommit(view, path, epoch, version=version, loaded=True, inserted=len(table))
+
+
 def _commit(
     path: Path | str,
     table: DeltaTable | None,
