@@ -34,6 +34,7 @@ def shop(
     nested: bool = False,
     largest: bool = True,
     widest: bool = False,
+    before: bool = False,
 ) -> Circuit:
     """Orders and customers, with a definition's variations as options."""
     c = Circuit("shop")
@@ -74,6 +75,9 @@ def shop(
         c.view("largest_per_customer", current.aggregate(by="cust_id", largest=max_(col("amount"))))
     if big_last:
         big(orders)
+    if before:  # the last epoch's orders, of all and of the big ones
+        c.view("orders_before", current.delay())
+        c.view("big_before", current.filter(col("amount") > 100).delay())
     if with_returns:
         returns = c.zset_source("returns", {"order_id": "bigint"})
         c.view("returned", returns.join(current, on="order_id").select("order_id", "amount"))
@@ -325,6 +329,43 @@ def test_a_loop_added_or_changed_is_rebuilt_an_iteration_at_a_time_and_continues
         _run(engine, [batch])
         _equal_to_full_refresh(engine)
         assert sorted(engine.view("reach").rows()) == [(n,) for n in nodes]
+
+
+def test_a_delay_added_puts_out_the_last_epoch_at_the_next(spark: Any, tmp_path: Path) -> None:
+    """Views of a new root-level delay, over a kept input (whose stored change at the
+    last epoch it reads) and over a new one (whose change was never stored: written
+    from full refreshes at the last epoch and the one before): the epoch after the
+    evolution puts out the last epoch's change, so both views equal a full refresh of
+    the new definition then, and later."""
+    root = tmp_path / "wh"
+    old = SparkEngine(shop(), root, spark=lambda: spark)
+    _run(old, HISTORY)
+    old.catalog.close()
+
+    engine = SparkEngine(shop(before=True), root, spark=lambda: spark, evolve=True)
+    report = engine.evolved
+    assert report is not None and report.evolution.added == ["big_before", "orders_before"]
+    _equal_to_full_refresh(engine)  # as of epoch 1: order 14 of epoch 2 not in yet
+    assert {row[0] for row in engine.view("orders_before").rows()} == {10, 11, 12, 13}
+    for batch in LATER:
+        _run(engine, [batch])
+        _equal_to_full_refresh(engine)
+    assert {row[0] for row in engine.view("big_before").rows()} == {12, 14}
+
+
+def test_a_delay_is_not_added_once_the_input_logs_no_longer_hold_its_epoch(
+    spark: Any, tmp_path: Path
+) -> None:
+    """Merged through the last epoch, the raw input logs cannot give the sources as of
+    the epoch before it, which a new delay's first change needs: refused, saying so."""
+    root = tmp_path / "wh"
+    old = SparkEngine(shop(), root, spark=lambda: spark)
+    _run(old, HISTORY)
+    old.compact_input_logs(len(HISTORY) - 1)
+    old.catalog.close()
+    with pytest.raises(CircuitChangedError, match="the raw input logs were merged"):
+        SparkEngine(shop(before=True), root, spark=lambda: spark, evolve=True)
+    assert SparkEngine(shop(), root, spark=lambda: spark).evolved is None
 
 
 @pytest.mark.parametrize(

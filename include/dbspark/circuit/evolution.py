@@ -270,9 +270,11 @@ def rebuilt_whole(mapping: NodeMapping, circuit: Circuit) -> NodeMapping:
     )
 
 
-#: Operators whose state a full refresh at one epoch does not give: what a ``delay``
-#: holds is its input's last change, and a ``join_function`` may hold rows due later.
-UNSEEDABLE_OPS = frozenset({"delay", "join_function"})
+#: Operators whose state a full refresh does not give: a ``join_function`` may hold rows
+#: due at later epochs. (A root-level ``delay`` holds its input's last change, which a
+#: full refresh at the last epoch and the one before gives: ``Evolve._seed_delays``; a
+#: ``delay`` in a loop holds nothing across epochs.)
+UNSEEDABLE_OPS = frozenset({"join_function"})
 
 
 def evolution_obstacles(

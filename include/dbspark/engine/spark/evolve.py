@@ -13,6 +13,10 @@ compute (``circuit/evolution.py``, ``map_nodes``):
   join's, distinct's or aggregate's arranged inputs are the accumulated values of its
   inputs, one batch each at ``(epoch,)``; a new or changed view's published collection
   is its accumulated value (as ``rebuild`` writes it);
+- a fresh root-level ``delay`` reads its input's change at the last epoch in the next
+  one: where that change is not stored (a new input, or a stream delta compaction
+  retired), it is written from full refreshes at that epoch and the one before
+  (``_seed_delays``), which the raw input logs must still hold;
 - a loop with a fresh node in it (``loops_to_rebuild``) is rebuilt whole, all of its
   nodes fresh: its stateful nodes' arranged inputs are the full refresh's iteration at
   that epoch, the change of each input from one iteration to the next, one batch per
@@ -24,8 +28,8 @@ All of it is one catalog transaction with the new fingerprint (``Catalog.evolve_
 refused while an epoch is open, and recorded as the commit ``evolve:<fingerprint>`` at
 the last committed epoch. Not evolved in place (refused, saying why): a source whose
 definition changed (its stored state or log means something else), a new node inside a
-loop nested in a loop, or a new ``delay`` or ``join_function`` (their state is a pending
-change).
+loop nested in a loop, a new ``join_function`` (its state is a pending change), or a
+new ``delay`` once the raw input logs were merged past the epoch before the last.
 
 The published outputs (change feeds, tables) of the views added or changed take the
 rebuild's correction, and the removed views' are retired, where the orchestration runs
@@ -39,7 +43,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from dbspark.circuit.builder import STATEFUL_OPS
+from dbspark.circuit.builder import STATEFUL_OPS, Node
 from dbspark.circuit.evolution import (
     Evolution,
     evolution_obstacles,
@@ -124,6 +128,27 @@ class Evolve:
         mapping = rebuilt_whole(mapping, self.circuit)
         name = self.circuit.name
         epoch = self.last_committed_epoch()
+        delays = [
+            node
+            for node in (self.circuit.node(i) for i in mapping.fresh)
+            if node.op == "delay" and node.scope == 0
+        ]
+        first = self._replayable_under(mapping.kept) if delays and epoch >= 0 else 0
+        if epoch < first:
+            obstacle = (
+                f"node {delays[0].label!r} (delay) is new: at epoch {epoch + 1} it reads "
+                f"its input's change at epoch {epoch}, which needs the sources as of epoch "
+                f"{epoch - 1}, but the raw input logs were merged so that a full refresh "
+                f"can start at epoch {first} only"
+            )
+            raise CircuitChangedError(
+                f"{evolution.refusal([obstacle])}\n(circuit {self.circuit.name!r}: "
+                f"fingerprint {changed.fingerprint}, the warehouse's {changed.stored})",
+                evolution,
+                kept=changed.kept,
+                stored=changed.stored,
+                fingerprint=changed.fingerprint,
+            ) from None
         renames: dict[str, str] = {}
         retire: list[str] = []
         old_to_new = {old: new for new, old in mapping.kept.items()}
@@ -143,7 +168,9 @@ class Evolve:
         written: list[BatchRecord] = []
         seeded: dict[str, int] = {}
         if epoch >= 0:
-            written, seeded = self._seed(mapping.kept, mapping.fresh, loops, evolution, epoch)
+            written, seeded = self._seed(
+                mapping.kept, mapping.fresh, loops, delays, evolution, epoch
+            )
         fingerprint = str(changed.fingerprint)
         try:
             mark_evolving(self.root, self.circuit, fingerprint, kept, epoch)
@@ -189,13 +216,15 @@ class Evolve:
         kept: dict[int, int],
         fresh: list[int],
         loops: list[int],
+        delays: list[Node],
         evolution: Evolution,
         epoch: int,
     ) -> tuple[list[BatchRecord], dict[str, int]]:
         """The fresh nodes' traces and the new or changed views' collections, written (not
         committed) from a full refresh at ``epoch`` of the input logs the kept sources
         hold under their old ids; ``loops`` (scope ids) are rebuilt one iteration at a
-        time (``_seed_loop``)."""
+        time (``_seed_loop``), the inputs of fresh root-level ``delays`` given their
+        change at ``epoch`` (``_seed_delays``)."""
         from dbspark.engine.spark.full_refresh import Refresh
 
         wanted = [
@@ -204,7 +233,7 @@ class Evolve:
             if node.op in STATEFUL_OPS and node.scope == 0
         ]
         views = [*evolution.added, *evolution.changed]
-        if not wanted and not views and not loops:
+        if not wanted and not views and not loops and not delays:
             return [], {}
         refresh = Refresh(
             self.spark, self.circuit, self._old_input_frames(kept, epoch), checkpoint=True
@@ -213,9 +242,13 @@ class Evolve:
         seeded: dict[str, int] = {}
 
         def write(
-            collection: str, frame: DataFrame, bucket_by: list[str] | None, at: tuple[int, ...]
+            collection: str,
+            frame: DataFrame,
+            bucket_by: list[str] | None,
+            at: tuple[int, ...],
+            kind: str = "trace",
         ) -> None:
-            record = self.traces.write(collection, frame, at, bucket_by=bucket_by)
+            record = self.traces.write(collection, frame, at, bucket_by=bucket_by, kind=kind)
             seeded[collection] = seeded.get(collection, 0) + (record.rows if record else 0)
             if record is not None:
                 written.append(record)
@@ -228,6 +261,7 @@ class Evolve:
                     write(coll.arranged(node.id, port), value, list(keys), (epoch,))
             for loop in loops:
                 self._seed_loop(refresh, loop, epoch, write)
+            self._seed_delays(refresh, delays, kept, epoch, write)
             for view in views:
                 node = self.circuit.node(self.circuit.views[view])
                 value = consolidate(refresh.value(node.id, (epoch,)), node.schema.names)
@@ -237,6 +271,48 @@ class Evolve:
                 self.warehouse.delete(record)
             raise
         return written, seeded
+
+    def _seed_delays(
+        self,
+        refresh: Any,
+        delays: list[Node],
+        kept: dict[int, int],
+        epoch: int,
+        write: Callable[..., None],
+    ) -> None:
+        """The change at ``epoch`` of each fresh root-level delay's input, which the delay
+        puts out at the next epoch: the input's stored delta when it is kept and that
+        delta is still live, else its full refresh at ``epoch`` minus the one at
+        ``epoch - 1`` (empty before epoch 0), written as its delta at ``(epoch,)``."""
+        done: set[int] = set()
+        for delay in delays:
+            source = self.circuit.node(delay.inputs[0])
+            if source.id in done:
+                continue
+            done.add(source.id)
+            old = kept.get(source.id)
+            stored = old is not None and self.catalog.batches(
+                self.circuit.name, coll.delta(old), time=(epoch,), kind="delta"
+            )
+            if stored:
+                continue
+            names = source.schema.names
+            now = refresh.value(source.id, (epoch,))
+            before = refresh.value(source.id, (epoch - 1,))
+            change = consolidate(minus(now, before), names)
+            write(coll.delta(source.id), change, None, (epoch,), "delta")
+
+    def _replayable_under(self, kept: dict[int, int]) -> int:
+        """The first epoch a full refresh of the new definition can recompute, from the
+        raw input logs the kept sources hold under their old ids (``replayable_from``
+        before the rename)."""
+        frontiers = self.catalog.frontiers(self.circuit.name)
+        logs = [coll.input_log(kept[i]) for i in self.circuit.sources.values() if i in kept]
+        merged = [frontiers[log][0][0] for log in logs if frontiers.get(log)]
+        if not merged:
+            return 0
+        root_delays = sum(1 for n in self.circuit.nodes if n.op == "delay" and n.scope == 0)
+        return max(merged) + root_delays
 
     def _seed_loop(
         self,
