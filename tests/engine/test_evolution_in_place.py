@@ -235,8 +235,10 @@ def test_removed_views_retire_their_state_and_a_new_source_starts_empty(
     assert sorted(engine.view("returned").rows()) == [(14, 500)]
 
 
-def graph(*, limit: int | None = None, reach: bool = True) -> Circuit:
-    """Nodes reachable from the roots along edges (below ``limit``), and the edges."""
+def graph(*, limit: int | None = None, reach: bool = True, delayed: bool = False) -> Circuit:
+    """Nodes reachable from the roots along edges (below ``limit``), and the edges;
+    ``delayed`` also feeds each iterate back one iteration late (the same fixed point,
+    through a ``delay`` in the loop)."""
     c = Circuit("graph")
     edges = c.zset_source("edges", {"src": "bigint", "dst": "bigint"})
     roots = c.zset_source("roots", {"node": "bigint"})
@@ -247,6 +249,8 @@ def graph(*, limit: int | None = None, reach: bool = True) -> Circuit:
         step = reached.join(steps, on="node").select(node=col("to"))
         if limit is not None:
             step = step.filter(col("node") < limit)
+        if delayed:
+            step = step.plus(reached.delay())
         return reached.plus(step).distinct()
 
     if reach:
@@ -287,8 +291,9 @@ def _loop_traces(engine: SparkEngine) -> dict[str, set[tuple[int, ...]]]:
     [
         (lambda: graph(reach=False), lambda: graph(limit=6), "added"),
         (graph, lambda: graph(limit=6), "changed"),
+        (graph, lambda: graph(limit=6, delayed=True), "changed"),
     ],
-    ids=["recursive view added", "loop body changed"],
+    ids=["recursive view added", "loop body changed", "a delay added in the loop"],
 )
 def test_a_loop_added_or_changed_is_rebuilt_an_iteration_at_a_time_and_continues(
     spark: Any, tmp_path: Path, before: Any, after: Any, how: str
