@@ -472,13 +472,10 @@ def _served(engine: SparkEngine, serving: Any) -> None:
         assert ZSet(serving.contents("shop", view, schema)) == engine.view(view), view
 
 
-def test_the_evolve_unit_brings_the_outputs_along(spark: Any, tmp_path: Path) -> None:
-    """A view added gets its feed (first change: its whole contents), its table and its
-    serving table, a view changed their correction, a view removed has its outputs moved
-    to ``_retired/``; run again, the unit finds it all done; later epochs publish and
-    serve as usual."""
+def _served_history(spark: Any, tmp_path: Path) -> tuple[Path, Path, Any]:
+    """The warehouse, outputs and SQLite serving database of ``shop()`` after HISTORY,
+    each epoch exported and served as the DAG does."""
     from dbspark.orchestration.sinks.serving import ServingTarget
-    from dbspark.orchestration.units import EvolveUnit, execute_unit
 
     root, out = tmp_path / "wh", tmp_path / "out"
     serving = ServingTarget(f"sqlite:///{tmp_path / 'serving.db'}")
@@ -488,6 +485,17 @@ def test_the_evolve_unit_brings_the_outputs_along(spark: Any, tmp_path: Path) ->
         _serve(old, serving, out, epoch)
     _served(old, serving)
     old.catalog.close()
+    return root, out, serving
+
+
+def test_the_evolve_unit_brings_the_outputs_along(spark: Any, tmp_path: Path) -> None:
+    """A view added gets its feed (first change: its whole contents), its table and its
+    serving table, a view changed their correction, a view removed has its outputs moved
+    to ``_retired/``; run again, the unit finds it all done; later epochs publish and
+    serve as usual."""
+    from dbspark.orchestration.units import EvolveUnit, execute_unit
+
+    root, out, serving = _served_history(spark, tmp_path)
     assert (out / "shop" / "largest_per_customer").is_dir()
 
     new = shop(big_last=True, total="order_id", largest=False)
@@ -523,17 +531,10 @@ def test_a_view_given_other_columns_starts_its_outputs_again(spark: Any, tmp_pat
     epoch as an added view's do (feed, table), and its serving table is loaded again in
     the new columns; the removed view's serving table is dropped. Later epochs publish
     and serve as usual."""
-    from dbspark.orchestration.sinks.serving import ServingTarget
     from dbspark.orchestration.sinks.tables import table_columns, table_path
     from dbspark.orchestration.units import EvolveUnit, execute_unit
 
-    root, out = tmp_path / "wh", tmp_path / "out"
-    serving = ServingTarget(f"sqlite:///{tmp_path / 'serving.db'}")
-    old = SparkEngine(shop(), root, spark=lambda: spark)
-    for epoch, batch in enumerate(HISTORY):
-        _run_and_export(old, epoch, batch, out)
-        _serve(old, serving, out, epoch)
-    old.catalog.close()
+    root, out, serving = _served_history(spark, tmp_path)
     assert "largest_per_customer" in serving.served_views("shop")
 
     new = shop(widest=True, largest=False)

@@ -105,7 +105,6 @@ class Evolve:
 
     def _evolve(self, changed: CircuitChangedError) -> EvolutionReport:
         from dbspark.engine.circuits import (
-            CircuitChangedError,
             mark_evolving,
             register,
             unmark_evolving,
@@ -116,14 +115,7 @@ class Evolve:
         mapping = map_nodes(kept, self.circuit)
         obstacles = evolution_obstacles(evolution, mapping, self.circuit)
         if obstacles or mapping is None or changed.stored is None:
-            raise CircuitChangedError(
-                f"{evolution.refusal(obstacles)}\n(circuit {self.circuit.name!r}: "
-                f"fingerprint {changed.fingerprint}, the warehouse's {changed.stored})",
-                evolution,
-                kept=changed.kept,
-                stored=changed.stored,
-                fingerprint=changed.fingerprint,
-            ) from None
+            raise self._refused(changed, obstacles) from None
         loops = loops_to_rebuild(mapping, self.circuit)
         mapping = rebuilt_whole(mapping, self.circuit)
         name = self.circuit.name
@@ -141,14 +133,7 @@ class Evolve:
                 f"{epoch - 1}, but the raw input logs were merged so that a full refresh "
                 f"can start at epoch {first} only"
             )
-            raise CircuitChangedError(
-                f"{evolution.refusal([obstacle])}\n(circuit {self.circuit.name!r}: "
-                f"fingerprint {changed.fingerprint}, the warehouse's {changed.stored})",
-                evolution,
-                kept=changed.kept,
-                stored=changed.stored,
-                fingerprint=changed.fingerprint,
-            ) from None
+            raise self._refused(changed, [obstacle]) from None
         renames: dict[str, str] = {}
         retire: list[str] = []
         old_to_new = {old: new for new, old in mapping.kept.items()}
@@ -210,6 +195,19 @@ class Evolve:
         )
         log.info("%s", report.describe())
         return report
+
+    def _refused(self, changed: CircuitChangedError, obstacles: list[str]) -> CircuitChangedError:
+        """The error that refuses ``changed``'s evolution in place, saying why."""
+        from dbspark.engine.circuits import CircuitChangedError
+
+        return CircuitChangedError(
+            f"{changed.evolution.refusal(obstacles)}\n(circuit {self.circuit.name!r}: "
+            f"fingerprint {changed.fingerprint}, the warehouse's {changed.stored})",
+            changed.evolution,
+            kept=changed.kept,
+            stored=changed.stored,
+            fingerprint=changed.fingerprint,
+        )
 
     def _seed(
         self,
