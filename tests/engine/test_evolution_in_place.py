@@ -488,6 +488,25 @@ def _served_history(spark: Any, tmp_path: Path) -> tuple[Path, Path, Any]:
     return root, out, serving
 
 
+def _retried_then_continued(
+    spark: Any, new: Circuit, root: Path, out: Path, serving: Any
+) -> SparkEngine:
+    """The evolve unit run again (the task failed after it): the state is evolved and
+    the outputs done, so it does nothing; then LATER's epochs, exported and served,
+    leave every output holding its view."""
+    from dbspark.orchestration.units import EvolveUnit, execute_unit
+
+    again = SparkEngine(new, root, spark=lambda: spark, evolve=True)
+    assert again.evolved is None
+    assert execute_unit(again, EvolveUnit(-1, outputs=str(out)))["outputs"] == {}
+    for epoch, batch in enumerate(LATER, start=len(HISTORY)):
+        _run_and_export(again, epoch, batch, out)
+        _serve(again, serving, out, epoch)
+    _outputs_hold_the_views(again, out, len(HISTORY) + len(LATER) - 1)
+    _served(again, serving)
+    return again
+
+
 def test_the_evolve_unit_brings_the_outputs_along(spark: Any, tmp_path: Path) -> None:
     """A view added gets its feed (first change: its whole contents), its table and its
     serving table, a view changed their correction, a view removed has its outputs moved
@@ -513,15 +532,7 @@ def test_the_evolve_unit_brings_the_outputs_along(spark: Any, tmp_path: Path) ->
     _served(engine, serving)
     engine.catalog.close()
 
-    # A retry (the task failed after the unit): the state is evolved, the outputs done.
-    again = SparkEngine(new, root, spark=lambda: spark, evolve=True)
-    assert again.evolved is None
-    assert execute_unit(again, EvolveUnit(-1, outputs=str(out)))["outputs"] == {}
-    for epoch, batch in enumerate(LATER, start=len(HISTORY)):
-        _run_and_export(again, epoch, batch, out)
-        _serve(again, serving, out, epoch)
-    _outputs_hold_the_views(again, out, len(HISTORY) + len(LATER) - 1)
-    _served(again, serving)
+    again = _retried_then_continued(spark, new, root, out, serving)
     _equal_to_full_refresh(again)
 
 
@@ -550,13 +561,7 @@ def test_a_view_given_other_columns_starts_its_outputs_again(spark: Any, tmp_pat
     assert "largest_per_customer" not in serving.served_views("shop")
     engine.catalog.close()
 
-    again = SparkEngine(new, root, spark=lambda: spark, evolve=True)  # a retry: all done
-    assert execute_unit(again, EvolveUnit(-1, outputs=str(out)))["outputs"] == {}
-    for epoch, batch in enumerate(LATER, start=len(HISTORY)):
-        _run_and_export(again, epoch, batch, out)
-        _serve(again, serving, out, epoch)
-    _outputs_hold_the_views(again, out, len(HISTORY) + len(LATER) - 1)
-    _served(again, serving)
+    _retried_then_continued(spark, new, root, out, serving)
 
 
 def test_outputs_are_brought_along_by_the_next_run_when_the_evolving_task_failed(
