@@ -282,10 +282,8 @@ def evolution_obstacles(
 ) -> list[str]:
     """Why ``circuit`` cannot evolve in place from the kept definition (empty: it can):
     a source changed in anything but being added or removed, a signature too old to map
-    nodes, a new or changed node inside a loop nested in a loop (a loop is rebuilt one
-    iteration at a time, from a full refresh of its enclosing epoch; a nested loop's
-    iterations are under each of its enclosing loop's), or a new node whose state is a
-    pending change (``UNSEEDABLE_OPS``)."""
+    nodes, or a new node whose state is a pending change (``UNSEEDABLE_OPS``). A new or
+    changed node in a loop has its loop rebuilt whole (:func:`rebuilt_whole`)."""
     reasons = []
     for name, what in sorted(evolution.sources.items()):
         if what not in (["added"], ["removed"]):
@@ -296,16 +294,9 @@ def evolution_obstacles(
             "the nodes' fingerprints"
         )
         return reasons
-    rebuilt = rebuilt_whole(mapping, circuit)
-    for node_id in rebuilt.fresh:
+    for node_id in rebuilt_whole(mapping, circuit).fresh:
         node = circuit.node(node_id)
-        scope = circuit.scope(node.scope)
-        if scope.depth > 2:
-            reasons.append(
-                f"node {node.label!r} ({node.op}) inside loop {scope.name!r}, itself inside "
-                "a loop, is new or changed: a nested loop's traces are not rebuilt in place"
-            )
-        elif node.op in UNSEEDABLE_OPS:
+        if node.op in UNSEEDABLE_OPS:
             reasons.append(
                 f"node {node.label!r} ({node.op}) is new or changed: its pending changes "
                 "are not rebuilt in place"

@@ -19,17 +19,18 @@ compute (``circuit/evolution.py``, ``map_nodes``):
   (``_seed_delays``), which the raw input logs must still hold;
 - a loop with a fresh node in it (``loops_to_rebuild``) is rebuilt whole, all of its
   nodes fresh: its stateful nodes' arranged inputs are the full refresh's iteration at
-  that epoch, the change of each input from one iteration to the next, one batch per
-  iteration at ``(epoch, i)`` (``_seed_loop``);
+  that epoch, the change of each input from one iteration to the next (in every
+  iteration coordinate, nested), one batch per iteration at ``(epoch, i, ...)``
+  (``_seed_loop``);
 - a **retired** old node's state, and the removed and changed views', is superseded
   (garbage collection deletes it later).
 
 All of it is one catalog transaction with the new fingerprint (``Catalog.evolve_circuit``),
 refused while an epoch is open, and recorded as the commit ``evolve:<fingerprint>`` at
 the last committed epoch. Not evolved in place (refused, saying why): a source whose
-definition changed (its stored state or log means something else), a new node inside a
-loop nested in a loop, a new ``join_function`` (its state is a pending change), or a
-new ``delay`` once the raw input logs were merged past the epoch before the last.
+definition changed (its stored state or log means something else), a new
+``join_function`` (its state is a pending change), or a new ``delay`` once the raw
+input logs were merged past the epoch before the last.
 
 The published outputs (change feeds, tables) of the views added or changed take the
 rebuild's correction, and the removed views' are retired, where the orchestration runs
@@ -38,9 +39,11 @@ the evolution (``orchestration/units.py``, ``EvolveUnit``).
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import reduce
 from typing import TYPE_CHECKING, Any
 
 from dbspark.circuit.builder import STATEFUL_OPS, Node
@@ -52,7 +55,7 @@ from dbspark.circuit.evolution import (
     rebuilt_whole,
 )
 from dbspark.circuit.planner import trace_keys
-from dbspark.engine.kernels import consolidate, minus
+from dbspark.engine.kernels import consolidate, minus, negate
 from dbspark.engine.spark.compile import struct_type
 from dbspark.storage import collection_names as coll
 from dbspark.storage.catalog import BatchRecord, CatalogError
@@ -320,32 +323,80 @@ class Evolve:
         write: Callable[[str, DataFrame, list[str] | None, tuple[int, ...]], None],
     ) -> None:
         """A loop's stateful nodes' traces, as if every epoch up to ``epoch`` had been
-        one: at ``(epoch, i)``, the change of each input between iterations ``i - 1`` and
-        ``i`` of the full refresh's iteration. That is the trace the loop keeps, its
-        times advanced to ``epoch``: an epoch after it only reads a trace summed up to
-        its own iteration, over every earlier epoch (compaction does the same), so the
-        epochs' split is not needed."""
+        one. A node ``k`` loops deep keeps, at ``(epoch, i1, ..., ik)``, its input's
+        difference in every iteration coordinate: at depth 1 the change from iteration
+        ``i - 1`` to ``i``, nested ``V(i, j) - V(i-1, j) - V(i, j-1) + V(i-1, j-1)``, and so
+        on, from the full refresh's own iterates (``_iterates``). That is the trace the
+        loop keeps, its times advanced to ``epoch``: an epoch after it only reads a trace
+        summed up to its own iteration, over every earlier epoch (compaction does the
+        same), so the epochs' split is not needed."""
+        values: dict[tuple[int, int], dict[tuple[int, ...], DataFrame]] = {}
+        last: dict[tuple[int, tuple[int, ...]], int] = {}
+        self._iterates(refresh, loop, (epoch,), values, last)
+        for (node_id, port), by_index in values.items():
+            node = self.circuit.node(node_id)
+            names = self.circuit.node(node.inputs[port]).schema.names
+            keys = list(trace_keys(self.circuit, node)[port])
+            scopes = self._enclosing_loops(node)
+
+            for index in _index_span(by_index, scopes, last, epoch):
+                terms = []
+                for corner in itertools.product((0, 1), repeat=len(index)):
+                    shifted = tuple(i - c for i, c in zip(index, corner, strict=True))
+                    value = _iterate_at(by_index, scopes, last, epoch, shifted)
+                    if value is not None:
+                        terms.append(value if sum(corner) % 2 == 0 else negate(value))
+                change = consolidate(reduce(lambda a, b: a.unionByName(b), terms), names)
+                write(coll.arranged(node_id, port), change, keys, (epoch, *index))
+
+    def _iterates(
+        self,
+        refresh: Any,
+        loop: int,
+        prefix: tuple[int, ...],
+        values: dict[tuple[int, int], dict[tuple[int, ...], DataFrame]],
+        last: dict[tuple[int, tuple[int, ...]], int],
+    ) -> DataFrame:
+        """Run ``loop`` at ``prefix`` as the full refresh does, keeping each stateful
+        node's input at every iteration (``values``, by iteration coordinates after the
+        epoch) and each loop's last iteration at each prefix (``last``). A loop nested in
+        it runs to its fixed point inside each iteration, before the nodes that read it,
+        and its result is handed to the refresh so that it is not iterated twice.
+        Returns the loop's fixed point."""
         from dbspark.engine.spark.full_refresh import iterate
 
-        inside = [self.circuit.node(i) for i in self.circuit.nodes_within(loop)]
-        ports = [
-            (node, port, list(keys))
-            for node in inside
-            if node.op in STATEFUL_OPS
-            for port, keys in enumerate(trace_keys(self.circuit, node))
+        scope = self.circuit.scope(loop)
+        inner = [s.id for s in self.circuit.scopes if s.parent == loop]
+        stateful = [
+            (node, port)
+            for node in self.circuit.nodes
+            if node.scope == loop and node.op in STATEFUL_OPS
+            for port in range(len(trace_keys(self.circuit, node)))
         ]
-        last: dict[tuple[int, int], DataFrame] = {}
-        for iteration in iterate(refresh, self.circuit.scope(loop), (epoch,)):
-            for node, port, keys in ports:
+        iterates = iterate(refresh, scope, prefix)
+        while True:
+            try:
+                iteration = next(iterates)
+            except StopIteration as done:
+                return done.value
+            t = (*prefix, iteration)
+            last[(loop, prefix)] = iteration
+            for child in inner:
+                fixed_point = self._iterates(refresh, child, t, values, last)
+                refresh.memo[(self.circuit.scope(child).output, t)] = fixed_point
+            for node, port in stateful:
                 names = self.circuit.node(node.inputs[port]).schema.names
-                at = (epoch, iteration)
-                value = refresh.materialize(
-                    consolidate(refresh.value(node.inputs[port], at), names)
-                )
-                before = last.get((node.id, port))
-                change = value if before is None else consolidate(minus(value, before), names)
-                last[(node.id, port)] = value
-                write(coll.arranged(node.id, port), change, keys, at)
+                value = refresh.materialize(consolidate(refresh.value(node.inputs[port], t), names))
+                values.setdefault((node.id, port), {})[t[1:]] = value
+
+    def _enclosing_loops(self, node: Node) -> list[int]:
+        """The loops around ``node``, outermost first."""
+        scopes = []
+        scope = self.circuit.scope(node.scope)
+        while scope.parent is not None:
+            scopes.append(scope.id)
+            scope = self.circuit.scope(scope.parent)
+        return scopes[::-1]
 
     def _old_input_frames(self, kept: dict[int, int], epoch: int) -> dict[str, Any]:
         """Each source's raw input log through ``epoch`` as full refresh reads it, from the
@@ -366,3 +417,46 @@ class Evolve:
                 else self.spark.createDataFrame([], schema)
             )
         return frames
+
+
+def _iterate_at(
+    by_index: dict[tuple[int, ...], Any],
+    scopes: list[int],
+    last: dict[tuple[int, tuple[int, ...]], int],
+    epoch: int,
+    index: tuple[int, ...],
+) -> Any:
+    """A node's input at iteration coordinates ``index`` (``by_index``), an inner
+    coordinate past its loop's fixed point at that prefix taken at the fixed point;
+    None before iteration 0."""
+    if min(index) < 0:
+        return None
+    clamped = list(index)
+    for depth in range(1, len(index)):
+        top = last[(scopes[depth], (epoch, *clamped[:depth]))]
+        clamped[depth] = min(clamped[depth], top)
+    return by_index[tuple(clamped)]
+
+
+def _index_span(
+    by_index: dict[tuple[int, ...], Any],
+    scopes: list[int],
+    last: dict[tuple[int, tuple[int, ...]], int],
+    epoch: int,
+) -> list[tuple[int, ...]]:
+    """The iteration coordinates at which a nested node's differences may be non-zero:
+    every coordinate its iterates were computed at, and an inner coordinate past its
+    loop's fixed point at one prefix up to the fixed point at the prefix one outer
+    iteration earlier (where the earlier iterate still changes)."""
+    span = set(by_index)
+    for index in by_index:
+        for depth in range(1, len(index)):
+            outer = list(index[:depth])
+            if outer[-1] == 0:
+                continue
+            outer[-1] -= 1
+            before = last.get((scopes[depth], (epoch, *outer)))
+            if before is not None and before > index[depth]:
+                for extra in range(index[depth] + 1, before + 1):
+                    span.add((*index[:depth], extra, *index[depth + 1 :]))
+    return sorted(span)
