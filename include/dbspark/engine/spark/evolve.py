@@ -17,6 +17,8 @@ compute (``circuit/evolution.py``, ``map_nodes``):
   one: where that change is not stored (a new input, or a stream delta compaction
   retired), it is written from full refreshes at that epoch and the one before
   (``_seed_delays``), which the raw input logs must still hold;
+- a fresh root-level ``join_function`` holds its emits over its input as of that epoch
+  that are due later, each at its epoch (``_seed_scheduled``);
 - a loop with a fresh node in it (``loops_to_rebuild``) is rebuilt whole, all of its
   nodes fresh: its stateful nodes' arranged inputs are the full refresh's iteration at
   that epoch, the change of each input from one iteration to the next (in every
@@ -29,8 +31,8 @@ All of it is one catalog transaction with the new fingerprint (``Catalog.evolve_
 refused while an epoch is open, and recorded as the commit ``evolve:<fingerprint>`` at
 the last committed epoch. Not evolved in place (refused, saying why): a source whose
 definition changed (its stored state or log means something else), a new
-``join_function`` (its state is a pending change), or a new ``delay`` once the raw
-input logs were merged past the epoch before the last.
+``join_function`` inside a loop (its state is a pending change), or a new ``delay``
+once the raw input logs were merged past the epoch before the last.
 
 The published outputs (change feeds, tables) of the views added or changed take the
 rebuild's correction, and the removed views' are retired, where the orchestration runs
@@ -263,6 +265,7 @@ class Evolve:
             for loop in loops:
                 self._seed_loop(refresh, loop, epoch, write)
             self._seed_delays(refresh, delays, kept, epoch, write)
+            self._seed_scheduled(refresh, fresh, epoch, write)
             for view in views:
                 node = self.circuit.node(self.circuit.views[view])
                 value = consolidate(refresh.value(node.id, (epoch,)), node.schema.names)
@@ -302,6 +305,38 @@ class Evolve:
             before = refresh.value(source.id, (epoch - 1,))
             change = consolidate(minus(now, before), names)
             write(coll.delta(source.id), change, None, (epoch,), "delta")
+
+    def _seed_scheduled(
+        self, refresh: Any, fresh: list[int], epoch: int, write: Callable[..., None]
+    ) -> None:
+        """The rows each fresh root-level ``join_function`` holds for epochs after
+        ``epoch``: its emits over its input as of ``epoch``, those due later, written to
+        its scheduled collection at the epoch each is due. (A row that came at epoch
+        ``e`` is due at ``max(e, its emit's epoch)``, so one due after ``epoch`` is due
+        at its emit's epoch, whenever it came: the emits of the input's sum are the sum
+        of theirs.)"""
+        from pyspark.sql import functions as F
+
+        from dbspark.core.columns import EPOCH
+        from dbspark.engine.kernels import general_linear
+
+        for node in (self.circuit.node(i) for i in fresh):
+            if node.op != "join_function" or node.scope != 0:
+                continue
+            source = self.circuit.node(node.inputs[0])
+            out = refresh.materialize(
+                general_linear(
+                    refresh.value(source.id, (epoch,)),
+                    node.params["emits"],
+                    source.schema,
+                    node.schema,
+                    epoch,
+                )
+            )
+            later = out.where(F.col(EPOCH) > epoch)
+            for (due,) in sorted(later.select(EPOCH).distinct().collect()):
+                part = later.where(F.col(EPOCH) == due).drop(EPOCH)
+                write(coll.scheduled(node.id), part, None, (int(due),), "delta")
 
     def _replayable_under(self, kept: dict[int, int]) -> int:
         """The first epoch a full refresh of the new definition can recompute, from the
