@@ -130,7 +130,7 @@ class Evolve:
             for node in (self.circuit.node(i) for i in mapping.fresh)
             if node.op == "delay" and node.scope == 0
         ]
-        first = self._replayable_under(mapping.kept) if delays and epoch >= 0 else 0
+        first = self.replayable_from(stored_as=mapping.kept) if delays and epoch >= 0 else 0
         if epoch < first:
             obstacle = (
                 f"node {delays[0].label!r} (delay) is new: at epoch {epoch + 1} it reads "
@@ -338,24 +338,12 @@ class Evolve:
                 part = later.where(F.col(EPOCH) == due).drop(EPOCH)
                 write(coll.scheduled(node.id), part, None, (int(due),), "delta")
 
-    def _replayable_under(self, kept: dict[int, int]) -> int:
-        """The first epoch a full refresh of the new definition can recompute, from the
-        raw input logs the kept sources hold under their old ids (``replayable_from``
-        before the rename)."""
-        frontiers = self.catalog.frontiers(self.circuit.name)
-        logs = [coll.input_log(kept[i]) for i in self.circuit.sources.values() if i in kept]
-        merged = [frontiers[log][0][0] for log in logs if frontiers.get(log)]
-        if not merged:
-            return 0
-        root_delays = sum(1 for n in self.circuit.nodes if n.op == "delay" and n.scope == 0)
-        return max(merged) + root_delays
-
     def _seed_loop(
         self,
         refresh: Any,
         loop: int,
         epoch: int,
-        write: Callable[[str, DataFrame, list[str] | None, tuple[int, ...]], None],
+        write: Callable[..., None],
     ) -> None:
         """A loop's stateful nodes' traces, as if every epoch up to ``epoch`` had been
         one. A node ``k`` loops deep keeps, at ``(epoch, i1, ..., ik)``, its input's

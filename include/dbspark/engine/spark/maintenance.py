@@ -27,7 +27,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -189,14 +189,18 @@ class Maintenance:
         )
 
     # --- input log retention ------------------------------------------------------------
-    def replayable_from(self) -> int:
+    def replayable_from(self, stored_as: Mapping[int, int] | None = None) -> int:
         """The first epoch a full refresh can recompute exactly from the raw input logs:
         0 while no log was merged; else the last merged epoch, plus one epoch for each
         root-level ``delay`` (a view at ``e`` may read its sources as of ``e - 1``,
         ``e - 2``, ...), counted over the whole circuit, which is never fewer than a
-        path holds."""
+        path holds. ``stored_as``: the node ids the sources' logs are stored under, by
+        source node id, where they differ (an evolution, before its rename; a source
+        missing from it has no log yet)."""
         frontiers = self.catalog.frontiers(self.circuit.name)
-        logs = [coll.input_log(node_id) for node_id in self.circuit.sources.values()]
+        sources = self.circuit.sources.values()
+        ids = sources if stored_as is None else [stored_as[i] for i in sources if i in stored_as]
+        logs = [coll.input_log(node_id) for node_id in ids]
         merged = [frontiers[log][0][0] for log in logs if frontiers.get(log)]
         if not merged:
             return 0
