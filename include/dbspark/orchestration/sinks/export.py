@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dbspark.core.columns import COPIES, WEIGHT
-from dbspark.core.types import BIGINT, Schema
+from dbspark.core.types import Schema
 from dbspark.orchestration.sinks.files import (
     CHANGES,
     CorrectionExport,
@@ -38,6 +38,7 @@ from dbspark.orchestration.sinks.files import (
     feed_complete,
     feed_view,
     iter_change_rows,
+    marker_columns,
     output_dir,
     read_marker,
     retire_outputs,
@@ -383,7 +384,7 @@ def _starts_again(
     circuit = engine.circuit.name
     schema = engine.circuit.node(engine.circuit.views[view]).schema
     fed = exported_columns(root, circuit, view)
-    if fed is not None and fed != [[n, t] for n, t in schema.fields] + [[WEIGHT, BIGINT]]:
+    if fed is not None and fed != marker_columns(schema):
         return True
     held = None
     if tables is not None:

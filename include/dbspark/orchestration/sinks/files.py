@@ -113,8 +113,8 @@ def exported_epochs(
 def exported_columns(
     root: str | os.PathLike[str], circuit: str, view: str
 ) -> list[list[str]] | None:
-    """The columns, ``[name, type]`` with ``__w`` last, of the view's latest complete
-    change directory; None when it has none."""
+    """The columns of the view's latest complete change directory (``marker_columns``);
+    None when it has none."""
     epochs = exported_epochs(root, circuit, view)
     marker = read_marker(output_dir(root, circuit, view, CHANGES, epochs[-1])) if epochs else None
     return None if marker is None else marker.get("columns")
@@ -557,6 +557,12 @@ def weight_sums(path: Path) -> tuple[int, int]:
     return inserted, deleted
 
 
+def marker_columns(schema: Schema) -> list[list[str]]:
+    """The columns a directory of ``schema``'s view holds, as its marker lists them:
+    ``[name, type]``, ``__w`` last."""
+    return [[name, type_name] for name, type_name in schema.fields] + [[WEIGHT, BIGINT]]
+
+
 def _marker(circuit: str, view: str, kind: str, epoch: int, schema: Schema) -> dict[str, Any]:
     return {
         "format": 1,
@@ -564,7 +570,7 @@ def _marker(circuit: str, view: str, kind: str, epoch: int, schema: Schema) -> d
         "view": view,
         "kind": kind,
         "epoch": int(epoch),
-        "columns": [[name, type_name] for name, type_name in schema.fields] + [[WEIGHT, BIGINT]],
+        "columns": marker_columns(schema),
     }
 
 

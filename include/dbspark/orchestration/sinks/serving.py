@@ -296,7 +296,7 @@ class ServingTarget:
         self._metadata.create_all(
             self.engine, tables=[self._epochs, self._corrections, table], checkfirst=True
         )
-        found = {c["name"] for c in sa.inspect(self.engine).get_columns(name)}
+        found = self._columns(name)
         wanted = {*schema.names, WEIGHT}
         if found != wanted:
             raise ServingError(
@@ -350,12 +350,15 @@ class ServingTarget:
     def columns_differ(self, view: str, schema: Schema) -> bool:
         """Whether the serving table of ``view`` exists with other columns than ``schema``
         and ``__w`` (its view was given other columns)."""
-        name = self.table_name(view)
+        found = self._columns(self.table_name(view))
+        return found is not None and found != {*schema.names, WEIGHT}
+
+    def _columns(self, name: str) -> set[str] | None:
+        """The columns of table ``name`` in the database, None when there is none."""
         inspector = sa.inspect(self.engine)
         if not inspector.has_table(name):
-            return False
-        found = {c["name"] for c in inspector.get_columns(name)}
-        return found != {*schema.names, WEIGHT}
+            return None
+        return {c["name"] for c in inspector.get_columns(name)}
 
     def retire(self, circuit: str, view: str) -> bool:
         """Drop the serving table of ``view`` of ``circuit`` and its bookkeeping, in one

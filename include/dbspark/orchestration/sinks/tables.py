@@ -389,9 +389,7 @@ def correct_table(
     again after this commit finds nothing to merge."""
     path = path if is_uri(path) else Path(path)
     settings = settings or TableSettings()
-    metadata = CommitProperties(
-        custom_metadata={CIRCUIT_KEY: circuit, VIEW_KEY: view, CORRECTED_EPOCH_KEY: int(epoch)}
-    )
+    metadata = _correction_properties(circuit, view, epoch)
     what = f"the rebuild's correction of view {view!r} at epoch {epoch}"
     try:
         table = _reopened(path, settings.options)
@@ -444,14 +442,8 @@ def replace_table(
             schema_mode="overwrite",
             storage_options=settings.options,
             target_file_size=settings.target_file_bytes,
-            commit_properties=CommitProperties(
-                custom_metadata={
-                    CIRCUIT_KEY: circuit,
-                    VIEW_KEY: view,
-                    CORRECTED_EPOCH_KEY: int(epoch),
-                },
-                app_transactions=[Transaction(app_id(circuit, view), int(epoch))],
-            ),
+            # The epoch's transaction again: the table still holds that epoch.
+            commit_properties=_correction_properties(circuit, view, epoch, holds_epoch=True),
         )
         version = _version(path, settings.options)
     except (CommitFailedError, DeltaError, OSError) as err:
@@ -509,6 +501,18 @@ def _commit_properties(
             INTERVAL_KEY: interval,
         },
         app_transactions=[Transaction(app_id(circuit, view), int(epoch))],
+    )
+
+
+def _correction_properties(
+    circuit: str, view: str, epoch: int, *, holds_epoch: bool = False
+) -> CommitProperties:
+    """A commit that corrects or replaces the view as of ``epoch`` (not an epoch's
+    publish); ``holds_epoch`` also records ``epoch``'s transaction, for a commit that
+    rewrites the whole table."""
+    return CommitProperties(
+        custom_metadata={CIRCUIT_KEY: circuit, VIEW_KEY: view, CORRECTED_EPOCH_KEY: int(epoch)},
+        app_transactions=[Transaction(app_id(circuit, view), int(epoch))] if holds_epoch else None,
     )
 
 
