@@ -150,6 +150,23 @@ def change(rows: list[tuple[tuple[Any, ...], int]]) -> pa.Table:
     )
 
 
+def publish_rows(
+    path: str, settings: TableSettings, epoch: int, rows: list[Any], **kwargs: Any
+) -> Any:
+    """``publish_table`` of view ``v`` of circuit ``c`` (``SCHEMA``): ``rows`` as the
+    epoch's change."""
+    arguments = {"whole_view": lambda: change([]), "settings": settings, **kwargs}
+    return publish_table(
+        path,
+        circuit="c",
+        view="v",
+        schema=SCHEMA,
+        epoch=epoch,
+        change=change(rows),
+        **arguments,
+    )
+
+
 def as_zset(table: pa.Table, schema: Schema) -> ZSet:
     return ZSet(
         (tuple(record[name] for name in schema.names), record[COPIES])
@@ -235,16 +252,7 @@ def test_an_unreachable_s3_location_fails_the_publish_clearly_and_a_retry_comple
     options = settings.storage_options
 
     def publish(epoch: int, rows: Any, **kwargs: Any) -> Any:
-        arguments = {"whole_view": lambda: change([]), "settings": settings, **kwargs}
-        return publish_table(
-            path,
-            circuit="c",
-            view="v",
-            schema=SCHEMA,
-            epoch=epoch,
-            change=change(rows),
-            **arguments,
-        )
+        return publish_rows(path, settings, epoch, rows, **kwargs)
 
     epochs = [[((1, "a"), 1), ((2, "b"), 2)], [((1, "a"), -1), ((3, None), 1)]]
     for epoch, rows in enumerate(epochs):
@@ -334,16 +342,7 @@ def test_a_view_given_other_columns_replaces_its_s3_table_in_one_commit(s3: S3) 
     settings = TableSettings(location=f"s3://{BUCKET}/evolved", storage_options=s3.options())
     path = table_path(settings.location, "c", "v")
     for epoch, rows in enumerate([[((1, "x"), 1)], [((2, "y"), 2)]]):
-        publish_table(
-            path,
-            circuit="c",
-            view="v",
-            schema=SCHEMA,
-            epoch=epoch,
-            change=change(rows),
-            whole_view=lambda: change([]),
-            settings=settings,
-        )
+        publish_rows(path, settings, epoch, rows)
     wider = Schema.of({"k": "bigint", "s": "string", "n": "bigint"}, what="test")
     rows = pa.table(
         {"k": [1, 2], "s": ["x", "y"], "n": [10, 20], WEIGHT: [1, 2]},
