@@ -41,6 +41,7 @@ from dbspark.orchestration.sinks.tables import (
     read_table,
     replace_table,
     table_columns,
+    table_exists,
     table_path,
     table_versions,
 )
@@ -179,16 +180,36 @@ def epoch_commits(path: str, epoch: int, options: dict[str, str]) -> int:
     return sum(1 for commit in history if commit.get(EPOCH_KEY) == epoch)
 
 
+def no_spark() -> None:
+    raise RuntimeError("this small epoch should not need Spark")
+
+
+def run_and_publish(
+    engine: Any, epoch: int, batch: dict[str, Any], outputs: Path, configured: dict[str, str]
+) -> dict[str, Any]:
+    """One epoch of ``engine`` on the local tier, published by ``PublishUnit`` with the
+    ``[dbspark]`` table settings ``configured``; each view's publish event."""
+    from dbspark.orchestration.units import CloseUnit, PublishUnit
+
+    assert engine.open_epoch(epoch)
+    checked = {name: engine.check_batch(name, rows) for name, rows in batch.items()}
+    for stage in engine.plan.stages_in_scope(0):
+        anchor = engine.circuit.node(stage.anchor)
+        if anchor.op in ("zset_source", "upsert_source"):
+            engine.ingest(anchor.label, epoch, checked.get(anchor.label))
+        else:
+            engine.run_stage(stage.id, (epoch,))
+    result = PublishUnit(epoch, str(outputs), tables=configured).run(engine)
+    CloseUnit(epoch).run(engine)
+    return result["views"]
+
+
 def test_the_orders_circuit_publishes_its_tables_to_s3(s3: S3, tmp_path: Path) -> None:
     """Two epochs of the orders circuit on the local tier, published by ``PublishUnit``
     with ``[dbspark] table_location`` and ``table_storage_options`` set: each view's
     table is in the bucket and reads as the full refresh as of each epoch; the change
     feed is in the local outputs, and no table is there."""
     from dbspark.engine.spark.executor import SparkEngine
-    from dbspark.orchestration.units import CloseUnit, PublishUnit
-
-    def no_spark() -> None:
-        raise RuntimeError("this small epoch should not need Spark")
 
     circuit = orders()
     outputs = tmp_path / "out"
@@ -199,19 +220,10 @@ def test_the_orders_circuit_publishes_its_tables_to_s3(s3: S3, tmp_path: Path) -
     }
     engine = SparkEngine(circuit, tmp_path / "wh", spark=no_spark)
     for epoch, batch in enumerate(BATCHES):
-        assert engine.open_epoch(epoch)
-        checked = {name: engine.check_batch(name, rows) for name, rows in batch.items()}
-        for stage in engine.plan.stages_in_scope(0):
-            anchor = engine.circuit.node(stage.anchor)
-            if anchor.op in ("zset_source", "upsert_source"):
-                engine.ingest(anchor.label, epoch, checked.get(anchor.label))
-            else:
-                engine.run_stage(stage.id, (epoch,))
-        result = PublishUnit(epoch, str(outputs), tables=configured).run(engine)
-        for view, event in result["views"].items():
+        published = run_and_publish(engine, epoch, batch, outputs, configured)
+        for view, event in published.items():
             assert event["table"] == f"{location}/orders/{view}/table"
             assert event["table_version"] == epoch
-        CloseUnit(epoch).run(engine)
 
     expected = [full_refresh(circuit, BATCHES[: epoch + 1], epoch) for epoch in (0, 1)]
     options = s3.options()
@@ -393,3 +405,67 @@ def test_credentials_are_refused_as_table_settings(monkeypatch: pytest.MonkeyPat
     assert TableSettings.from_environment(
         {"table_storage_options": '{"timeout": 30, "AWS_ALLOW_HTTP": true}'}
     ).storage_options == {"timeout": "30", "AWS_ALLOW_HTTP": "true"}
+
+
+def test_a_removed_view_retires_its_s3_table_and_a_view_added_again_starts_anew(
+    s3: S3, spark: Any, tmp_path: Path
+) -> None:
+    """An evolution that removes ``region_totals`` moves its table on S3 under
+    ``_retired/`` (where it still reads as of the epochs it held) as it moves the local
+    outputs; a move cut short is completed by a retry. Added back later, the view
+    starts a table of its own at its old place, loaded at the epoch it came back."""
+    from dbspark.engine.spark.executor import SparkEngine
+    from dbspark.orchestration.sinks.tables import retire_table
+    from dbspark.orchestration.units import EvolveUnit, execute_unit
+
+    location = f"s3://{BUCKET}/evolving"
+    configured = {"table_location": location, "table_storage_options": json.dumps(s3.options())}
+    options = s3.options()
+    root, outputs = tmp_path / "wh", tmp_path / "out"
+    engine = SparkEngine(orders(), root, spark=no_spark)
+    for epoch, batch in enumerate(BATCHES):
+        run_and_publish(engine, epoch, batch, outputs, configured)
+    engine.catalog.close()
+    before = full_refresh(orders(), BATCHES, 1)["region_totals"]
+    totals = orders().node(orders().views["region_totals"]).schema
+
+    # A move cut short: one log entry went, the rest did not.
+    place = table_path(location, "orders", "region_totals")
+    retired = f"{location}/orders/_retired/region_totals@epoch=1/table"
+    client = boto3.client("s3", endpoint_url=s3.url, region_name="us-east-1")
+    logged = client.list_objects_v2(
+        Bucket=BUCKET, Prefix="evolving/orders/region_totals/table/_delta_log/"
+    )["Contents"]
+    assert len(logged) == 2
+    key = logged[0]["Key"]
+    client.copy_object(
+        Bucket=BUCKET,
+        Key=key.replace("orders/region_totals/", "orders/_retired/region_totals@epoch=1/"),
+        CopySource={"Bucket": BUCKET, "Key": key},
+    )
+    client.delete_object(Bucket=BUCKET, Key=key)
+
+    without = SparkEngine(orders(totals=False), root, spark=no_spark, evolve=True)
+    unit = EvolveUnit(-1, outputs=str(outputs), tables=configured)
+    said = execute_unit(without, unit)["outputs"]
+    assert said == {
+        "region_totals": "removed: outputs moved to "
+        f"{outputs / 'orders' / '_retired' / 'region_totals@epoch=1'} and "
+        f"{location}/orders/_retired/region_totals@epoch=1"
+    }
+    assert not table_exists(place, storage_options=options)
+    assert as_zset(read_table(retired, 1, storage_options=options), totals) == before
+    assert retire_table(location, "orders", "region_totals", 1, storage_options=options) is None
+    run_and_publish(without, 2, {}, outputs, configured)
+    without.catalog.close()
+
+    # Added back, the view is rebuilt from the raw input log (on Spark).
+    again = SparkEngine(orders(), root, spark=lambda: spark, evolve=True)
+    said = execute_unit(again, EvolveUnit(-1, outputs=str(outputs), tables=configured))
+    assert said["outputs"]["region_totals"].startswith("added:")
+    assert table_versions(place, storage_options=options) == {2: 0}
+    later = {"customers": [(4, "EU", 3, False)], "orders": [(14, 4, 6, 3, None)]}
+    run_and_publish(again, 3, later, outputs, configured)
+    expected = full_refresh(orders(), [*BATCHES, {}, later], 3)["region_totals"]
+    assert as_zset(read_table(place, 3, storage_options=options), totals) == expected
+    again.catalog.close()

@@ -108,8 +108,9 @@ def _orders_sources(c: Circuit) -> tuple[Stream, Stream]:
     return customers, order_rows
 
 
-def orders() -> Circuit:
-    """Live customers and orders from upserts, and order totals per region."""
+def orders(*, totals: bool = True) -> Circuit:
+    """Live customers and orders from upserts, and order totals per region (without
+    them when not ``totals``: the circuit that view was removed from)."""
     c = Circuit("orders")
     customers, order_rows = _orders_sources(c)
     customers_current = customers.select("cust_id", "region")
@@ -122,7 +123,8 @@ def orders() -> Circuit:
     )
     c.view("customers_current", customers_current)
     c.view("orders_current", orders_current)
-    c.view("region_totals", region_totals)
+    if totals:
+        c.view("region_totals", region_totals)
     return c
 
 

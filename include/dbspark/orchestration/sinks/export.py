@@ -53,6 +53,7 @@ from dbspark.orchestration.sinks.tables import (
     publish_table,
     read_table,
     replace_table,
+    retire_table,
     table_columns,
     table_epoch,
     table_exists,
@@ -412,8 +413,8 @@ def evolve_outputs(
     gave it other columns (or it has no outputs yet): then its outputs are retired and
     it starts again as an added view does, its table elsewhere (such as on S3) replaced
     in the new columns (``replace_table``); each view removed has its outputs moved
-    under ``_retired/`` (a table elsewhere is left where it is). Every step skips what
-    is done, so a retry completes it. Returns, per view, what was done."""
+    under ``_retired/``, its table elsewhere (such as on S3) too (``retire_table``).
+    Every step skips what is done, so a retry completes it. Returns, per view, what was done."""
     circuit = engine.circuit.name
     done: dict[str, str] = {}
     restarted = [view for view in evolution.changed if _starts_again(engine, view, root, tables)]
@@ -464,8 +465,13 @@ def evolve_outputs(
         )
         done.update({view: f"changed: {item.describe()}" for view, item in corrected.items()})
     for view in evolution.removed:
-        moved = retire_outputs(root, circuit, view, epoch)
-        done[view] = f"removed: outputs moved to {moved}" if moved else "removed: no outputs"
+        moved = [retire_outputs(root, circuit, view, epoch)]
+        if tables is not None and tables.location is not None:
+            moved.append(
+                retire_table(tables.location, circuit, view, epoch, storage_options=tables.options)
+            )
+        said = " and ".join(str(place) for place in moved if place)
+        done[view] = f"removed: outputs moved to {said}" if said else "removed: no outputs"
     for view, what in done.items():
         log.info("evolution of circuit %s at epoch %s, view %s %s", circuit, epoch, view, what)
     return done

@@ -67,7 +67,7 @@ from dbspark.core.types import (
     is_decimal,
 )
 from dbspark.engine.local.tier import arrow_schema
-from dbspark.orchestration.sinks.files import WeightedRow, arrow_rows
+from dbspark.orchestration.sinks.files import RETIRED, WeightedRow, arrow_rows, retire_outputs
 from dbspark.storage.durability import sync_trees
 
 if TYPE_CHECKING:
@@ -454,6 +454,52 @@ def replace_table(
     sync_version(path, version)
     log.info("view %s: table %s replaced at epoch %s (new columns)", view, path, epoch)
     return TableCommit(view, path, epoch, version=version, loaded=True, inserted=len(table))
+
+
+def retire_table(
+    location: str | os.PathLike[str],
+    circuit: str,
+    view: str,
+    epoch: int,
+    *,
+    storage_options: StorageOptions | None = None,
+) -> Path | str | None:
+    """Move the table of ``view`` (removed from its circuit by an evolution at
+    ``epoch``), kept at ``location`` apart from the outputs, to
+    ``<location>/<circuit>/_retired/<view>@epoch=<epoch>/``, where it still reads as of
+    each epoch it holds (a Delta log names its files relative to the table); None when
+    there is nothing left to move. So the view's place is free for a view of that name
+    added later, which starts a table of its own.
+
+    A local location is one rename. On an object store, where nothing renames a
+    folder, each object is moved on its own (a copy, then a delete), the log first, so
+    the old place stops being a table before its files go; a move cut short leaves the
+    rest where it was, and a retry moves it into the same place."""
+    if not is_uri(location):
+        return retire_outputs(location, circuit, view, epoch)
+    from deltalake.fs import DeltaStorageHandler
+    from pyarrow import fs
+
+    root = f"{str(location).rstrip('/')}/{circuit}"
+    retired = f"{RETIRED}/{view}@epoch={int(epoch)}"
+    store = fs.PyFileSystem(DeltaStorageHandler(root, dict(storage_options or {})))
+    try:
+        found = store.get_file_info(fs.FileSelector(view, allow_not_found=True, recursive=True))
+        moving = sorted(
+            (item.path for item in found if item.type == fs.FileType.File),
+            key=lambda name: (f"/{TABLE}/_delta_log/" not in f"/{name}", name),
+        )
+        for name in moving:
+            store.move(name, f"{retired}/{name[len(view) + 1 :]}")
+    except (DeltaError, OSError) as err:
+        raise TableError(
+            f"could not move the table of removed view {view!r} from {root}/{view} to "
+            f"{root}/{retired} (what moved stays moved; a retry moves the rest): {_said(err)}"
+        ) from err
+    if not moving:
+        return None
+    log.info("view %s removed at epoch %s: its table moved to %s/%s", view, epoch, root, retired)
+    return f"{root}/{retired}"
 
 
 def _commit(
