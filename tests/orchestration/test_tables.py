@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import polars
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
@@ -110,12 +111,13 @@ def test_each_epoch_is_one_version_that_readers_see_as_the_view(tmp_path: Path) 
     for epoch, rows in enumerate(EPOCHS):
         result = publish(path, epoch, rows, interval=f"2026-01-0{epoch + 1}/next")
         assert (result.version, result.skipped) == (epoch, False)
-        # DuckDB over the table's dataset and pandas, as a consumer reads it.
+        # DuckDB over the table's dataset, pandas and Polars, as a consumer reads it.
         reader = duckdb.connect()
         reader.register("v", DeltaTable(str(path)).to_pyarrow_dataset())
         by_duckdb = reader.sql("SELECT * FROM v").to_arrow_table()
         by_pandas = pa.Table.from_pandas(DeltaTable(str(path)).to_pandas(), preserve_index=False)
-        for table in (read_table(path), by_duckdb, by_pandas):
+        by_polars = polars.read_delta(str(path)).to_arrow()
+        for table in (read_table(path), by_duckdb, by_pandas, by_polars):
             assert table.column_names == [*SCHEMA.names, COPIES]
             assert as_zset(table) == want[epoch], f"epoch {epoch}"
 
@@ -131,6 +133,8 @@ def test_each_epoch_is_one_version_that_readers_see_as_the_view(tmp_path: Path) 
         assert as_zset(read_table(path, epoch)) == want[epoch], f"as of epoch {epoch}"
     old = open_table(path, 1)
     assert as_zset(pa.table(old.to_pyarrow_table())) == want[1]
+    as_of_1 = polars.read_delta(str(path), version=table_versions(path)[1])
+    assert as_zset(as_of_1.to_arrow()) == want[1]
     with pytest.raises(TableError, match=r"no version of epoch 7 \(epochs in its log: 0..3\)"):
         read_table(path, 7)
 
