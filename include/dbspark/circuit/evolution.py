@@ -270,23 +270,13 @@ def rebuilt_whole(mapping: NodeMapping, circuit: Circuit) -> NodeMapping:
     )
 
 
-#: Operators whose state inside a loop a full refresh does not give: a ``join_function``
-#: there may hold rows due at a later epoch's iterations. (At the root its rows due later
-#: come from its input as of the last epoch: ``Evolve._seed_scheduled``. A root-level
-#: ``delay`` holds its input's last change, which full refreshes at the last epoch and
-#: the one before give: ``Evolve._seed_delays``; a ``delay`` in a loop holds nothing
-#: across epochs.)
-UNSEEDABLE_IN_LOOPS = frozenset({"join_function"})
-
-
 def evolution_obstacles(
     evolution: Evolution, mapping: NodeMapping | None, circuit: Circuit
 ) -> list[str]:
     """Why ``circuit`` cannot evolve in place from the kept definition (empty: it can):
-    a source changed in anything but being added or removed, a signature too old to map
-    nodes, or a new node in a loop whose state is a pending change
-    (``UNSEEDABLE_IN_LOOPS``). A new or changed node in a loop has its loop rebuilt
-    whole (:func:`rebuilt_whole`)."""
+    a source changed in anything but being added or removed, or a signature too old to
+    map nodes. A new or changed node in a loop has its loop rebuilt whole
+    (:func:`rebuilt_whole`)."""
     reasons = []
     for name, what in sorted(evolution.sources.items()):
         if what not in (["added"], ["removed"]):
@@ -297,12 +287,4 @@ def evolution_obstacles(
             "the nodes' fingerprints"
         )
         return reasons
-    for node_id in rebuilt_whole(mapping, circuit).fresh:
-        node = circuit.node(node_id)
-        if node.op in UNSEEDABLE_IN_LOOPS and node.scope != 0:
-            reasons.append(
-                f"node {node.label!r} ({node.op}) in loop {circuit.scope(node.scope).name!r} "
-                "is new or changed: the rows it holds for later epochs' iterations are not "
-                "rebuilt in place"
-            )
     return list(dict.fromkeys(reasons))

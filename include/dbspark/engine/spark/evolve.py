@@ -22,16 +22,16 @@ compute (``circuit/evolution.py``, ``map_nodes``):
 - a loop with a fresh node in it (``loops_to_rebuild``) is rebuilt whole, all of its
   nodes fresh: its stateful nodes' arranged inputs are the full refresh's iteration at
   that epoch, the change of each input from one iteration to the next (in every
-  iteration coordinate, nested), one batch per iteration at ``(epoch, i, ...)``
-  (``_seed_loop``);
+  iteration coordinate, nested), one batch per iteration at ``(epoch, i, ...)``, and
+  a ``join_function``'s rows due at a later epoch ``e`` are its emits over those same
+  changes, held at ``(e, i, ...)`` (``_seed_loop``);
 - a **retired** old node's state, and the removed and changed views', is superseded
   (garbage collection deletes it later).
 
 All of it is one catalog transaction with the new fingerprint (``Catalog.evolve_circuit``),
 refused while an epoch is open, and recorded as the commit ``evolve:<fingerprint>`` at
 the last committed epoch. Not evolved in place (refused, saying why): a source whose
-definition changed (its stored state or log means something else), a new
-``join_function`` inside a loop (its state is a pending change), or a new ``delay``
+definition changed (its stored state or log means something else), or a new ``delay``
 once the raw input logs were merged past the epoch before the last.
 
 The published outputs (change feeds, tables) of the views added or changed take the
@@ -310,33 +310,41 @@ class Evolve:
         self, refresh: Any, fresh: list[int], epoch: int, write: Callable[..., None]
     ) -> None:
         """The rows each fresh root-level ``join_function`` holds for epochs after
-        ``epoch``: its emits over its input as of ``epoch``, those due later, written to
-        its scheduled collection at the epoch each is due. (A row that came at epoch
-        ``e`` is due at ``max(e, its emit's epoch)``, so one due after ``epoch`` is due
-        at its emit's epoch, whenever it came: the emits of the input's sum are the sum
-        of theirs.)"""
+        ``epoch``: its emits over its input as of ``epoch``, those due later
+        (``_hold_due_later``). (A row that came at epoch ``e`` is due at ``max(e, its
+        emit's epoch)``, so one due after ``epoch`` is due at its emit's epoch, whenever
+        it came: the emits of the input's sum are the sum of theirs.)"""
+        for node in (self.circuit.node(i) for i in fresh):
+            if node.op != "join_function" or node.scope != 0:
+                continue
+            value = refresh.value(node.inputs[0], (epoch,))
+            self._hold_due_later(refresh, node, value, epoch, (), write)
+
+    def _hold_due_later(
+        self,
+        refresh: Any,
+        node: Node,
+        rows: DataFrame,
+        epoch: int,
+        index: tuple[int, ...],
+        write: Callable[..., None],
+    ) -> None:
+        """``node``'s (a ``join_function``'s) emits over ``rows`` that are due after
+        ``epoch``, written to its scheduled collection at ``(due, *index)``, the time at
+        which it puts them out (``index``: the iteration coordinates, in a loop)."""
         from pyspark.sql import functions as F
 
         from dbspark.core.columns import EPOCH
         from dbspark.engine.kernels import general_linear
 
-        for node in (self.circuit.node(i) for i in fresh):
-            if node.op != "join_function" or node.scope != 0:
-                continue
-            source = self.circuit.node(node.inputs[0])
-            out = refresh.materialize(
-                general_linear(
-                    refresh.value(source.id, (epoch,)),
-                    node.params["emits"],
-                    source.schema,
-                    node.schema,
-                    epoch,
-                )
-            )
-            later = out.where(F.col(EPOCH) > epoch)
-            for (due,) in sorted(later.select(EPOCH).distinct().collect()):
-                part = later.where(F.col(EPOCH) == due).drop(EPOCH)
-                write(coll.scheduled(node.id), part, None, (int(due),), "delta")
+        source = self.circuit.node(node.inputs[0])
+        out = refresh.materialize(
+            general_linear(rows, node.params["emits"], source.schema, node.schema, epoch)
+        )
+        later = out.where(F.col(EPOCH) > epoch)
+        for (due,) in sorted(later.select(EPOCH).distinct().collect()):
+            part = later.where(F.col(EPOCH) == due).drop(EPOCH)
+            write(coll.scheduled(node.id), part, None, (int(due), *index), "delta")
 
     def _seed_loop(
         self,
@@ -352,14 +360,20 @@ class Evolve:
         on, from the full refresh's own iterates (``_iterates``). That is the trace the
         loop keeps, its times advanced to ``epoch``: an epoch after it only reads a trace
         summed up to its own iteration, over every earlier epoch (compaction does the
-        same), so the epochs' split is not needed."""
+        same), so the epochs' split is not needed.
+
+        A ``join_function`` in the loop holds, for a later epoch ``e``, its emits due at
+        ``e`` over its input's changes at each iteration coordinate of every epoch up to
+        ``epoch``: by linearity, its emits over the sum of those changes, which is that
+        same difference, so they are held at ``(e, i1, ..., ik)`` (``_hold_due_later``)."""
         values: dict[tuple[int, int], dict[tuple[int, ...], DataFrame]] = {}
         last: dict[tuple[int, tuple[int, ...]], int] = {}
         self._iterates(refresh, loop, (epoch,), values, last)
         for (node_id, port), by_index in values.items():
             node = self.circuit.node(node_id)
             names = self.circuit.node(node.inputs[port]).schema.names
-            keys = list(trace_keys(self.circuit, node)[port])
+            scheduling = node.op == "join_function"
+            keys = [] if scheduling else list(trace_keys(self.circuit, node)[port])
             scopes = self._enclosing_loops(node)
 
             for index in _index_span(by_index, scopes, last, epoch):
@@ -370,7 +384,10 @@ class Evolve:
                     if value is not None:
                         terms.append(value if sum(corner) % 2 == 0 else negate(value))
                 change = consolidate(reduce(lambda a, b: a.unionByName(b), terms), names)
-                write(coll.arranged(node_id, port), change, keys, (epoch, *index))
+                if scheduling:
+                    self._hold_due_later(refresh, node, change, epoch, index, write)
+                else:
+                    write(coll.arranged(node_id, port), change, keys, (epoch, *index))
 
     def _iterates(
         self,
@@ -380,9 +397,10 @@ class Evolve:
         values: dict[tuple[int, int], dict[tuple[int, ...], DataFrame]],
         last: dict[tuple[int, tuple[int, ...]], int],
     ) -> DataFrame:
-        """Run ``loop`` at ``prefix`` as the full refresh does, keeping each stateful
-        node's input at every iteration (``values``, by iteration coordinates after the
-        epoch) and each loop's last iteration at each prefix (``last``). A loop nested in
+        """Run ``loop`` at ``prefix`` as the full refresh does, keeping the input of each
+        stateful node and ``join_function`` at every iteration (``values``, by iteration
+        coordinates after the epoch) and each loop's last iteration at each prefix
+        (``last``). A loop nested in
         it runs to its fixed point inside each iteration, before the nodes that read it,
         and its result is handed to the refresh so that it is not iterated twice.
         Returns the loop's fixed point."""
@@ -390,11 +408,16 @@ class Evolve:
 
         scope = self.circuit.scope(loop)
         inner = [s.id for s in self.circuit.scopes if s.parent == loop]
-        stateful = [
+        recorded = [
             (node, port)
             for node in self.circuit.nodes
             if node.scope == loop and node.op in STATEFUL_OPS
             for port in range(len(trace_keys(self.circuit, node)))
+        ]
+        recorded += [
+            (node, 0)
+            for node in self.circuit.nodes
+            if node.scope == loop and node.op == "join_function"
         ]
         iterates = iterate(refresh, scope, prefix)
         while True:
@@ -407,7 +430,7 @@ class Evolve:
             for child in inner:
                 fixed_point = self._iterates(refresh, child, t, values, last)
                 refresh.memo[(self.circuit.scope(child).output, t)] = fixed_point
-            for node, port in stateful:
+            for node, port in recorded:
                 names = self.circuit.node(node.inputs[port]).schema.names
                 value = refresh.materialize(consolidate(refresh.value(node.inputs[port], t), names))
                 values.setdefault((node.id, port), {})[t[1:]] = value
