@@ -139,6 +139,7 @@ OPTIONAL_DBSPARK_KEYS = {
     "little else is dirty",
     "table_location": "tables are written under [dbspark] outputs by default",
     "table_storage_options": "none needed for a local or shared-filesystem location",
+    "table_conn_id": "no object store credentials for a local or shared-filesystem location",
 }
 #: Keys the scan must find, or the scan itself is broken.
 KNOWN_DBSPARK_KEYS = {"warehouse", "landing", "outputs", "catalog_conn_id", "spark_conn_id"}

@@ -18,6 +18,7 @@ from dbspark.orchestration.sinks.files import CHANGES, output_dir, read_change_r
 from dbspark.orchestration.sinks.tables import table_path, table_rows
 from dbspark.orchestration.sources import LandingDirectory
 from dbspark.storage.catalog import Catalog
+from tests.moto_s3 import BUCKET
 
 pytestmark = pytest.mark.slow
 
@@ -25,7 +26,10 @@ DAGS = Path(__file__).parent / "dags"
 START = datetime(2026, 1, 1, tzinfo=UTC)
 
 
-def test_an_epoch_through_spark_submit(airflow_db, tmp_path, monkeypatch, capfd):
+def test_an_epoch_through_spark_submit(airflow_db, s3, tmp_path, monkeypatch, capfd):
+    """... publishing its tables to S3 (moto's), with the credentials of the connection
+    ``[dbspark] table_conn_id`` names: the task has no ``AWS_*`` environment, so the
+    driver has them only as the unit's channel hands them over, never in its file."""
     from airflow.dag_processing.dagbag import DagBag
 
     monkeypatch.setenv("AIRFLOW__DBSPARK__WAREHOUSE", str(tmp_path / "warehouse"))
@@ -34,6 +38,19 @@ def test_an_epoch_through_spark_submit(airflow_db, tmp_path, monkeypatch, capfd)
     monkeypatch.setenv(
         "AIRFLOW_CONN_DBSPARK_SPARK", json.dumps({"conn_type": "spark", "host": "local[1]"})
     )
+    location = f"s3://{BUCKET}/published"
+    monkeypatch.setenv("AIRFLOW__DBSPARK__TABLE_LOCATION", location)
+    monkeypatch.setenv("AIRFLOW__DBSPARK__TABLE_STORAGE_OPTIONS", json.dumps(s3.options()))
+    monkeypatch.setenv("AIRFLOW__DBSPARK__TABLE_CONN_ID", "dbspark_tables")
+    secret = "dbspark-test-secret-of-the-connection"
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_DBSPARK_TABLES",
+        json.dumps({"conn_type": "aws", "login": "dbspark-test", "password": secret}),
+    )
+    for variable in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(variable)
+    # No instance role to fall back on: without the connection's keys, no request is signed.
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     # Every unit on Spark: a small epoch would otherwise stay on the local tier.
     monkeypatch.setenv("DBSPARK_LOCAL_ROWS", "0")
     day0 = Interval(START, START + timedelta(days=1))
@@ -58,9 +75,12 @@ def test_an_epoch_through_spark_submit(airflow_db, tmp_path, monkeypatch, capfd)
     counts = output_dir(tmp_path / "published", "word_count", "counts", CHANGES, 0)
     want = ZSet({("to", 2): 1, ("be", 2): 1, ("or", 1): 1, ("not", 1): 1})
     assert ZSet(read_change_rows(counts, schema)) == want  # epoch 0's change is the view
-    # The Delta table the unit committed under spark-submit holds the same view.
-    table = table_path(tmp_path / "published", "word_count", "counts")
-    assert ZSet(table_rows(table, schema, epoch=0)) == want
+    # The Delta table the unit committed under spark-submit, on S3, holds the same view;
+    # the secret is in no log.
+    table = table_path(location, "word_count", "counts")
+    options = {**s3.options(), "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y"}
+    assert ZSet(table_rows(table, schema, epoch=0, storage_options=options)) == want
+    assert secret not in logs
     # The unit files went through a private directory, and none is left.
     units = tmp_path / "warehouse" / "_units" / "word_count"
     assert stat.S_IMODE(units.stat().st_mode) == 0o700

@@ -11,16 +11,12 @@ local (shared) filesystem.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
@@ -45,8 +41,8 @@ from dbspark.orchestration.sinks.tables import (
     table_path,
     table_versions,
 )
+from tests.moto_s3 import BUCKET, S3
 
-BUCKET = "dbspark-outputs"
 #: Two epochs of the orders circuit (as in test_publish_kills.py).
 BATCHES = [
     {
@@ -59,88 +55,6 @@ BATCHES = [
     },
 ]
 SCHEMA = Schema.of({"k": "bigint", "s": "string"}, what="test")
-
-
-#: A moto S3 server in a child process, stopped and started on its port by the lines
-#: "stop" and "start" on stdin; its buckets live in the child, so they outlast a stop.
-#: (In this process, delta-rs calls that hold the GIL while waiting on the network,
-#: such as reading a table's history, would starve the server's threads.)
-SERVER = r"""
-import sys
-
-from moto.server import ThreadedMotoServer
-
-port = 0
-server = None
-for line in sys.stdin:
-    if line.strip() == "start":
-        server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-        server.start()
-        port = server.get_host_and_port()[1]
-    elif line.strip() == "stop":
-        server.stop()
-    print(port, flush=True)
-"""
-
-
-class S3:
-    """The moto S3 server of one test, on one port."""
-
-    def __init__(self) -> None:
-        self.process = subprocess.Popen(
-            [sys.executable, "-c", SERVER],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-        )
-        self.port = self._say("start")
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    def _say(self, command: str) -> int:
-        assert self.process.stdin is not None and self.process.stdout is not None
-        self.process.stdin.write(command + "\n")
-        self.process.stdin.flush()
-        return int(self.process.stdout.readline())
-
-    def start(self) -> None:
-        assert self._say("start") == self.port
-
-    def stop(self) -> None:
-        self._say("stop")
-
-    def close(self) -> None:
-        self.process.kill()
-        self.process.wait()
-
-    def options(self) -> dict[str, str]:
-        """The location's settings: where, and how long to wait (no credentials)."""
-        return {
-            "AWS_ENDPOINT_URL": self.url,
-            "AWS_REGION": "us-east-1",
-            "AWS_ALLOW_HTTP": "true",
-            "connect_timeout": "1s",
-            "timeout": "10s",
-            "max_retries": "1",
-            "retry_timeout": "2s",
-        }
-
-
-@pytest.fixture
-def s3(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[S3]:
-    # The publishing process's credentials (moto takes any).
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "dbspark-test")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "dbspark-test-secret")
-    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
-    server = S3()
-    boto3.client("s3", endpoint_url=server.url, region_name="us-east-1").create_bucket(
-        Bucket=BUCKET
-    )
-    try:
-        yield server
-    finally:
-        server.close()
 
 
 def change(rows: list[tuple[tuple[Any, ...], int]]) -> pa.Table:
@@ -432,7 +346,7 @@ def test_a_removed_view_retires_its_s3_table_and_a_view_added_again_starts_anew(
     # A move cut short: one log entry went, the rest did not.
     place = table_path(location, "orders", "region_totals")
     retired = f"{location}/orders/_retired/region_totals@epoch=1/table"
-    client = boto3.client("s3", endpoint_url=s3.url, region_name="us-east-1")
+    client = s3.client()
     logged = client.list_objects_v2(
         Bucket=BUCKET, Prefix="evolving/orders/region_totals/table/_delta_log/"
     )["Contents"]

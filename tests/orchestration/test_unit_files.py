@@ -18,8 +18,10 @@ from dbspark.engine.file_batches import FileBatch
 from dbspark.engine.spark.executor import circuit_fingerprint
 from dbspark.examples.circuits import word_count
 from dbspark.orchestration.units import (
+    TABLE_CREDENTIALS_VARIABLE,
     UNIT_KEY_VARIABLE,
     CircuitRecipe,
+    EvolveUnit,
     IngestUnit,
     PublishUnit,
     RebuildUnit,
@@ -164,6 +166,55 @@ def test_the_driver_runs_nothing_without_the_key(tmp_path):
     path = write_unit_file(folder, shipped(IngestUnit(0, "words", [("to",)])), KEY)
     with pytest.raises(UnitFileError, match=f"{UNIT_KEY_VARIABLE} does not hold"):
         run_unit_file(path, spark=None, environ={})
+
+
+def test_table_credentials_stay_out_of_the_file_and_the_driver_needs_them(tmp_path):
+    """The tables' credentials (``[dbspark] table_conn_id``) are left out of the unit file,
+    which names their connection; a driver not handed them refuses before running."""
+    folder = unit_directory(tmp_path, "word_count")
+    keys = {"AWS_ACCESS_KEY_ID": "AKIDEXAMPLE", "AWS_SECRET_ACCESS_KEY": PASSWORD}
+    for unit in (
+        PublishUnit(3, "/outputs", table_credentials=keys),
+        RebuildUnit(3, ("counts",), outputs="/outputs", table_credentials=keys),
+        EvolveUnit(3, outputs="/outputs", table_credentials=keys),
+    ):
+        path = write_unit_file(folder, shipped(unit, table_conn_id="dbspark_tables"), KEY)
+        assert PASSWORD not in path.read_text() and "AKIDEXAMPLE" not in path.read_text()
+        assert PASSWORD not in repr(unit)
+        back = read_unit_file(path, KEY)
+        assert back.unit.table_credentials is None and back.table_conn_id == "dbspark_tables"
+        environ = {UNIT_KEY_VARIABLE: KEY.hex()}
+        with pytest.raises(UnitFileError, match=f"{TABLE_CREDENTIALS_VARIABLE}; it is not set"):
+            run_unit_file(path, spark=None, environ=environ)
+
+
+def test_the_tables_credentials_come_from_the_connection_table_conn_id_names(monkeypatch):
+    from dbspark.orchestration.airflow.deployment import table_credentials
+
+    assert table_credentials(None) == {}
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_TABLES",
+        json.dumps(
+            {
+                "conn_type": "aws",
+                "login": "AKIDEXAMPLE",
+                "password": PASSWORD,
+                "extra": {"aws_session_token": "session"},
+            }
+        ),
+    )
+    assert table_credentials("tables") == {
+        "AWS_ACCESS_KEY_ID": "AKIDEXAMPLE",
+        "AWS_SECRET_ACCESS_KEY": PASSWORD,
+        "AWS_SESSION_TOKEN": "session",
+    }
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_NO_KEYS", json.dumps({"conn_type": "aws", "extra": {"region": "x"}})
+    )
+    with pytest.raises(
+        ValueError, match=r"'no_keys' .* access key id as its login .* \['region'\]"
+    ):
+        table_credentials("no_keys")
 
 
 def test_recipes_rebuild_the_circuit_or_say_there_is_none(tmp_path):

@@ -5,6 +5,7 @@ and only this user's private socket is trusted."""
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
 from pathlib import Path
@@ -12,9 +13,11 @@ from pathlib import Path
 import pytest
 from test_dag_runs import check_against_full_refresh, day, run
 
+from dbspark.core.zset import ZSet
 from dbspark.devtools.unit_worker import LocalUnitWorker
 from dbspark.orchestration.airflow.dag import circuit_of
 from dbspark.orchestration.worker import WorkerFailed, WorkerUnavailable, _connect
+from tests.moto_s3 import BUCKET
 
 pytestmark = pytest.mark.slow
 
@@ -93,6 +96,41 @@ def test_bad_input_fails_at_once_through_the_worker(test_dags, place, tmp_path, 
         assert worker.running  # the worker goes on serving
     finally:
         worker.stop()
+
+
+def test_the_worker_publishes_to_s3_with_the_credentials_of_table_conn_id(
+    test_dags, place, s3, tmp_path, monkeypatch
+):
+    """Tables on S3 (moto's), the worker started without ``AWS_*`` in its environment:
+    the task hands it the credentials of ``[dbspark] table_conn_id`` with the unit."""
+    from dbspark.engine.reference.full_refresh import full_refresh
+    from dbspark.orchestration.sinks.tables import table_path, table_rows
+
+    location = f"s3://{BUCKET}/published"
+    monkeypatch.setenv("AIRFLOW__DBSPARK__TABLE_LOCATION", location)
+    monkeypatch.setenv("AIRFLOW__DBSPARK__TABLE_STORAGE_OPTIONS", json.dumps(s3.options()))
+    monkeypatch.setenv("AIRFLOW__DBSPARK__TABLE_CONN_ID", "dbspark_tables")
+    keys = {"conn_type": "aws", "login": "dbspark-test", "password": "dbspark-test-secret"}
+    monkeypatch.setenv("AIRFLOW_CONN_DBSPARK_TABLES", json.dumps(keys))
+    for variable in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(variable)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # and no instance role
+    socket_path = tmp_path / "worker" / "units.sock"
+    monkeypatch.setenv("AIRFLOW__DBSPARK__WORKER_SOCKET", str(socket_path))
+    worker = LocalUnitWorker(socket_path, tmp_path / "worker.log").start()
+    try:
+        place.landing.land("words", day(0), [("a", 1), ("b", 2)], ["word", "__w"], "parquet")
+        state, tasks = run(test_dags["test_word_count"], 0)
+        assert state == "success", tasks
+    finally:
+        worker.stop()
+    circuit = circuit_of("test_word_count")
+    expected = full_refresh(circuit, [{"words": [(("a",), 1), (("b",), 2)]}], 0)
+    options = {**s3.options(), "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y"}
+    for view, node in circuit.views.items():
+        path = table_path(location, circuit.name, view)
+        schema = circuit.node(node).schema
+        assert ZSet(table_rows(path, schema, 0, storage_options=options)) == expected[view]
 
 
 def test_only_a_private_socket_of_this_user_is_trusted(tmp_path: Path) -> None:

@@ -37,7 +37,7 @@ import stat
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import date, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -133,12 +133,14 @@ class PublishUnit:
     serving_url: str | None = None
     serving_prefix: str = "dbspark_"
     tables: dict[str, str] | None = None
+    #: The tables' object store credentials (``[dbspark] table_conn_id``), never in a
+    #: unit file: a driver takes them from its environment, as ``serving_url``.
+    table_credentials: dict[str, str] | None = field(default=None, repr=False)
     kind: ClassVar[str] = "publish"
 
     def run(self, engine: Any) -> dict[str, Any]:
         from dbspark.orchestration.sinks.export import export_epoch
         from dbspark.orchestration.sinks.serving import ServingTarget
-        from dbspark.orchestration.sinks.tables import TableSettings
 
         serving = None
         if self.serving_url:
@@ -155,7 +157,7 @@ class PublishUnit:
                 self.epoch,
                 root=self.outputs,
                 serving=serving,
-                tables=TableSettings.from_environment(self.tables),
+                tables=_table_settings(self),
                 snapshots=False,
             )
         log.info("epoch %s outputs:\n%s", self.epoch, exported.describe())
@@ -203,17 +205,17 @@ class RebuildUnit:
     outputs: str | None = None
     tables: dict[str, str] | None = None
     by: str | None = None
+    table_credentials: dict[str, str] | None = field(default=None, repr=False)
     kind: ClassVar[str] = "rebuild"
 
     def run(self, engine: Any) -> dict[str, Any]:
         from dbspark.orchestration.sinks.export import rebuild_views
-        from dbspark.orchestration.sinks.tables import TableSettings
 
         at = engine.last_committed_epoch()
         if self.outputs is None:
             rows = {name: engine.rebuild(name, by=self.by) for name in self.views}
             return {"epoch": at, "rows": rows, "corrections": {}}
-        tables = TableSettings.from_environment(self.tables)
+        tables = _table_settings(self)
         rows, done = rebuild_views(engine, self.views, root=self.outputs, tables=tables, by=self.by)
         corrections: dict[str, Any] = {}
         for name, item in done.items():
@@ -235,6 +237,7 @@ class EvolveUnit:
     epoch: int
     outputs: str | None = None
     tables: dict[str, str] | None = None
+    table_credentials: dict[str, str] | None = field(default=None, repr=False)
     kind: ClassVar[str] = "evolve"
     #: The engine this unit runs on is built to evolve (``SparkEngine(evolve=True)``).
     evolves: ClassVar[bool] = True
@@ -243,7 +246,6 @@ class EvolveUnit:
         from dbspark.circuit.fingerprint import circuit_fingerprint
         from dbspark.engine.circuits import pending_evolution
         from dbspark.orchestration.sinks.export import evolve_outputs
-        from dbspark.orchestration.sinks.tables import TableSettings
         from dbspark.storage import collection_names as coll
 
         report = engine.evolved
@@ -256,7 +258,7 @@ class EvolveUnit:
         stage = coll.evolve_outputs_stage(circuit_fingerprint(engine.circuit))
         done: dict[str, str] = {}
         if self.outputs is not None:
-            tables = TableSettings.from_environment(self.tables)
+            tables = _table_settings(self)
             done = evolve_outputs(engine, evolution, at, root=self.outputs, tables=tables)
         engine.catalog.commit(name, stage, (at,))
         return {
@@ -333,6 +335,14 @@ Unit = (
 )
 
 
+def _table_settings(unit: PublishUnit | RebuildUnit | EvolveUnit) -> Any:
+    """The published tables' settings of ``unit``: its ``[dbspark]`` keys, the
+    ``DBSPARK_TABLE_*`` variables of this process, and its credentials."""
+    from dbspark.orchestration.sinks.tables import TableSettings
+
+    return TableSettings.from_environment(unit.tables, credentials=unit.table_credentials)
+
+
 def execute_unit(engine: Any, unit: Unit) -> dict[str, Any]:
     """Run ``unit`` on ``engine`` and return what the task reports (JSON-serialisable)."""
     return unit.run(engine)
@@ -343,6 +353,9 @@ def execute_unit(engine: Any, unit: Unit) -> dict[str, Any]:
 UNIT_KEY_VARIABLE = "DBSPARK_UNIT_KEY"
 CATALOG_URL_VARIABLE = "DBSPARK_UNIT_CATALOG_URL"
 SERVING_URL_VARIABLE = "DBSPARK_UNIT_SERVING_URL"
+#: The published tables' credentials (JSON of ``AWS_*`` names), for a unit whose
+#: ``table_credentials`` the unit file leaves out.
+TABLE_CREDENTIALS_VARIABLE = "DBSPARK_UNIT_TABLE_CREDENTIALS"
 UNIT_FORMAT = "dbspark-unit/1"
 RESULT_FORMAT = "dbspark-unit-result/1"
 UNIT_KINDS: dict[str, type] = {
@@ -435,6 +448,8 @@ class ShippedUnit:
     warehouse: str
     catalog_conn_id: str | None = None
     serving_conn_id: str | None = None
+    #: The connection of the published tables' credentials (``[dbspark] table_conn_id``).
+    table_conn_id: str | None = None
 
 
 def _encode(value: Any, where: str) -> Any:
@@ -573,6 +588,8 @@ def write_unit_file(directory: Path, shipped: ShippedUnit, key: bytes) -> Path:
     if isinstance(unit, PublishUnit):
         # The driver takes the serving database's URL from its environment.
         fields_["serving_url"] = None
+    if "table_credentials" in fields_:  # ... and the tables' credentials
+        fields_["table_credentials"] = None
     body = {
         "circuit": {
             "recipe": dataclasses.asdict(shipped.recipe),
@@ -586,6 +603,7 @@ def write_unit_file(directory: Path, shipped: ShippedUnit, key: bytes) -> Path:
         "connections": {
             "catalog": {"conn_id": shipped.catalog_conn_id, "url_from": CATALOG_URL_VARIABLE},
             "serving": {"conn_id": shipped.serving_conn_id, "url_from": SERVING_URL_VARIABLE},
+            "tables": {"conn_id": shipped.table_conn_id, "from": TABLE_CREDENTIALS_VARIABLE},
         },
     }
     document = {"format": UNIT_FORMAT, "body": body, "hmac_sha256": _mac(key, body)}
@@ -628,17 +646,18 @@ def read_unit_file(path: Path, key: bytes) -> ShippedUnit:
         warehouse=body["engine"]["warehouse"],
         catalog_conn_id=connections["catalog"]["conn_id"],
         serving_conn_id=connections["serving"]["conn_id"],
+        table_conn_id=connections.get("tables", {}).get("conn_id"),
     )
 
 
-def _url_of(conn_id: str | None, variable: str, environ: Mapping[str, str]) -> str | None:
+def _passed(conn_id: str | None, variable: str, environ: Mapping[str, str]) -> str | None:
     if conn_id is None:
         return None
     url = environ.get(variable)
     if not url:
         raise UnitFileError(
-            f"the unit uses the Airflow connection {conn_id!r}, whose URL the submitting "
-            f"task passes to the driver in {variable}; it is not set"
+            f"the unit uses the Airflow connection {conn_id!r}, which the submitting task "
+            f"passes to the driver in {variable}; it is not set"
         )
     return url
 
@@ -688,9 +707,12 @@ def run_unit_file(
         )
     unit = shipped.unit
     if isinstance(unit, PublishUnit) and shipped.serving_conn_id:
-        serving_url = _url_of(shipped.serving_conn_id, SERVING_URL_VARIABLE, environ)
+        serving_url = _passed(shipped.serving_conn_id, SERVING_URL_VARIABLE, environ)
         unit = dataclasses.replace(unit, serving_url=serving_url)
-    catalog_url = _url_of(shipped.catalog_conn_id, CATALOG_URL_VARIABLE, environ)
+    if shipped.table_conn_id and hasattr(unit, "table_credentials"):
+        held = _passed(shipped.table_conn_id, TABLE_CREDENTIALS_VARIABLE, environ)
+        unit = dataclasses.replace(unit, table_credentials=json.loads(held or "{}"))
+    catalog_url = _passed(shipped.catalog_conn_id, CATALOG_URL_VARIABLE, environ)
     source = engines or _fresh_engine(spark)
     try:
         with source(shipped, circuit, catalog_url) as engine, unit_lease(engine, unit):

@@ -34,13 +34,14 @@ import socket
 import stat
 import struct
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from dbspark.orchestration.units import (
     CATALOG_URL_VARIABLE,
     SERVING_URL_VARIABLE,
+    TABLE_CREDENTIALS_VARIABLE,
     UNIT_KEY_VARIABLE,
     ShippedUnit,
     read_result_file,
@@ -223,8 +224,14 @@ def _answer(connection: socket.socket, engines: ResidentEngines) -> None:
         if request.get("format") != WORKER_FORMAT:
             raise ValueError(f"a request in format {request.get('format')!r}, not {WORKER_FORMAT}")
         environ = {UNIT_KEY_VARIABLE: str(request["key"])}
-        urls = {CATALOG_URL_VARIABLE: "catalog_url", SERVING_URL_VARIABLE: "serving_url"}
-        environ.update({var: str(request[name]) for var, name in urls.items() if request.get(name)})
+        passed = {
+            CATALOG_URL_VARIABLE: "catalog_url",
+            SERVING_URL_VARIABLE: "serving_url",
+            TABLE_CREDENTIALS_VARIABLE: "table_credentials",
+        }
+        environ.update(
+            {var: str(request[name]) for var, name in passed.items() if request.get(name)}
+        )
         with _captured_logs(lines):
             run_unit_file(Path(request["unit_file"]), engines.spark, environ, engines=engines)
         answer: dict[str, Any] = {"format": WORKER_FORMAT, "log": lines}
@@ -265,6 +272,7 @@ def run_in_worker(
     *,
     catalog_url: str | None = None,
     serving_url: str | None = None,
+    table_credentials: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Hand ``shipped`` to the worker at ``socket_path`` and return the unit's result,
     its log lines re-logged here. Raises :class:`WorkerUnavailable` when no worker
@@ -282,6 +290,9 @@ def run_in_worker(
                 "key": key.hex(),
                 "catalog_url": catalog_url,
                 "serving_url": serving_url,
+                "table_credentials": json.dumps(dict(table_credentials))
+                if table_credentials
+                else None,
             }
             client.sendall(json.dumps(request).encode() + b"\n")
             try:

@@ -16,6 +16,7 @@ exists) may hold the warehouse, the outputs and the catalog's connection id, und
 | the three above, in one | | ``conn_id`` | ``dbspark_default``, if it exists |
 | Spark | ``spark_conn_id`` | ``spark_conn_id`` | local Spark in the worker |
 | serving tables | ``serving_conn_id`` | ``serving_conn_id`` | none |
+| published tables' credentials | | ``table_conn_id`` | the task's ``AWS_*`` |
 | published tables | | ``table_retention_hours`` | ``DBSPARK_TABLE_*``, or 168 |
 | | | ``table_maintain_every`` | ``DBSPARK_TABLE_*``, or 10 |
 | | | ``table_target_file_bytes`` | ``DBSPARK_TABLE_*``, or 32 MiB |
@@ -91,6 +92,11 @@ class Deployment:
     table_settings: dict[str, str] = field(default_factory=dict)
     #: The socket of the long-lived unit worker (``[dbspark] worker_socket``), if any.
     worker_socket: Path | None = None
+    #: The object store credentials of the published tables (``[dbspark] table_conn_id``;
+    #: :func:`table_credentials`), and that connection's id; empty: the publishing
+    #: process's own ``AWS_*`` environment or instance role.
+    table_credentials: dict[str, str] = field(default_factory=dict, repr=False)
+    table_conn_id: str | None = None
 
     def describe(self) -> str:
         spark = "local Spark in the worker"
@@ -175,6 +181,7 @@ def resolve(options: DeploymentOptions) -> Deployment:
     spark = connection(spark_id or DEFAULT_SPARK_CONN_ID, required=bool(spark_id))
     serving_id = options.serving_conn_id or dbspark_setting("serving_conn_id")
     serving = connection(serving_id, required=True)
+    tables_id = dbspark_setting("table_conn_id")
 
     remote = submit = None
     if spark is not None and spark.conn_type == "spark_connect":
@@ -201,6 +208,8 @@ def resolve(options: DeploymentOptions) -> Deployment:
         serving_conn_id=serving.conn_id if serving is not None else None,
         table_settings=table_settings(),
         worker_socket=_worker_socket(),
+        table_credentials=table_credentials(tables_id),
+        table_conn_id=tables_id,
     )
 
 
@@ -271,6 +280,38 @@ def table_settings() -> dict[str, str]:
         "table_storage_options": dbspark_setting("table_storage_options"),
     }
     return {key: value for key, value in found.items() if value is not None}
+
+
+#: What a ``table_conn_id`` connection's extra may hold besides its login and password.
+TABLE_CONNECTION_EXTRA = ("aws_session_token",)
+
+
+def table_credentials(conn_id: str | None) -> dict[str, str]:
+    """The credentials of the published tables' object store, from the Airflow connection
+    ``conn_id`` (``[dbspark] table_conn_id``), which must exist: its login is the access
+    key id, its password the secret access key, and its extra may hold
+    ``aws_session_token``. As ``AWS_*`` names, which delta-rs takes as storage options.
+    Empty without a connection: then the publishing process's ``AWS_*`` environment or
+    instance role is used, which a spark-submit driver in cluster mode does not have.
+
+    The credentials never go into a unit file or a log: they reach a spark-submit driver
+    or the unit worker as the catalog's URL does (``units.TABLE_CREDENTIALS_VARIABLE``)."""
+    found = connection(conn_id, required=True)
+    if found is None:
+        return {}
+    extra = found.extra_dejson
+    unknown = sorted(set(extra) - set(TABLE_CONNECTION_EXTRA))
+    if not found.login or not found.password or unknown:
+        raise ValueError(
+            f"Airflow connection {found.conn_id!r} ([dbspark] table_conn_id) must hold the "
+            "published tables' access key id as its login and secret access key as its "
+            "password, and may hold aws_session_token in its extra"
+            + (f"; its extra has {unknown}" if unknown else "")
+        )
+    held = {"AWS_ACCESS_KEY_ID": found.login, "AWS_SECRET_ACCESS_KEY": found.password}
+    if extra.get("aws_session_token"):
+        held["AWS_SESSION_TOKEN"] = str(extra["aws_session_token"])
+    return held
 
 
 @dataclass(frozen=True)

@@ -77,6 +77,7 @@ from dbspark.orchestration.spark_job import SPARK_JOB
 from dbspark.orchestration.units import (
     CATALOG_URL_VARIABLE,
     SERVING_URL_VARIABLE,
+    TABLE_CREDENTIALS_VARIABLE,
     UNIT_KEY_VARIABLE,
     CircuitRecipe,
     CloseUnit,
@@ -468,6 +469,7 @@ class EpochTasks:
                     -1,  # the epoch it evolves at is the last committed one
                     outputs=str(deployment.outputs),
                     tables=deployment.table_settings or None,
+                    table_credentials=deployment.table_credentials or None,
                 )
                 result = self._execute(deployment, unit)
                 log.info(
@@ -569,6 +571,7 @@ class EpochTasks:
                 unit_directory(deployment.warehouse, self.name),
                 catalog_url=deployment.catalog_url,
                 serving_url=deployment.serving_url,
+                table_credentials=deployment.table_credentials,
             )
         except WorkerUnavailable as err:
             log.warning("%s: running the %s unit in this task instead", err, unit.kind)
@@ -590,6 +593,7 @@ class EpochTasks:
             warehouse=str(deployment.warehouse),
             catalog_conn_id=deployment.catalog_conn_id if deployment.catalog_url else None,
             serving_conn_id=deployment.serving_conn_id if deployment.serving_url else None,
+            table_conn_id=deployment.table_conn_id if deployment.table_credentials else None,
         )
 
     def _submit(self, deployment: Deployment, unit: Unit) -> dict[str, Any]:
@@ -630,6 +634,9 @@ class EpochTasks:
             env_vars[CATALOG_URL_VARIABLE] = deployment.catalog_url
         if deployment.serving_url:
             env_vars[SERVING_URL_VARIABLE] = deployment.serving_url
+        if deployment.table_credentials:
+            # A driver in cluster mode does not have this worker's AWS_* environment.
+            env_vars[TABLE_CREDENTIALS_VARIABLE] = json.dumps(deployment.table_credentials)
         # A cluster with spark.authenticate: its secret is the connection's password,
         # handed to the driver in a private properties file (never on the command line).
         secret = _connection_password(deployment.spark_submit_conn_id)
@@ -813,6 +820,7 @@ class EpochTasks:
             outputs=str(deployment.outputs),
             serving_url=None,
             tables=deployment.table_settings or None,
+            table_credentials=deployment.table_credentials or None,
         )
         result = self._execute(deployment, unit)
         sources = {name: source_schema(self.circuit, name) for name in self.circuit.sources}
@@ -908,7 +916,9 @@ class EpochTasks:
         # follow, whatever else they may have lost.
         rebuilt = {view: schemas[view] for view in self.maintenance(context).rebuild}
         try:
-            tables = TableSettings.from_environment(deployment.table_settings)
+            tables = TableSettings.from_environment(
+                deployment.table_settings, credentials=deployment.table_credentials
+            )
             results = catch_up(target, self.name, schemas, deployment.outputs, epoch, tables=tables)
             retired = retire_removed(target, self.name, schemas)
             if rebuilt:
@@ -1048,6 +1058,7 @@ class EpochTasks:
             views,
             outputs=str(deployment.outputs),
             tables=deployment.table_settings or None,
+            table_credentials=deployment.table_credentials or None,
             # On the catalog's commit: the dbspark page links it to this task's log.
             by=f"{ti.dag_id}/{ti.run_id}",
         )

@@ -112,7 +112,9 @@ class TableSettings:
     timeouts, retries), never credentials: those come from the publishing process's
     environment (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``)
     or its instance role, which delta-rs reads itself, since these settings travel in
-    unit files and task logs.
+    unit files and task logs. ``credentials``: ``AWS_*`` credentials given apart from
+    the settings (``[dbspark] table_conn_id``, for a process without them in its
+    environment, such as a spark-submit driver in cluster mode); never printed.
     """
 
     retention_hours: int = 168
@@ -120,14 +122,21 @@ class TableSettings:
     target_file_bytes: int = 32 * 1024 * 1024
     location: str | None = None
     storage_options: dict[str, str] = field(default_factory=dict)
+    credentials: dict[str, str] = field(default_factory=dict, repr=False)
 
     @classmethod
-    def from_environment(cls, configured: Mapping[str, str] | None = None) -> TableSettings:
+    def from_environment(
+        cls,
+        configured: Mapping[str, str] | None = None,
+        *,
+        credentials: Mapping[str, str] | None = None,
+    ) -> TableSettings:
         """Each field from ``configured`` (the ``[dbspark]`` keys of ``airflow.cfg`` that
         are set, by key: :data:`SETTING_KEYS`), else from its environment variable
         (``DBSPARK_TABLE_RETENTION_HOURS``, ``DBSPARK_TABLE_MAINTAIN_EVERY``,
-        ``DBSPARK_TABLE_TARGET_FILE_BYTES``), else the field's default. A value that is
-        not an integer in range is a ``ValueError`` naming the key or variable."""
+        ``DBSPARK_TABLE_TARGET_FILE_BYTES``), else the field's default; ``credentials``
+        as given. A value that is not an integer in range is a ``ValueError`` naming the
+        key or variable."""
         from dbspark.core.settings import checked_int, int_setting
 
         configured = configured or {}
@@ -147,7 +156,7 @@ class TableSettings:
                 values[name] = raw
             elif raw:
                 values[name] = _storage_options(where, raw)
-        return cls(**values)
+        return cls(**values, credentials=dict(credentials or {}))
 
     def __post_init__(self) -> None:
         if self.retention_hours < 0:
@@ -160,15 +169,17 @@ class TableSettings:
             if _CREDENTIAL.search(key):
                 raise ValueError(
                     f"table storage option {key!r} is a credential: settings reach unit "
-                    f"files and logs. Give the publishing process AWS_ACCESS_KEY_ID and "
-                    f"AWS_SECRET_ACCESS_KEY (or AWS_SESSION_TOKEN) in its environment, or "
-                    f"an instance role, which delta-rs reads itself"
+                    f"files and logs. Name an Airflow connection holding the keys in "
+                    f"[dbspark] table_conn_id, or give the publishing process "
+                    f"AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_SESSION_TOKEN) in "
+                    f"its environment, or an instance role, which delta-rs reads itself"
                 )
 
     @property
     def options(self) -> dict[str, str] | None:
-        """The storage options as delta-rs takes them (None: none)."""
-        return dict(self.storage_options) or None
+        """The storage options as delta-rs takes them, credentials included (None:
+        none)."""
+        return {**self.storage_options, **self.credentials} or None
 
 
 #: Each field of :class:`TableSettings`: its ``[dbspark]`` key in ``airflow.cfg``, its
