@@ -93,6 +93,9 @@ def test_a_dbspark_connection_places_the_deployment(tmp_path, monkeypatch):
     monkeypatch.setenv("AIRFLOW__DBSPARK__OUTPUTS", str(tmp_path / "elsewhere"))
     assert resolve(DeploymentOptions()).outputs == tmp_path / "elsewhere"
     assert resolve(DeploymentOptions(warehouse=str(tmp_path / "w2"))).warehouse == tmp_path / "w2"
+    # Outputs on object storage are refused, pointing at where the tables may go instead.
+    with pytest.raises(ValueError, match=r"outputs is 's3://b/p': .* table_location = s3://b/p"):
+        resolve(DeploymentOptions(outputs="s3://b/p"))
 
     # The hook reads the same place, and its Test button opens the catalog.
     from dbspark.engine.spark.executor import SparkEngine

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -170,12 +171,15 @@ def resolve(options: DeploymentOptions) -> Deployment:
     held = _dbspark_connection_once(options)
     catalog = resolve_catalog(options, held)
     warehouse = catalog.warehouse
-    outputs = Path(
-        options.outputs
-        or dbspark_setting("outputs")
-        or held().get("outputs")
-        or warehouse / "published"
-    ).resolve()
+    outputs_setting = options.outputs or dbspark_setting("outputs") or held().get("outputs")
+    if outputs_setting and re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://", str(outputs_setting)):
+        raise ValueError(
+            f"[dbspark] outputs is {outputs_setting!r}: the outputs (the change feed, "
+            "published by an atomic rename) must be a directory on a shared filesystem. "
+            "To publish the views' tables to object storage, set [dbspark] table_location "
+            f"= {outputs_setting} instead (README, 'Views as Delta tables')"
+        )
+    outputs = Path(outputs_setting or warehouse / "published").resolve()
 
     spark_id = options.spark_conn_id or dbspark_setting("spark_conn_id")
     spark = connection(spark_id or DEFAULT_SPARK_CONN_ID, required=bool(spark_id))
