@@ -93,8 +93,14 @@ def test_a_dbspark_connection_places_the_deployment(tmp_path, monkeypatch):
     monkeypatch.setenv("AIRFLOW__DBSPARK__OUTPUTS", str(tmp_path / "elsewhere"))
     assert resolve(DeploymentOptions()).outputs == tmp_path / "elsewhere"
     assert resolve(DeploymentOptions(warehouse=str(tmp_path / "w2"))).warehouse == tmp_path / "w2"
-    # Outputs on object storage are refused, pointing at where the tables may go instead.
-    with pytest.raises(ValueError, match=r"outputs is 's3://b/p': .* table_location = s3://b/p"):
+    # Outputs on object storage: the tables go there, the change feed to the default.
+    monkeypatch.delenv("AIRFLOW__DBSPARK__TABLE_LOCATION", raising=False)
+    on_s3 = resolve(DeploymentOptions(outputs="s3://b/p"))
+    assert on_s3.table_settings["table_location"] == "s3://b/p"
+    assert on_s3.outputs == tmp_path / "wh" / "published"
+    assert "tables at s3://b/p" in on_s3.describe()
+    monkeypatch.setenv("AIRFLOW__DBSPARK__TABLE_LOCATION", "s3://b/other")
+    with pytest.raises(ValueError, match=r"outputs is 's3://b/p' and table_location 's3://b/o"):
         resolve(DeploymentOptions(outputs="s3://b/p"))
 
     # The hook reads the same place, and its Test button opens the catalog.

@@ -98,16 +98,18 @@ def test_bad_input_fails_at_once_through_the_worker(test_dags, place, tmp_path, 
         worker.stop()
 
 
-def test_the_worker_publishes_to_s3_with_the_credentials_of_table_conn_id(
+def test_outputs_on_s3_take_the_tables_with_the_credentials_of_table_conn_id(
     test_dags, place, s3, tmp_path, monkeypatch
 ):
-    """Tables on S3 (moto's), the worker started without ``AWS_*`` in its environment:
-    the task hands it the credentials of ``[dbspark] table_conn_id`` with the unit."""
+    """Outputs on S3 (moto's): the tables go there, the change feed to the warehouse's
+    default folder. The worker, started without ``AWS_*`` in its environment, is handed
+    the credentials of ``[dbspark] table_conn_id`` with the unit."""
     from dbspark.engine.reference.full_refresh import full_refresh
+    from dbspark.orchestration.sinks.files import CHANGES, output_dir
     from dbspark.orchestration.sinks.tables import table_path, table_rows
 
     location = f"s3://{BUCKET}/published"
-    monkeypatch.setenv("AIRFLOW__DBSPARK__TABLE_LOCATION", location)
+    monkeypatch.setenv("AIRFLOW__DBSPARK__OUTPUTS", location)
     monkeypatch.setenv("AIRFLOW__DBSPARK__TABLE_STORAGE_OPTIONS", json.dumps(s3.options()))
     monkeypatch.setenv("AIRFLOW__DBSPARK__TABLE_CONN_ID", "dbspark_tables")
     keys = {"conn_type": "aws", "login": "dbspark-test", "password": "dbspark-test-secret"}
@@ -131,6 +133,8 @@ def test_the_worker_publishes_to_s3_with_the_credentials_of_table_conn_id(
         path = table_path(location, circuit.name, view)
         schema = circuit.node(node).schema
         assert ZSet(table_rows(path, schema, 0, storage_options=options)) == expected[view]
+        feed = output_dir(place.warehouse / "published", circuit.name, view, CHANGES, 0)
+        assert (feed / "_dbspark.json").is_file()
 
 
 def test_only_a_private_socket_of_this_user_is_trusted(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ exists) may hold the warehouse, the outputs and the catalog's connection id, und
 | --- | --- | --- | --- |
 | warehouse (traces) | ``warehouse`` | ``warehouse`` | ``$AIRFLOW_HOME/dbspark/warehouse`` |
 | published outputs | ``outputs`` | ``outputs`` | ``<warehouse>/published`` |
+| (on object storage) | | ``outputs = s3://...`` | the tables there, the feed in the default |
 | catalog | ``catalog_conn_id`` | ``catalog_conn_id`` | SQLite in the warehouse |
 | the three above, in one | | ``conn_id`` | ``dbspark_default``, if it exists |
 | Spark | ``spark_conn_id`` | ``spark_conn_id`` | local Spark in the worker |
@@ -107,6 +108,9 @@ class Deployment:
             spark = f"spark-submit through connection {self.spark_submit_conn_id!r}"
         catalog = _safe_url(self.catalog_url) if self.catalog_url else "SQLite in the warehouse"
         parts = [f"warehouse {self.warehouse}", f"catalog {catalog}", spark]
+        parts.append(f"outputs {self.outputs}")
+        if self.table_settings.get("table_location"):
+            parts.append(f"tables at {self.table_settings['table_location']}")
         if self.serving_url:
             parts.append(f"serving tables in {_safe_url(self.serving_url)}")
         if self.worker_socket and not self.spark_submit_conn_id:
@@ -172,13 +176,19 @@ def resolve(options: DeploymentOptions) -> Deployment:
     catalog = resolve_catalog(options, held)
     warehouse = catalog.warehouse
     outputs_setting = options.outputs or dbspark_setting("outputs") or held().get("outputs")
+    tables = table_settings()
     if outputs_setting and re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://", str(outputs_setting)):
-        raise ValueError(
-            f"[dbspark] outputs is {outputs_setting!r}: the outputs (the change feed, "
-            "published by an atomic rename) must be a directory on a shared filesystem. "
-            "To publish the views' tables to object storage, set [dbspark] table_location "
-            f"= {outputs_setting} instead (README, 'Views as Delta tables')"
-        )
+        # Outputs on object storage: the tables go there; the change feed, published by
+        # an atomic rename that object stores lack, stays on the shared filesystem.
+        location = tables.setdefault("table_location", str(outputs_setting))
+        if location.rstrip("/") != str(outputs_setting).rstrip("/"):
+            raise ValueError(
+                f"[dbspark] outputs is {outputs_setting!r} and table_location {location!r}: "
+                "outputs on object storage is where the tables go, so name one place (set "
+                "outputs to a shared directory for the change feed, and table_location for "
+                "the tables)"
+            )
+        outputs_setting = None
     outputs = Path(outputs_setting or warehouse / "published").resolve()
 
     spark_id = options.spark_conn_id or dbspark_setting("spark_conn_id")
@@ -210,7 +220,7 @@ def resolve(options: DeploymentOptions) -> Deployment:
         serving_table_prefix=options.serving_table_prefix,
         catalog_conn_id=catalog.conn_id,
         serving_conn_id=serving.conn_id if serving is not None else None,
-        table_settings=table_settings(),
+        table_settings=tables,
         worker_socket=_worker_socket(),
         table_credentials=table_credentials(tables_id),
         table_conn_id=tables_id,
