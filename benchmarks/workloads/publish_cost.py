@@ -15,8 +15,14 @@ same view, ``(k BIGINT, g STRING, v BIGINT)`` with ``n`` distinct rows, for each
   at random over the keys, on a range again, and a large one (10%, spread). Each
   records the merge's time reading the table (delta-rs's ``scan_time_ms``; the table
   is written in key order and the merge bounded by the change's range of each column,
-  so it skips the files outside it) and the rows and files it rewrote: delta-rs
-  deletes copy-on-write, so a file that holds one changed row is rewritten whole.
+  so it skips the files outside it), the files whose range of ``k`` meets the
+  change's (``files_read``: what that filter reads) and the rows and files it rewrote:
+  delta-rs deletes copy-on-write, so a file that holds one changed row is rewritten
+  whole;
+- ``table_housekeeping``: after the spread changes, ``maintain_table`` (what the publish
+  task runs every ``maintain_every`` epochs), which rewrites the table sorted by ``k``
+  when the merges have scattered its files' ranges: its seconds, whether it sorted and
+  the files' overlap before and after; the clustered change after it is timed again.
 
 After each commit the table is read back and its row count and sum of ``v`` compared
 with the view's (``ok``).
@@ -36,19 +42,27 @@ import pyarrow.parquet as pq
 
 from benchmarks.harness import Bench, Measurement
 from dbspark.core.types import Schema
-from dbspark.orchestration.sinks.tables import TableSettings, publish_table, read_table
+from dbspark.orchestration.sinks.tables import (
+    TableSettings,
+    maintain_table,
+    publish_table,
+    read_table,
+)
 
 WORKLOAD = "P"
 SCHEMA = Schema.of({"k": "bigint", "g": "string", "v": "bigint"}, what="benchmark view")
 #: The changes of each table, in order: (label, fraction of the rows, spread at random).
 #: A clustered change sits on one contiguous key range (the view's middle, then its
 #: first quarter): first on the table as loaded (in key order), then again after a
-#: spread change has rewritten every file, which a merge writes in no key order.
+#: spread change has rewritten every file, which a merge writes in no key order, and
+#: once more after the housekeeping that sorts the table again.
+AFTER_HOUSEKEEPING = "small, clustered, after housekeeping"
 CHANGES = (
     ("small, clustered", 0.001, False),
     ("small, spread", 0.001, True),
     ("small, clustered, after a spread one", 0.001, False),
     ("large, spread", 0.1, True),
+    (AFTER_HOUSEKEEPING, 0.001, False),
 )
 SNAPSHOT_REPEATS = 3
 
@@ -142,6 +156,9 @@ def _commits(bench: Bench, view: pa.Table, path: Path, target: int) -> None:
             }
         )
         values[keys] = new
+        if label == AFTER_HOUSEKEEPING:
+            bench.results.add(_housekeeping(path, settings, size, epoch))
+        files_read = len(_files_meeting(path, int(keys.min()), int(keys.max())))
         start = time.perf_counter()
         commit = publish(epoch, change)
         seconds = time.perf_counter() - start
@@ -162,11 +179,34 @@ def _commits(bench: Bench, view: pa.Table, path: Path, target: int) -> None:
                     "file_bytes": target,
                     "rows_rewritten": commit.rows_copied,
                     "files_rewritten": commit.files_removed,
+                    "files_read": files_read,
                     "scan_ms": commit.scan_ms,
                     "files_in_table": len(table_files(path)),
                 },
             )
         )
+
+
+def _housekeeping(path: Path, settings: TableSettings, size: int, epoch: int) -> Measurement:
+    start = time.perf_counter()
+    done = maintain_table(path, settings)
+    return Measurement(
+        WORKLOAD,
+        "table_housekeeping",
+        time.perf_counter() - start,
+        size=size,
+        epoch=epoch,
+        params={"file_bytes": settings.target_file_bytes, **done},
+    )
+
+
+def _files_meeting(path: Path, low: int, high: int) -> list[str]:
+    """The data files whose statistics on ``k`` meet ``[low, high]``: what a merge of a
+    change on those keys reads (its bounds on ``g`` and ``v`` span every file here)."""
+    from deltalake import DeltaTable
+
+    actions = pa.table(DeltaTable(str(path)).get_add_actions(flatten=True)).to_pylist()
+    return [a["path"] for a in actions if a["min.k"] <= high and a["max.k"] >= low]
 
 
 def table_files(path: Path) -> list[str]:

@@ -9,8 +9,10 @@ in ``test_outputs.py``.
 from __future__ import annotations
 
 import datetime as dt
+import itertools
+import random
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
 from pathlib import Path
@@ -36,6 +38,7 @@ from dbspark.orchestration.sinks.tables import (
     TableEpochError,
     TableError,
     TableSettings,
+    file_overlap,
     maintain_table,
     open_table,
     publish_table,
@@ -356,7 +359,8 @@ def _text(row: tuple[Any, ...]) -> str:
 
 def test_housekeeping_compacts_and_vacuums_under_the_retention(tmp_path: Path) -> None:
     """Epochs that only insert add a file each; the maintenance after every 4th epoch
-    compacts them into one and, with no retention, deletes the files it replaced."""
+    finds four times the files the load wrote, rewrites them (sorted) into one and, with
+    no retention, deletes the files it replaced."""
     path = tmp_path / "table"
     settings = TableSettings(maintain_every=4, retention_hours=0)
     epochs = [[(A, 1)], *([((f"d{e}", e, None, ()), 1)] for e in range(1, 4)), []]
@@ -364,7 +368,14 @@ def test_housekeeping_compacts_and_vacuums_under_the_retention(tmp_path: Path) -
     for epoch, rows in enumerate(epochs):
         result = publish(path, epoch, rows, settings=settings)
         views.append(ZSet(rows) + (views[-1] if views else ZSet([])))
-    assert result.maintenance == {"files_compacted": 4, "files_written": 1, "files_vacuumed": 4}
+    assert result.maintenance == {
+        "files_compacted": 4,
+        "files_written": 1,
+        "files_vacuumed": 4,
+        "sorted": 1,
+        "overlap_before": 1.0,
+        "overlap_after": 1.0,
+    }
     assert "maintenance" in result.describe()
     assert len(DeltaTable(str(path)).file_uris()) == 1
     # Compaction and vacuum are versions of no epoch; the view is unchanged.
@@ -379,7 +390,211 @@ def test_housekeeping_compacts_and_vacuums_under_the_retention(tmp_path: Path) -
         read_table(path, 3)
     publish(path, 5, [(A, -1)], settings=settings)
     assert as_zset(read_table(path)) == views[4] + ZSet([(A, -1)])
-    assert maintain_table(path, settings)["files_compacted"] == 0  # nothing small to merge
+    again = maintain_table(path, settings)  # one file again: nothing to rewrite
+    assert (again["files_compacted"], again["sorted"]) == (0, 0)
+
+
+KEYED = Schema.of({"k": "bigint", "s": "string"}, what="test")
+
+
+def keyed_publisher(
+    path: Path, settings: TableSettings, schema: Schema = KEYED
+) -> Callable[[int, Any], Any]:
+    """Publishes an epoch's rows of ``schema`` to the table at ``path``."""
+
+    def go(epoch: int, rows: Any) -> Any:
+        return publish_table(
+            path,
+            circuit="c",
+            view="v",
+            schema=schema,
+            epoch=epoch,
+            change=change(rows, schema),
+            whole_view=lambda: pa.table({}),
+            settings=settings,
+        )
+
+    return go
+
+
+def files_meeting(path: Path, column: str, low: Any, high: Any) -> list[str]:
+    """The data files whose statistics on ``column`` meet ``[low, high]``: what a merge
+    bounded by that range reads."""
+    actions = pa.table(DeltaTable(str(path)).get_add_actions(flatten=True)).to_pylist()
+    return [a["path"] for a in actions if a[f"min.{column}"] <= high and a[f"max.{column}"] >= low]
+
+
+def feed_by_version(path: Path, first: int) -> dict[int, list[tuple[Any, ...]]]:
+    """The change data feed from version ``first`` on: each version's rows, sorted."""
+    feed = pa.table(DeltaTable(str(path)).load_cdf(starting_version=first)).to_pylist()
+    versions: dict[int, list[tuple[Any, ...]]] = {}
+    for r in feed:
+        row = (r["k"], r["s"], r[COPIES], r["_change_type"])
+        versions.setdefault(r["_commit_version"], []).append(row)
+    return {version: sorted(rows) for version, rows in versions.items()}
+
+
+def spread_edits(current: dict[int, str], epoch: int, count: int) -> list[Any]:
+    """A change of ``count`` keys picked at random over the whole range: each row's
+    ``s`` is replaced (``current`` follows)."""
+    edits = []
+    for k in random.Random(epoch).sample(sorted(current), count):
+        new = f"row {k:05d} epoch {epoch} " + "x" * 30
+        edits += [((k, current[k]), -1), ((k, new), 1)]
+        current[k] = new
+    return edits
+
+
+def test_housekeeping_sorts_a_table_whose_merges_scattered_its_ranges(tmp_path: Path) -> None:
+    """Changes spread over the keys leave the merges' output files each spanning much
+    of them (delta-rs writes merge output in no key order), so a change on two
+    neighbouring keys reads most files. Housekeeping measures that, rewrites the
+    table sorted by its first bounded column, and the next such change reads one file
+    of many again. The rewrite is an OPTIMIZE (no data change): every epoch still reads
+    as it was, the change feed of the earlier epochs is the same, the txn still says
+    the last epoch."""
+    path = tmp_path / "table"
+    settings = TableSettings(maintain_every=0, target_file_bytes=64 * 1024)
+    go = keyed_publisher(path, settings)
+    current = {k: f"row {k:05d} " + "x" * 40 for k in range(20_000)}
+    go(0, [(row, 1) for row in current.items()])
+    views = [ZSet([(row, 1) for row in current.items()])]
+    for epoch in (1, 2):
+        edits = spread_edits(current, epoch, 300)
+        go(epoch, edits)
+        views.append(views[-1] + ZSet(edits))
+    assert len(DeltaTable(str(path)).file_uris()) >= 10
+    # Ranges now overlap: two neighbouring keys fall in many files (8-11 of 12-15 seen).
+    assert len(files_meeting(path, "k", 10_000, 10_001)) >= 4
+    feed = feed_by_version(path, 1)
+    assert sorted(feed) == [1, 2]
+
+    result = maintain_table(path, settings)
+    assert result["sorted"] == 1, result
+    assert result["overlap_before"] > 3 and result["overlap_after"] == 1.0, result
+    table = DeltaTable(str(path))
+    ranges = sorted(
+        (a["min.k"], a["max.k"]) for a in pa.table(table.get_add_actions(flatten=True)).to_pylist()
+    )
+    assert all(high < low for (_, high), (low, _) in itertools.pairwise(ranges))
+    assert max(high - low for low, high in ranges) < 2_000, ranges
+    # Nothing of the epochs moved: their versions, the txn, time travel, the feed.
+    assert table_versions(path) == {0: 0, 1: 1, 2: 2}
+    assert table_epoch(path, "c", "v") == 2
+    for epoch, view in enumerate(views):
+        assert as_zset(read_table(path, epoch), KEYED) == view, f"as of epoch {epoch}"
+    assert feed_by_version(path, 1) == feed  # the sort's version adds no change
+    assert table.history(1)[0]["operation"] == "OPTIMIZE"
+
+    # A change on two neighbouring keys reads the file that holds them: every other
+    # file is made unreadable, and the merge still commits.
+    holding = files_meeting(path, "k", 10_000, 10_001)
+    assert len(holding) == 1
+    kept = {}
+    for action in pa.table(table.get_add_actions(flatten=True)).to_pylist():
+        if action["path"] not in holding:
+            file = path / action["path"]
+            kept[file] = file.read_bytes()
+            file.write_bytes(b"not parquet")
+    near = [((k, current[k]), -1) for k in (10_000, 10_001)] + [((10_000, "new"), 1)]
+    merged = go(3, near)
+    for file, data in kept.items():
+        file.write_bytes(data)
+    assert (merged.deleted, merged.inserted, merged.files_removed) == (2, 1, 1)
+    assert as_zset(read_table(path), KEYED) == views[-1] + ZSet(near)
+
+
+def test_housekeeping_leaves_a_table_still_in_order_as_it_is(tmp_path: Path) -> None:
+    """Changes on a few neighbouring keys rewrite the file that holds them into files
+    of the same range, so the table stays in order: housekeeping rewrites nothing (not
+    even by size: delta-rs's compaction joins files in log order, across ranges)."""
+    path = tmp_path / "table"
+    settings = TableSettings(maintain_every=0, target_file_bytes=64 * 1024)
+    go = keyed_publisher(path, settings)
+    current = {k: f"row {k:05d} " + "x" * 40 for k in range(20_000)}
+    go(0, [(row, 1) for row in current.items()])
+    view = ZSet([(row, 1) for row in current.items()])
+    for epoch, first in enumerate((3_000, 12_000, 7_500, 18_000), start=1):
+        edits = []
+        for k in range(first, first + 20):
+            edits += [((k, current[k]), -1), ((k, f"edited {epoch}"), 1)]
+            current[k] = f"edited {epoch}"
+        go(epoch, edits)
+        view = view + ZSet(edits)
+    before = DeltaTable(str(path))
+    files, version = set(before.file_uris()), before.version()
+
+    result = maintain_table(path, settings)
+    assert result["sorted"] == 0 and result["overlap_before"] < 1.2, result
+    assert (result["files_compacted"], result["files_written"]) == (0, 0)
+    after = DeltaTable(str(path))
+    assert set(after.file_uris()) == files and after.version() == version
+    assert as_zset(read_table(path), KEYED) == view
+
+
+IDS = Schema.of({"id": "string", "n": "bigint"}, what="test")
+
+
+def scattered_id_table(path: Path, settings: TableSettings, id_of: Callable[[int], str]) -> None:
+    """A table of ``IDS`` (ids ``id_of(0..19_999)``) loaded in order, then changed twice
+    over the whole range, so that its files' ranges overlap."""
+    go = keyed_publisher(path, settings, IDS)
+    current = {id_of(k): k for k in range(20_000)}
+    go(0, [(row, 1) for row in current.items()])
+    assert file_overlap(DeltaTable(str(path)), "id") == 1.0  # the load sorts fully
+    for epoch in (1, 2):
+        edits = []
+        for name in random.Random(epoch).sample(sorted(current), 300):
+            edits += [((name, current[name]), -1), ((name, current[name] + 1), 1)]
+            current[name] += 1
+        go(epoch, edits)
+
+
+def test_housekeeping_does_not_sort_strings_a_z_order_cannot_tell_apart(tmp_path: Path) -> None:
+    """delta-rs's z-order keys a string by its first 14 bytes. Ids that all share a
+    longer prefix would come out of it in any order, scattering the files: housekeeping
+    compacts them by size instead."""
+    path = tmp_path / "table"
+    settings = TableSettings(maintain_every=0, target_file_bytes=64 * 1024)
+    scattered_id_table(path, settings, lambda k: f"customer-account-{k:08d}")
+    result = maintain_table(path, settings)
+    assert result["sorted"] == 0 and result["overlap_before"] > 2, result
+    assert DeltaTable(str(path)).history(1)[0].get("dbspark.sorted_by") is None
+
+
+def test_housekeeping_does_not_sort_again_what_its_sort_could_not_order(tmp_path: Path) -> None:
+    """Ids in two groups (``a-...``, ``b-...``) that share 14 bytes within each: the
+    sort orders the groups only, so its files still overlap. The next housekeeping
+    compares the table with what that sort left, not with the load's order, and does
+    not rewrite it again for nothing."""
+    path = tmp_path / "table"
+    settings = TableSettings(maintain_every=0, target_file_bytes=64 * 1024)
+    scattered_id_table(path, settings, lambda k: f"{'ab'[k % 2]}-customer-account-{k:08d}")
+    first = maintain_table(path, settings)
+    assert first["sorted"] == 1 and first["overlap_before"] > 2, first
+    assert first["overlap_after"] > 2, first  # the sort could not order within a group
+    again = maintain_table(path, settings)
+    assert again["sorted"] == 0 and again["files_written"] == 0, again
+
+
+def test_housekeeping_compacts_a_table_with_no_column_to_order_by(tmp_path: Path) -> None:
+    """A view of doubles has no bounded column: its merges read every file whatever
+    the order, so its small files are compacted by size."""
+    schema = Schema.of({"x": "double"}, what="test")
+    path = tmp_path / "table"
+    settings = TableSettings(maintain_every=0)
+    go = keyed_publisher(path, settings, schema)
+    for epoch in range(4):
+        go(epoch, [((float(epoch),), 1)])
+    result = maintain_table(path, settings)
+    assert result == {
+        "files_compacted": 4,
+        "files_written": 1,
+        "files_vacuumed": 0,
+        "sorted": 0,
+        "overlap_before": None,
+        "overlap_after": None,
+    }
 
 
 def test_bad_tables_and_changes_are_named(tmp_path: Path) -> None:
