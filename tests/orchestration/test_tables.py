@@ -182,13 +182,13 @@ def test_a_table_first_published_later_is_loaded_from_the_whole_view(tmp_path: P
     assert as_zset(read_table(path)) == views_by_epoch()[3]
 
 
-def test_a_commit_rewrites_only_the_files_holding_a_changed_row(tmp_path: Path) -> None:
-    """O(change): over a view laid out in many files, changing a row removes one file
-    and adds that file's other rows and the inserted row, not the view."""
-    schema = Schema.of({"k": "bigint", "s": "string"}, what="test")
-    rows = [((k, f"row {k:05d} " + "x" * 40), 1) for k in range(20_000)]
-    path = tmp_path / "table"
-    settings = TableSettings(maintain_every=0, target_file_bytes=64 * 1024)
+KEYED = Schema.of({"k": "bigint", "s": "string"}, what="test")
+
+
+def publisher(
+    path: Path, settings: TableSettings, schema: Schema = KEYED
+) -> Callable[[int, Any], Any]:
+    """Publishes an epoch's rows of ``schema`` to the table at ``path``."""
 
     def go(epoch: int, rows: Any) -> Any:
         return publish_table(
@@ -201,6 +201,19 @@ def test_a_commit_rewrites_only_the_files_holding_a_changed_row(tmp_path: Path) 
             whole_view=lambda: pa.table({}),
             settings=settings,
         )
+
+    return go
+
+
+def test_a_commit_rewrites_only_the_files_holding_a_changed_row(tmp_path: Path) -> None:
+    """O(change): over a view laid out in many files, changing a row removes one file
+    and adds that file's other rows and the inserted row, not the view."""
+    schema = Schema.of({"k": "bigint", "s": "string"}, what="test")
+    rows = [((k, f"row {k:05d} " + "x" * 40), 1) for k in range(20_000)]
+    path = tmp_path / "table"
+    settings = TableSettings(maintain_every=0, target_file_bytes=64 * 1024)
+
+    go = publisher(path, settings, schema)
 
     loaded = go(0, rows)
     files = len(DeltaTable(str(path)).file_uris())
@@ -228,17 +241,7 @@ def test_a_merge_reads_only_the_files_its_change_can_touch(tmp_path: Path) -> No
     path = tmp_path / "table"
     settings = TableSettings(maintain_every=0, target_file_bytes=64 * 1024)
 
-    def go(epoch: int, rows: Any) -> Any:
-        return publish_table(
-            path,
-            circuit="c",
-            view="v",
-            schema=schema,
-            epoch=epoch,
-            change=change(rows, schema),
-            whole_view=lambda: pa.table({}),
-            settings=settings,
-        )
+    go = publisher(path, settings, schema)
 
     go(0, rows)  # the load sorts them
     actions = pa.table(DeltaTable(str(path)).get_add_actions(flatten=True)).to_pylist()
@@ -320,17 +323,7 @@ def test_the_bounds_drop_no_match_at_the_edges_of_any_type(
     # NaN != NaN would make a ZSet of doubles ambiguous: rows are compared as text.
     path = tmp_path_factory.mktemp("bounds") / "table"
 
-    def go(epoch: int, change_rows: Any) -> Any:
-        return publish_table(
-            path,
-            circuit="c",
-            view="v",
-            schema=BOUNDED,
-            epoch=epoch,
-            change=change(change_rows, BOUNDED),
-            whole_view=lambda: pa.table({}),
-            settings=NO_MAINTENANCE,
-        )
+    go = publisher(path, NO_MAINTENANCE, BOUNDED)
 
     go(0, [(row, 1) for row in rows])
     picked = data.draw(st.lists(st.sampled_from(rows), min_size=1, max_size=4, unique=True))
@@ -394,29 +387,6 @@ def test_housekeeping_compacts_and_vacuums_under_the_retention(tmp_path: Path) -
     assert (again["files_compacted"], again["sorted"]) == (0, 0)
 
 
-KEYED = Schema.of({"k": "bigint", "s": "string"}, what="test")
-
-
-def keyed_publisher(
-    path: Path, settings: TableSettings, schema: Schema = KEYED
-) -> Callable[[int, Any], Any]:
-    """Publishes an epoch's rows of ``schema`` to the table at ``path``."""
-
-    def go(epoch: int, rows: Any) -> Any:
-        return publish_table(
-            path,
-            circuit="c",
-            view="v",
-            schema=schema,
-            epoch=epoch,
-            change=change(rows, schema),
-            whole_view=lambda: pa.table({}),
-            settings=settings,
-        )
-
-    return go
-
-
 def files_meeting(path: Path, column: str, low: Any, high: Any) -> list[str]:
     """The data files whose statistics on ``column`` meet ``[low, high]``: what a merge
     bounded by that range reads."""
@@ -455,7 +425,7 @@ def test_housekeeping_sorts_a_table_whose_merges_scattered_its_ranges(tmp_path: 
     the last epoch."""
     path = tmp_path / "table"
     settings = TableSettings(maintain_every=0, target_file_bytes=64 * 1024)
-    go = keyed_publisher(path, settings)
+    go = publisher(path, settings)
     current = {k: f"row {k:05d} " + "x" * 40 for k in range(20_000)}
     go(0, [(row, 1) for row in current.items()])
     views = [ZSet([(row, 1) for row in current.items()])]
@@ -510,7 +480,7 @@ def test_housekeeping_leaves_a_table_still_in_order_as_it_is(tmp_path: Path) -> 
     even by size: delta-rs's compaction joins files in log order, across ranges)."""
     path = tmp_path / "table"
     settings = TableSettings(maintain_every=0, target_file_bytes=64 * 1024)
-    go = keyed_publisher(path, settings)
+    go = publisher(path, settings)
     current = {k: f"row {k:05d} " + "x" * 40 for k in range(20_000)}
     go(0, [(row, 1) for row in current.items()])
     view = ZSet([(row, 1) for row in current.items()])
@@ -538,7 +508,7 @@ IDS = Schema.of({"id": "string", "n": "bigint"}, what="test")
 def scattered_id_table(path: Path, settings: TableSettings, id_of: Callable[[int], str]) -> None:
     """A table of ``IDS`` (ids ``id_of(0..19_999)``) loaded in order, then changed twice
     over the whole range, so that its files' ranges overlap."""
-    go = keyed_publisher(path, settings, IDS)
+    go = publisher(path, settings, IDS)
     current = {id_of(k): k for k in range(20_000)}
     go(0, [(row, 1) for row in current.items()])
     assert file_overlap(DeltaTable(str(path)), "id") == 1.0  # the load sorts fully
@@ -583,7 +553,7 @@ def test_housekeeping_compacts_a_table_with_no_column_to_order_by(tmp_path: Path
     schema = Schema.of({"x": "double"}, what="test")
     path = tmp_path / "table"
     settings = TableSettings(maintain_every=0)
-    go = keyed_publisher(path, settings, schema)
+    go = publisher(path, settings, schema)
     for epoch in range(4):
         go(epoch, [((float(epoch),), 1)])
     result = maintain_table(path, settings)
