@@ -118,7 +118,7 @@ def run_and_publish(
     return result["views"]
 
 
-def test_the_orders_circuit_publishes_its_tables_to_s3(s3: S3, tmp_path: Path) -> None:
+def test_the_orders_circuit_publishes_its_tables_to_s3(s3: S3, spark: Any, tmp_path: Path) -> None:
     """Two epochs of the orders circuit on the local tier, published by ``PublishUnit``
     with ``[dbspark] table_location`` and ``table_storage_options`` set: each view's
     table is in the bucket and reads as the full refresh as of each epoch; the change
@@ -151,6 +151,15 @@ def test_the_orders_circuit_publishes_its_tables_to_s3(s3: S3, tmp_path: Path) -
             assert epoch_commits(path, epoch, options) == 1
         assert (output_dir(outputs, "orders", view, CHANGES, 1) / "_dbspark.json").exists()
         assert not (outputs / "orders" / view / "table").exists()
+
+    # Spark reads a table in the bucket too (through the driver: no S3 connector).
+    from dbspark.orchestration.sinks.tables import spark_table
+
+    frame = spark_table(
+        spark, table_path(location, "orders", "region_totals"), 0, storage_options=options
+    )
+    schema = circuit.node(circuit.views["region_totals"]).schema
+    assert as_zset(frame.toArrow(), schema) == expected[0]["region_totals"]
 
     # A fresh serving table is loaded from the view's table in the bucket (the serve
     # task's catch-up, with the same settings).

@@ -899,15 +899,27 @@ def table_rows(
         ) from err
 
 
-def spark_table(spark: SparkSession, path: TablePath, epoch: int | None = None) -> DataFrame:
+def spark_table(
+    spark: SparkSession,
+    path: TablePath,
+    epoch: int | None = None,
+    *,
+    storage_options: StorageOptions | None = None,
+) -> DataFrame:
     """The published view at ``path`` as of ``epoch`` as a Spark frame (its columns and
     ``__copies``), without Delta Lake's Spark connector: the Parquet data files of that
     version, as the Delta log lists them. Exact for dbspark's tables, which have no
     partition columns, no column mapping and no deletion vectors (delta-rs writes
-    deletes copy-on-write); any other Delta table needs ``delta-spark``'s reader."""
-    table = open_table(path, epoch)
+    deletes copy-on-write); any other Delta table needs ``delta-spark``'s reader.
+
+    A table on object storage (``s3://...``, read with ``storage_options`` as published)
+    is read by delta-rs and handed to Spark as Arrow, through the driver: the pyspark
+    wheel has no S3 connector (``hadoop-aws``). Where the cluster has one, reading
+    ``open_table(...).file_uris()`` with ``spark.read.parquet`` (as ``s3a://``) spreads
+    the read over the executors instead."""
+    table = open_table(path, epoch, storage_options=storage_options)
     files = table.file_uris()
-    if not files:  # an empty view: no data file, only the table's schema
+    if not files or is_uri(path):  # an empty view has no data file, only a schema
         return spark.createDataFrame(pa.table(table.to_pyarrow_table()))
     return spark.read.parquet(*files)
 
