@@ -636,6 +636,31 @@ def test_two_publishers_of_one_epoch_end_as_one_commit(tmp_path: Path) -> None:
     assert as_zset(read_table(path)) == view + ZSet(EPOCHS[3])
 
 
+def test_publishers_of_an_empty_epoch_end_as_one_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An empty epoch's commit adds no file, but carries the epoch's ``txn``: a
+    publisher that checked the table before another committed the same empty epoch is
+    refused by delta-rs (a concurrent transaction of the same application) and skips."""
+    from dbspark.orchestration.sinks import tables
+
+    path = tmp_path / "table"
+    publish(path, 0, EPOCHS[0])
+    checked, winner = tables._checked, []
+
+    def checked_then_another_publishes(*args: Any) -> Any:
+        found = checked(*args)
+        monkeypatch.setattr(tables, "_checked", checked)
+        winner.append(publish(path, 1, []))
+        return found
+
+    monkeypatch.setattr(tables, "_checked", checked_then_another_publishes)
+    loser = publish(path, 1, [])
+    assert not winner[0].skipped and loser.skipped
+    epochs = [commit.get(EPOCH_KEY) for commit in DeltaTable(str(path)).history()]
+    assert sorted(epochs) == [0, 1] and table_versions(path) == {0: 0, 1: 1}
+
+
 def test_publishers_of_an_insert_beyond_every_file_still_end_as_one_commit(
     tmp_path: Path,
 ) -> None:

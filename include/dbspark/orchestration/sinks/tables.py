@@ -641,9 +641,9 @@ def _merge(
 ) -> TableCommit:
     if len(rows) == 0:
         # A merge of nothing commits nothing; the epoch still gets its version. This
-        # commit is a blind append, which no conflict check refuses: two publishers
-        # racing on an empty epoch may both commit it (no rows, so no duplicate data;
-        # table_versions keeps the first).
+        # commit adds no file, but its txn makes delta-rs refuse it over a table another
+        # publisher of the epoch committed to since the check (a concurrent transaction
+        # of the same application): the loser skips, as after a merge.
         table.create_write_transaction(
             [], mode="append", schema=table.schema(), commit_properties=metadata
         )
