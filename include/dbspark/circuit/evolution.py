@@ -270,10 +270,8 @@ def rebuilt_whole(mapping: NodeMapping, circuit: Circuit) -> NodeMapping:
     )
 
 
-def evolution_obstacles(
-    evolution: Evolution, mapping: NodeMapping | None, circuit: Circuit
-) -> list[str]:
-    """Why ``circuit`` cannot evolve in place from the kept definition (empty: it can):
+def evolution_obstacles(evolution: Evolution, mapping: NodeMapping | None) -> list[str]:
+    """Why the circuit cannot evolve in place from the kept definition (empty: it can):
     a source changed in anything but being added or removed, or a signature too old to
     map nodes. A new or changed node in a loop has its loop rebuilt whole
     (:func:`rebuilt_whole`)."""
@@ -286,5 +284,4 @@ def evolution_obstacles(
             "the warehouse's signature was kept by an older version of dbspark, without "
             "the nodes' fingerprints"
         )
-        return reasons
-    return list(dict.fromkeys(reasons))
+    return reasons

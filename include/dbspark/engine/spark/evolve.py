@@ -118,7 +118,7 @@ class Evolve:
         evolution = changed.evolution
         kept = changed.kept or {}
         mapping = map_nodes(kept, self.circuit)
-        obstacles = evolution_obstacles(evolution, mapping, self.circuit)
+        obstacles = evolution_obstacles(evolution, mapping)
         if obstacles or mapping is None or changed.stored is None:
             raise self._refused(changed, obstacles) from None
         loops = loops_to_rebuild(mapping, self.circuit)
