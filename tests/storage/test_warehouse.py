@@ -10,6 +10,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from dbspark.storage import BatchRecord, Catalog, Warehouse
+from dbspark.storage import warehouse as warehouse_module
 from dbspark.storage.warehouse import BUCKET_COLUMN, bucket_expr, spark_path
 
 SCHEMA = StructType(
@@ -78,8 +79,11 @@ def test_empty_writes_and_reads(spark, warehouse: Warehouse, driver_rows: int) -
 
 @WRITERS
 def test_bucketed_layout_one_file_per_bucket_with_sparks_hash(
-    spark, warehouse: Warehouse, driver_rows: int
+    spark, warehouse: Warehouse, driver_rows: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Each bucket's file sorted by key, in one row group; a loop's trace (its time carries
+    an iteration) in row groups of at most ``KEYED_GROUP_ROWS``."""
+    monkeypatch.setattr(warehouse_module, "KEYED_GROUP_ROWS", 64)
     df = spark.range(2000).select(
         F.col("id").alias("k"),
         F.concat(F.lit("v"), F.col("id").cast("string")).alias("v"),
@@ -98,6 +102,7 @@ def test_bucketed_layout_one_file_per_bucket_with_sparks_hash(
         assert len(files) == 1, files
         ks = pq.read_table(files[0], columns=["k"]).column("k").to_pylist()
         assert ks and ks == sorted(ks)  # sorted by key within the bucket
+        assert pq.read_metadata(files[0]).num_row_groups == 1
     # Folder b holds exactly the rows whose key Spark hashes to b (partition discovery
     # turns the folder names back into a column here).
     raw = spark.read.parquet(spark_path(base))
@@ -108,6 +113,14 @@ def test_bucketed_layout_one_file_per_bucket_with_sparks_hash(
     # Which writer wrote it: Spark names its files part-<n>-<uuid>.c000.<codec>.parquet.
     by_spark = {".c000." in f.name for f in base.rglob("*.parquet")}
     assert by_spark == {driver_rows < 2000}
+    loop = warehouse.write(
+        df, "c", "n.in0", "trace", (0, 0), bucket_by=["k"], buckets=8, driver_rows=driver_rows
+    )
+    assert loop is not None
+    for file in (warehouse.root / loop.path).rglob("*.parquet"):
+        meta = pq.read_metadata(file)
+        groups = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+        assert max(groups) <= 64 and len(groups) == -(-meta.num_rows // 64), groups
 
 
 def test_read_for_a_few_keys_opens_only_their_buckets(spark, warehouse: Warehouse) -> None:

@@ -34,6 +34,7 @@ from dbspark.engine.local import in_arrow
 from dbspark.engine.local.dialect import arrow_type, semi_join
 from dbspark.engine.local.frame import LocalFrame, LocalSession, duck_type, quote
 from dbspark.engine.local.resident import KeyProbe, ResidentFile, ResidentFiles
+from dbspark.engine.local.row_groups import GroupedFile, wanted_values
 from dbspark.engine.values import from_column_value, to_column_value
 from dbspark.storage.buckets import bucket_ids, xxhash64
 from dbspark.storage.catalog import BatchRecord
@@ -43,6 +44,7 @@ from dbspark.storage.warehouse import (
     KeySet,
     Warehouse,
     _bucket_dirs,
+    group_rows_for,
     known_keys,
     parquet_files,
     write_files,
@@ -72,47 +74,57 @@ _LISTINGS_KEPT = 10_000
 
 
 class ReadMeter:
-    """The bytes this process's local reads opened: the compressed column chunks of the
-    columns read, in every file a read lists (DuckDB may skip row groups inside them,
-    so this is an upper bound). The local tier's counterpart of Spark's executor input
-    bytes, for the benchmarks.
+    """The bytes this process's local reads decoded from Parquet: the compressed column
+    chunks of the columns read, in the row groups read. A read that decodes row groups
+    itself (a whole file, or the groups a keyed read needs: ``row_groups.py``) notes
+    exactly those; a DuckDB scan notes every group of its files, since its semi-join
+    pushes no filter that could skip one. Footers are not counted. The local tier's
+    counterpart of Spark's executor input bytes, for the benchmarks.
 
-    Off unless ``enabled``: a read then only notes its files and columns, and the sizes
-    come from the files' footers when ``take`` is called, outside the timed work.
+    Off unless ``enabled``: a read then only notes its files, columns and groups, and the
+    sizes come from the files' footers when ``take`` is called, outside the timed work.
     """
 
     def __init__(self) -> None:
         self.enabled = False
-        self._pending: list[tuple[list[str], frozenset[str]]] = []
-        self._chunk_bytes: dict[str, dict[str, int]] = {}
+        self._pending: list[tuple[list[str], frozenset[str], tuple[int, ...] | None]] = []
+        self._chunk_bytes: dict[str, list[dict[str, int]]] = {}
 
-    def note(self, files: list[str], columns: Iterable[str]) -> None:
+    def note(
+        self, files: list[str], columns: Iterable[str], groups: Sequence[int] | None = None
+    ) -> None:
+        """``columns`` of ``files`` were read: of the row groups ``groups`` (None: all)."""
         if self.enabled:
-            self._pending.append((files, frozenset(columns)))
+            chosen = None if groups is None else tuple(groups)
+            self._pending.append((files, frozenset(columns), chosen))
 
     def take(self) -> int:
-        """The bytes opened since the last call."""
+        """The bytes read since the last call."""
         total = 0
-        for files, columns in self._pending:
+        for files, columns, groups in self._pending:
             for file in files:
                 sizes = self._chunk_bytes.get(file)
                 if sizes is None:
                     sizes = self._chunk_bytes[file] = _column_chunk_bytes(file)
-                total += sum(size for column, size in sizes.items() if column in columns)
+                for group in range(len(sizes)) if groups is None else groups:
+                    total += sum(n for column, n in sizes[group].items() if column in columns)
         self._pending.clear()
         return total
 
 
-def _column_chunk_bytes(file: str) -> dict[str, int]:
+def _column_chunk_bytes(file: str) -> list[dict[str, int]]:
+    """Each row group's compressed bytes by top-level column."""
     metadata = pq.read_metadata(file)
-    sizes: dict[str, int] = {}
+    groups = []
     for group in range(metadata.num_row_groups):
         row_group = metadata.row_group(group)
+        sizes: dict[str, int] = {}
         for index in range(row_group.num_columns):
             chunk = row_group.column(index)
             name = chunk.path_in_schema.split(".", 1)[0]
             sizes[name] = sizes.get(name, 0) + chunk.total_compressed_size
-    return sizes
+        groups.append(sizes)
+    return groups
 
 
 #: Every local read of this process reports to this meter.
@@ -180,11 +192,15 @@ class LocalTier:
         self._files: dict[str, pa.Table] = {}
         self._files_bytes = 0
         self._seen: set[str] = set()
+        # Files a keyed read took row groups from, in this epoch (their decoded groups
+        # count in ``_files_bytes``).
+        self._grouped: dict[str, GroupedFile] = {}
 
     def forget_files(self) -> None:
         """At an epoch's start and end: drop what one epoch kept (resident files stay,
         their indexes now counted against the budget)."""
         self._files.clear()
+        self._grouped.clear()
         self._files_bytes = 0
         self._seen.clear()
         self.resident.settle()
@@ -224,6 +240,7 @@ class LocalTier:
             if table.schema.names == [n for n, _ in fields]:
                 return self.session.frame(_conform(table, fields))
         files: list[str] = []
+        file_buckets: list[int] = []  # each file's batch's bucket count (0: unbucketed)
         touched: list[BatchRecord] = []  # the batches holding some wanted bucket
         for record in records:
             wanted = None
@@ -233,6 +250,7 @@ class LocalTier:
                     wanted = set(_buckets_of(keys, record.buckets))
             listed = self._files_of(record, wanted)
             files.extend(listed)
+            file_buckets.extend([record.buckets] * len(listed))
             if listed:
                 touched.append(record)
         if not files:
@@ -242,10 +260,15 @@ class LocalTier:
             if resident is not None:
                 return resident
         kept = None
-        if sum(r.rows for r in records) <= CACHED_READ_ROWS and (
-            self._read_before(files) or any(len(r.time) > 1 for r in records)
-        ):
-            kept = self._kept_files(files, fields)
+        loop = any(len(r.time) > 1 for r in records)
+        if sum(r.rows for r in records) <= CACHED_READ_ROWS and (self._read_before(files) or loop):
+            if keys is not None and loop:
+                # A loop's traces are written in small row groups (``group_rows_for``):
+                # an iteration's few keys need a few of them. Other batches are one
+                # group a file, decoded whole.
+                kept = self._kept_groups(files, file_buckets, fields, keys, key_cols[0])
+            if kept is None:
+                kept = self._kept_files(files, fields)
         if kept is not None and keys is not None and len(key_cols) == 1:
             # One key column, rows in memory: pick the keys' rows with a hash lookup here
             # instead of handing every row of the buckets to DuckDB's semi-join.
@@ -385,6 +408,57 @@ class LocalTier:
             tables.append(_conform(table.select(names), fields))
         return pa.concat_tables(tables)
 
+    def _kept_groups(
+        self,
+        files: list[str],
+        file_buckets: list[int],
+        fields: Fields,
+        keys: KeySet,
+        key_column: str,
+    ) -> pa.Table | None:
+        """The rows of ``files`` in the row groups that may hold ``keys`` (by the leading
+        key column's statistics, each file tested with the keys of its own bucket: see
+        ``row_groups.py``), decoded groups kept for the rest of the epoch; None when they
+        do not fit in memory or lack a column. ``key_column`` is the files' name of the
+        keys' first column. The caller still matches the keys."""
+        names = [n for n, _ in fields]
+        key_table = keys.table if keys.table is not None else keys.frame.toArrow()
+        leading = key_table.column(0)
+        # The buckets of the keys, as the files were chosen by (``_buckets_of``).
+        ids: dict[int, np.ndarray] = {}
+        tables = []
+        for file, buckets in zip(files, file_buckets, strict=True):
+            whole = self._files.get(file)
+            if whole is not None:  # decoded whole by an earlier read of this epoch
+                if not set(names) <= set(whole.column_names):
+                    return None
+                tables.append(_conform(whole.select(names), fields))
+                continue
+            grouped = self._grouped.get(file)
+            if grouped is None:
+                grouped = self._grouped[file] = GroupedFile(file)
+            if not set(names) <= set(grouped.column_names):
+                return None
+            if buckets:
+                if buckets not in ids:
+                    ids[buckets] = _key_bucket_ids(key_table, buckets)
+                mine = pa.array(ids[buckets] == _bucket_of(file))
+                wanted = wanted_values(leading.filter(mine))
+            else:
+                wanted = wanted_values(leading)
+            groups = grouped.needed(key_column, wanted)
+            parts, new = grouped.read(groups)
+            if new:
+                decoded = zip(groups, parts, strict=True)
+                self._files_bytes += sum(part.nbytes for g, part in decoded if g in new)
+                READS.note([file], grouped.column_names, new)
+                if self._files_bytes > CACHED_BYTES:
+                    return None
+            tables.extend(_conform(part.select(names), fields) for part in parts)
+        if not tables:
+            return arrow_schema(fields).empty_table()
+        return pa.concat_tables(tables)
+
     def _scan(self, files: list[str], fields: Fields) -> LocalFrame:
         """A lazy DuckDB scan of ``files`` (columns matched by name, cast to ``fields``)."""
         READS.note(files, (n for n, _ in fields))
@@ -443,7 +517,7 @@ class LocalTier:
             if bucketed:
                 ids = bucket_ids([table.column(c) for c in bucket_by], self.buckets)
                 table = table.append_column(BUCKET_COLUMN, pa.array(ids, pa.int32()))
-                written = write_files(table, target, bucket_by)
+                written = write_files(table, target, bucket_by, group_rows_for(time))
                 table = table.drop_columns([BUCKET_COLUMN])
             else:
                 if bucket_by:
@@ -536,6 +610,11 @@ def _bucket_of(file: str) -> int:
     """The bucket of a file of a bucketed batch (its folder is ``__bucket=<n>``)."""
     folder = os.path.basename(os.path.dirname(file))
     return int(folder.split("=", 1)[1])
+
+
+def _key_bucket_ids(table: pa.Table, buckets: int) -> np.ndarray:
+    """The bucket of each key row of ``table`` (all its columns are the key)."""
+    return bucket_ids([table.column(c) for c in table.column_names], buckets)
 
 
 def _buckets_of(keys: KeySet, buckets: int) -> set[int]:
