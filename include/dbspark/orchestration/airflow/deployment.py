@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -175,9 +174,11 @@ def resolve(options: DeploymentOptions) -> Deployment:
     held = _dbspark_connection_once(options)
     catalog = resolve_catalog(options, held)
     warehouse = catalog.warehouse
+    from dbspark.orchestration.sinks.tables import is_uri
+
     outputs_setting = options.outputs or dbspark_setting("outputs") or held().get("outputs")
     tables = table_settings()
-    if outputs_setting and re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://", str(outputs_setting)):
+    if outputs_setting and is_uri(outputs_setting):
         # Outputs on object storage: the tables go there; the change feed, published by
         # an atomic rename that object stores lack, stays on the shared filesystem.
         location = tables.setdefault("table_location", str(outputs_setting))
