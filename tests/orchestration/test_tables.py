@@ -567,6 +567,21 @@ def test_housekeeping_compacts_a_table_with_no_column_to_order_by(tmp_path: Path
     }
 
 
+def test_housekeeping_pages_through_the_history_newest_first(tmp_path: Path) -> None:
+    """Housekeeping reads the log's commits a page at a time (each one request on an
+    object store), and the pages together are the whole history, newest first."""
+    from dbspark.orchestration.sinks.tables import _newest_first
+
+    path = tmp_path / "table"
+    for epoch, rows in enumerate([*EPOCHS, [], [], [], []]):
+        publish(path, epoch, rows)
+    table = DeltaTable(str(path))
+    whole = [commit["version"] for commit in table.history()]
+    assert whole == list(range(7, -1, -1))
+    for first in (1, 2, 3, 64):
+        assert [commit["version"] for commit in _newest_first(table, first)] == whole
+
+
 def test_bad_tables_and_changes_are_named(tmp_path: Path) -> None:
     path = tmp_path / "table"
     with pytest.raises(TableError, match=r"change of view 'v' at epoch 0 lacks columns \['xs'\]"):

@@ -1100,6 +1100,19 @@ def _first_bounded_column(table: DeltaTable) -> str | None:
     return None
 
 
+def _newest_first(table: DeltaTable, first: int = 64) -> Iterator[dict[str, Any]]:
+    """The table's commit infos, newest first, read ``first`` at a time and then in
+    growing pages: the commit :func:`_drifted` looks for is usually recent, and each
+    version's log entry is one request on an object store."""
+    seen, limit = 0, first
+    while True:
+        page = table.history(limit)
+        yield from page[seen:]
+        if len(page) < limit:
+            return
+        seen, limit = len(page), limit * 4
+
+
 def _drifted(
     table: DeltaTable, column: str, overlap: float | None, options: StorageOptions | None
 ) -> bool:
@@ -1110,7 +1123,7 @@ def _drifted(
     wrote are in its commit's metrics; the overlap a sort left is measured on its
     version, read only when the rule needs it. When the log no longer holds that version,
     the overlap is compared with 1.0."""
-    for commit in table.history():
+    for commit in _newest_first(table):
         version = int(commit["version"])
         by_us = SORTED_BY_KEY in commit
         mode = (commit.get("operationParameters") or {}).get("mode")
