@@ -80,3 +80,8 @@ class S3:
             "max_retries": "1",
             "retry_timeout": "2s",
         }
+
+    def reader_options(self) -> dict[str, str]:
+        """``options`` with credentials of its own (moto takes any): how a test reads a
+        table back, whatever the environment the publisher had."""
+        return {**self.options(), "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y"}

@@ -78,7 +78,7 @@ def test_an_epoch_through_spark_submit(airflow_db, s3, tmp_path, monkeypatch, ca
     # The Delta table the unit committed under spark-submit, on S3, holds the same view;
     # the secret is in no log.
     table = table_path(location, "word_count", "counts")
-    options = {**s3.options(), "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y"}
+    options = s3.reader_options()
     assert ZSet(table_rows(table, schema, epoch=0, storage_options=options)) == want
     assert secret not in logs
     # The unit files went through a private directory, and none is left.

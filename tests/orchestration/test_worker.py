@@ -128,7 +128,7 @@ def test_outputs_on_s3_take_the_tables_with_the_credentials_of_table_conn_id(
         worker.stop()
     circuit = circuit_of("test_word_count")
     expected = full_refresh(circuit, [{"words": [(("a",), 1), (("b",), 2)]}], 0)
-    options = {**s3.options(), "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y"}
+    options = s3.reader_options()
     for view, node in circuit.views.items():
         path = table_path(location, circuit.name, view)
         schema = circuit.node(node).schema
